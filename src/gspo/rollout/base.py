@@ -1,0 +1,77 @@
+"""The rollout-engine protocol: what the trainer needs from anything that samples completions.
+
+An engine turns prompts into completions together with its *own* per-token log-probs, which the
+trainer uses directly as the old-policy log-probs (GSPO's "no recompute pass" claim). Engines that
+hold a separate copy of the weights receive new ones through ``update_weights`` after each step.
+
+Log-prob convention (every engine must follow it, and the trainer computes the same thing):
+``logprobs[i, t] = log softmax(logits / temperature)[token]`` — the temperature-scaled
+distribution, *before* top-p truncation. Top-p only decides which tokens can be drawn; it does
+not change the recorded log-prob. At temperature 1 this is the model's own distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample completions."""
+
+    max_new_tokens: int = 16
+    """Hard cap on generated tokens per completion (finish reason "length" when hit)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy decoding (log-probs are then of the T=1 distribution)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 disables it."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a completion (the EOS id is added by the engine); they are kept in it."""
+    stop_strings: tuple[str, ...] = ()
+    """Strings that end a completion once they appear at its end (matched on token ids)."""
+
+
+@dataclass
+class Rollout:
+    """A batch of completions, laid out group after group: sample j of prompt i is row i*n + j.
+
+    N = number of prompts x n samples, P = longest prompt, L = longest completion.
+    """
+
+    prompt_ids: torch.Tensor  # [N, P] left-padded with pad_id
+    prompt_mask: torch.Tensor  # [N, P] 1 for real prompt tokens
+    completion_ids: torch.Tensor  # [N, L] right-padded with pad_id
+    completion_mask: torch.Tensor  # [N, L] 1 for generated tokens (a final stop token included)
+    logprobs: torch.Tensor  # [N, L] engine log-probs of completion tokens, 0 where masked
+    finish_reasons: list[str]  # N entries: "stop" (EOS / stop token / stop string) or "length"
+    prompt_index: torch.Tensor  # [N] index of the prompt each row was sampled from
+    extras: dict = field(default_factory=dict)  # engine-specific data (e.g. MoE routing)
+
+    @property
+    def num_samples(self) -> int:
+        return self.completion_ids.shape[0]
+
+    def completion_lengths(self) -> torch.Tensor:  # [N]
+        return self.completion_mask.sum(dim=1)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Anything that samples completions with their log-probs and can take new weights."""
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample ``n`` completions for each prompt (token ids, no padding)."""
+        ...
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from ``model``'s current weights."""
+        ...

@@ -1,0 +1,276 @@
+"""A plain-PyTorch rollout engine: batched KV-cached sampling with any HF causal LM.
+
+It is the reference engine: no extra dependency, runs on CPU or one GPU, and records log-probs
+by exactly the convention of ``gspo.rollout.base`` (log softmax of logits / T, before top-p), so
+with shared weights its log-probs equal ``gspo.models.token_logprobs`` up to float rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedTokenizerBase
+
+from gspo.models import forward_kwargs_support, positions_from_mask
+from gspo.rollout.base import Rollout, SamplingParams
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _model_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _new_cache(model: torch.nn.Module) -> DynamicCache:
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers: no config argument
+        return DynamicCache()
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from ``logits`` [N, V]; return (tokens [N], log-probs [N]).
+
+    Greedy (argmax) when ``temperature == 0``, its log-prob then from the T=1 distribution.
+    Otherwise sample from softmax(logits / T), restricted by top-p to the smallest top set whose
+    mass reaches ``top_p`` (the top token always kept). The log-prob is always of the full
+    temperature-scaled distribution, before top-p (the convention in ``rollout.base``).
+    """
+    t = 1.0 if temperature == 0 else float(temperature)
+    scaled = logits / t  # [N, V]
+    logp = F.log_softmax(scaled, dim=-1)  # [N, V]
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)  # [N]
+    else:
+        if top_p < 1.0:
+            sorted_logp, order = logp.sort(dim=-1, descending=True)  # [N, V], [N, V]
+            sorted_p = sorted_logp.exp()  # [N, V]
+            # Mass strictly before each token: a token is needed while that is still < top_p,
+            # which keeps the smallest prefix with mass >= top_p.
+            mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # [N, V]
+            drop_sorted = mass_before >= top_p  # [N, V]
+            drop_sorted[:, 0] = False  # the top token always stays, even for tiny top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # [N, V]
+            probs = logp.masked_fill(drop, float("-inf")).softmax(dim=-1)  # [N, V]
+        else:
+            probs = logp.exp()  # [N, V]
+        if generator is not None and generator.device != probs.device:
+            # A CPU generator with a GPU model: draw on CPU so the caller's seed still rules.
+            tokens = torch.multinomial(probs.cpu(), 1, generator=generator)  # [N, 1]
+            tokens = tokens.to(probs.device).squeeze(-1)  # [N]
+        else:
+            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [N]
+    token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [N]
+    return tokens, token_logp
+
+
+class TorchEngine:
+    """Samples completions with a Hugging Face causal LM and a ``DynamicCache``.
+
+    With ``share_weights=True`` (and no dtype or device change) the engine samples from the very
+    module the trainer optimises, so ``update_weights`` is a no-op. Otherwise it holds a frozen
+    deep copy, optionally cast to ``dtype`` (e.g. bfloat16 to emulate a training/inference
+    precision mismatch) or moved to ``device``, which ``update_weights`` refreshes.
+
+    ``tokenizer`` is needed only for ``SamplingParams.stop_strings``: each stop string is encoded
+    once (no special tokens) and matched against the tail of the generated ids. That is exact
+    for the char tokenizer; with BPE tokenizers a string produced by a different tokenisation
+    would not be matched.
+
+    Output tensors live on the engine's device; log-probs are float32 (float64 for a float64
+    model).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_id: int,
+        eos_id: int,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        share_weights: bool = True,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        self.pad_id = int(pad_id)
+        self.eos_id = int(eos_id)
+        self.tokenizer = tokenizer
+        self._stop_seqs: dict[str, list[int]] = {}
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.dtype = dtype if dtype is not None else _model_dtype(model)
+        same_place = self.device == _model_device(model) and self.dtype == _model_dtype(model)
+        self.shares_weights = share_weights and same_place
+        if self.shares_weights:
+            self.model = model
+        else:
+            self.model = copy.deepcopy(model).to(device=self.device, dtype=self.dtype)
+            self.model.requires_grad_(False)
+            for p in self.model.parameters():
+                p.grad = None  # deepcopy also copies the trainer's gradients
+            self.model.eval()
+
+    # ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Sample from ``model``'s current weights from now on (a copy, cast to the engine's
+        dtype, unless weights are shared)."""
+        if self.shares_weights:
+            self.model = model  # same object in the usual case: nothing to copy
+            return
+        # load_state_dict copies in place and casts each tensor to the engine's dtype/device.
+        self.model.load_state_dict(model.state_dict())
+
+    def _stop_ids(self, text: str) -> list[int]:
+        if text not in self._stop_seqs:
+            if self.tokenizer is None:
+                raise ValueError("stop_strings need a tokenizer: TorchEngine(..., tokenizer=tok)")
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise ValueError(f"stop string {text!r} encodes to no tokens")
+            self._stop_seqs[text] = list(ids)
+        return self._stop_seqs[text]
+
+    def _forward(self, kw: dict, **inputs: torch.Tensor) -> torch.Tensor:
+        """Last-position logits [N, V] of one cached forward, in at least float32."""
+        out = self.model(**inputs, **kw)
+        logits = out.logits[:, -1]  # [N, V]
+        return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+        if params.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+        if not 0.0 < params.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        stop_seqs = [self._stop_ids(s) for s in params.stop_strings]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                out = self._generate(prompts, n, params, generator, stop_seqs)
+        finally:
+            self.model.train(was_training)
+        # Tensors made under inference_mode cannot enter autograd later (the trainer feeds
+        # these ids into a forward with grad); cloning outside the mode makes normal tensors.
+        return Rollout(
+            prompt_ids=out["prompt_ids"].clone(),
+            prompt_mask=out["prompt_mask"].clone(),
+            completion_ids=out["completion_ids"].clone(),
+            completion_mask=out["completion_mask"].clone(),
+            logprobs=out["logprobs"].clone(),
+            finish_reasons=out["finish_reasons"],
+            prompt_index=out["prompt_index"].clone(),
+        )
+
+    def _generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        stop_seqs: list[list[int]],
+    ) -> dict:
+        dev = self.device
+        num = len(prompts) * n
+        width = max(len(p) for p in prompts)
+        # Left-pad each prompt once, then repeat rows so sample j of prompt i is row i*n+j.
+        base_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, P]
+        base_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P]
+        for i, p in enumerate(prompts):
+            base_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            base_mask[i, width - len(p) :] = 1
+        prompt_ids = base_ids.to(dev).repeat_interleave(n, dim=0)  # [N, P]
+        prompt_mask = base_mask.to(dev).repeat_interleave(n, dim=0)  # [N, P]
+        prompt_index = torch.arange(len(prompts), device=dev).repeat_interleave(n)  # [N]
+
+        max_new = int(params.max_new_tokens)
+        logp_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        tokens = torch.full((num, max(max_new, 0)), self.pad_id, dtype=torch.long, device=dev)
+        logps = torch.zeros((num, max(max_new, 0)), dtype=logp_dtype, device=dev)  # [N, M]
+        cmask = torch.zeros((num, max(max_new, 0)), dtype=torch.long, device=dev)  # [N, M]
+        finished = torch.zeros(num, dtype=torch.bool, device=dev)  # [N]
+        stopped = torch.zeros(num, dtype=torch.bool, device=dev)  # [N] ended by a stop rule
+        stop_tokens = torch.tensor(
+            sorted({self.eos_id, *params.stop_token_ids}), dtype=torch.long, device=dev
+        )  # [S]
+        stop_tensors = [torch.tensor(s, dtype=torch.long, device=dev) for s in stop_seqs]
+
+        steps = 0
+        if max_new > 0:
+            supported = forward_kwargs_support(self.model)
+            cache = _new_cache(self.model)
+            # transformers 5 renamed past_key_values -> cache; the cache is filled in place.
+            cache_kw = "cache" if "cache" in supported else "past_key_values"
+            kw = {cache_kw: cache, "use_cache": True}
+            prefill_kw = dict(kw)
+            if "logits_to_keep" in supported:
+                prefill_kw["logits_to_keep"] = 1  # only the last position is sampled from
+            attn = prompt_mask  # [N, P] grows by one column per step
+            logits = self._forward(
+                prefill_kw,
+                input_ids=prompt_ids,
+                attention_mask=attn,
+                position_ids=positions_from_mask(attn),
+            )  # [N, V]
+            next_pos = attn.sum(dim=1)  # [N] position of the next token in each row
+            ones = torch.ones((num, 1), dtype=attn.dtype, device=dev)  # [N, 1]
+            for t in range(max_new):
+                tok, lp = sample_next(logits, params.temperature, params.top_p, generator)
+                active = ~finished  # [N]
+                tok = tok.masked_fill(finished, self.pad_id)  # [N]
+                tokens[:, t] = tok
+                logps[:, t] = lp.to(logp_dtype).masked_fill(finished, 0.0)
+                cmask[:, t] = active.long()
+                hit = torch.isin(tok, stop_tokens)  # [N]
+                for seq in stop_tensors:
+                    k = seq.numel()
+                    if t + 1 >= k:
+                        tail = tokens[:, t + 1 - k : t + 1]  # [N, k]
+                        hit |= (tail == seq).all(dim=1)
+                stopped |= active & hit
+                finished |= hit
+                steps = t + 1
+                if t == max_new - 1 or bool(finished.all()):
+                    break  # one host sync per step, to stop once every row is done
+                # Finished rows keep decoding pad tokens (cheaper than compacting the batch);
+                # their outputs are masked out above.
+                attn = torch.cat([attn, ones], dim=1)  # [N, P+t+1]
+                logits = self._forward(
+                    kw,
+                    input_ids=tok.unsqueeze(1),
+                    attention_mask=attn,
+                    position_ids=next_pos.unsqueeze(1),
+                )  # [N, V]
+                next_pos = next_pos + 1
+
+        length = int(cmask[:, :steps].sum(dim=1).max().item()) if steps else 0
+        reasons = ["stop" if s else "length" for s in stopped.tolist()]
+        return {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": tokens[:, :length],  # [N, L]
+            "completion_mask": cmask[:, :length],  # [N, L]
+            "logprobs": logps[:, :length],  # [N, L]
+            "finish_reasons": reasons,
+            "prompt_index": prompt_index,
+        }
