@@ -125,6 +125,7 @@ def test_save_load_round_trip(tok, tmp_path):
     with torch.no_grad():
         assert torch.equal(m(ids).logits, m2(ids).logits)
     assert m2.lm_head.weight.data_ptr() == m2.model.embed_tokens.weight.data_ptr()
+    assert m2.config._attn_implementation == "sdpa"
     m3 = load_model(tmp_path / "ckpt", dtype="float64")
     assert m3.lm_head.weight.dtype == torch.float64
 

@@ -124,6 +124,11 @@ def build_tiny_model(
 
     Weights depend only on the arguments (``seed`` included); the global RNG is left untouched.
     ``intermediate_size`` defaults to 8/3 x hidden rounded to a multiple of 8 (SwiGLU sizing).
+
+    Attention defaults to "sdpa": engine (KV-cached) and ``token_logprobs`` (one full pass)
+    log-probs then agree to float rounding (exactly, in float64, in our tests). "eager" is not
+    usable in float64 with left padding: its additive mask turns the padded query positions NaN,
+    which then poisons the real tokens of those rows.
     """
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} not divisible by num_heads {num_heads}")

@@ -17,9 +17,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gspo.tasks.base import Example, RewardFn
+if TYPE_CHECKING:
+    # Only for annotations: importing gspo.tasks at runtime would be circular, since the
+    # task modules import their rewards from here.
+    from gspo.tasks.base import Example, RewardFn
 
 logger = logging.getLogger(__name__)
 
@@ -125,13 +128,19 @@ def extract_number(text: str) -> Fraction | None:
     matches = _NUMBER_RE.findall(text)
     if not matches:
         return None
-    # Fraction parses decimal strings exactly, so "0.1" compares without float rounding.
-    return Fraction(matches[-1].replace(",", ""))
+    try:
+        # Fraction parses decimal strings exactly, so "0.1" compares without float rounding.
+        return Fraction(matches[-1].replace(",", ""))
+    except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+        return None
 
 
 # --------------------------------------------------------------------------------------------
 # Rewards
 # --------------------------------------------------------------------------------------------
+
+
+_NUMERIC_REL_TOL = Fraction(1, 10**6)
 
 
 def exact_match(completion: str, example: Example) -> float:
@@ -149,9 +158,9 @@ def numeric_match(completion: str, example: Example) -> float:
     reference = extract_number(example.answer)
     if predicted is None or reference is None:
         return 0.0
-    if predicted == reference:
-        return 1.0
-    return 1.0 if math.isclose(float(predicted), float(reference), rel_tol=1e-6) else 0.0
+    # math.isclose's rule, in exact arithmetic so that huge numbers cannot overflow a float.
+    tolerance = _NUMERIC_REL_TOL * max(abs(predicted), abs(reference))
+    return 1.0 if abs(predicted - reference) <= tolerance else 0.0
 
 
 # Signal-based timeouts (what math-verify uses on POSIX) only work in the main thread; a reward
@@ -262,7 +271,9 @@ def overlong_penalty(length: int, max_length: int, cache_length: int) -> float:
     if max_length <= 0:
         raise ValueError(f"max_length must be positive, got {max_length}")
     if not 0 < cache_length <= max_length:
-        raise ValueError(f"cache_length must be in (0, max_length={max_length}], got {cache_length}")
+        raise ValueError(
+            f"cache_length must be in (0, max_length={max_length}], got {cache_length}"
+        )
     if length < 0:
         raise ValueError(f"length must be non-negative, got {length}")
     threshold = max_length - cache_length
@@ -299,10 +310,16 @@ def combine(*weighted: tuple[RewardFn, float]) -> RewardFn:
 
 def _as_reward(value: object) -> float | None:
     """``value`` as a finite float, or None if it is not a real finite number."""
-    # numbers.Real covers int, float, bool and numpy scalars; rejects str, None, complex.
-    if not isinstance(value, numbers.Real):
+    # numbers.Real covers int, float, bool, Fraction and numpy floats. Other objects with
+    # __float__ (a 0-d tensor, numpy bools) are accepted too; str, None and complex are not.
+    if isinstance(value, (str, bytes)) or not (
+        isinstance(value, numbers.Real) or hasattr(value, "__float__")
+    ):
         return None
-    result = float(value)
+    try:
+        result = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
     return result if math.isfinite(result) else None
 
 
@@ -322,7 +339,7 @@ def score(
         )
     rewards: list[float] = []
     n_errors = 0
-    for completion, example in zip(completions, examples):
+    for completion, example in zip(completions, examples, strict=True):
         try:
             value = _as_reward(reward_fn(completion, example))
         # SystemExit too: a user reward calling sys.exit() must not end the training run.

@@ -25,6 +25,15 @@ def _model_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
+def _normalize_device(device: str | torch.device) -> torch.device:
+    # "cuda" and "cuda:0" are the same place; without an index, comparing them to the model's
+    # device would make an unneeded copy.
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 def _new_cache(model: torch.nn.Module) -> DynamicCache:
     try:
         return DynamicCache(config=model.config)
@@ -105,7 +114,7 @@ class TorchEngine:
         self.eos_id = int(eos_id)
         self.tokenizer = tokenizer
         self._stop_seqs: dict[str, list[int]] = {}
-        self.device = torch.device(device) if device is not None else _model_device(model)
+        self.device = _normalize_device(device) if device is not None else _model_device(model)
         self.dtype = dtype if dtype is not None else _model_dtype(model)
         same_place = self.device == _model_device(model) and self.dtype == _model_dtype(model)
         self.shares_weights = share_weights and same_place

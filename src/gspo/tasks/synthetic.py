@@ -22,14 +22,19 @@ from gspo.tasks.base import Example, RewardFn, Task
 __all__ = [
     "DIFFICULTIES",
     "TASKS",
-    "TaskBuilder", "countdown_reward", "make_task", "max_lengths", "split_of"]
+    "TaskBuilder",
+    "countdown_reward",
+    "make_task",
+    "max_lengths",
+    "split_of",
+]
 
 _TEST_BUCKETS = 10
 """One bucket out of this many (by problem hash) is the test split."""
 
 
 def split_of(key: str) -> str:
-    """"test" or "train" for the problem with this key, by a stable (unsalted) hash."""
+    """ "test" or "train" for the problem with this key, by a stable (unsalted) hash."""
     # Python's hash() is salted per process, so it would reshuffle the splits on every run.
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
     return "test" if int.from_bytes(digest, "big") % _TEST_BUCKETS == 0 else "train"

@@ -1,0 +1,404 @@
+"""Run configuration: one flat dataclass, each field documented, plus presets and validation.
+
+Precedence when building a config: defaults < preset < config file (YAML or JSON) < command-line
+flags. Unknown keys and bad values are rejected before any work starts, with messages naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
+OLD_LOGPROBS = ("engine", "recompute")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported before any work starts."""
+
+
+def _doc(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
+    """A dataclass field carrying its documentation in metadata (shown by ``--help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: default, metadata={"doc": text}, **kw)
+    return field(default=default, metadata={"doc": text}, **kw)
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines an RL run; saved with every checkpoint."""
+
+    # --- run -------------------------------------------------------------------------------
+    output_dir: str = _doc(
+        "Folder for metrics, checkpoints, the final model and plots.", "runs/gspo"
+    )
+    seed: int = _doc("Seed for model init, data order, sampling and minibatch shuffling.", 0)
+    device: str = _doc("'cpu', 'cuda', or 'auto' (cuda when available).", "auto")
+    threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
+
+    # --- model -----------------------------------------------------------------------------
+    model: str = _doc(
+        "'tiny' (random-init Qwen3-style model with a character tokenizer) or a local Hugging "
+        "Face checkpoint directory (e.g. the output of `gspo sft`).",
+        "tiny",
+    )
+    dtype: str = _doc(
+        "Training dtype of the policy: float32, bfloat16, float16 or float64.", "float32"
+    )
+    hidden_size: int = _doc("Tiny model: hidden width.", 64)
+    num_layers: int = _doc("Tiny model: transformer layers.", 2)
+    num_heads: int = _doc("Tiny model: attention heads.", 4)
+    num_kv_heads: int = _doc("Tiny model: key/value heads (grouped-query attention).", 2)
+
+    # --- task ------------------------------------------------------------------------------
+    task: str = _doc(
+        "Built-in task (addition, reversal, sorting, countdown) or 'file' for --train-file.",
+        "addition",
+    )
+    difficulty: int | None = _doc(
+        "Task difficulty (digits, length, ...); None: the task's default.", None
+    )
+    n_train: int = _doc("Training problems drawn for built-in tasks.", 5000)
+    n_test: int = _doc("Held-out problems used for evaluation.", 200)
+    train_file: str | None = _doc("jsonl/json/parquet training data (task='file').", None)
+    test_file: str | None = _doc("jsonl/json/parquet held-out data (task='file').", None)
+    prompt_key: str = _doc("Column holding the prompt in data files.", "prompt")
+    answer_key: str = _doc("Column holding the reference answer in data files.", "answer")
+    reward: str | None = _doc(
+        "Reward name for data files (exact_match, numeric, math_verify, format).", None
+    )
+
+    # --- algorithm -------------------------------------------------------------------------
+    algo: str = _doc("Policy loss: grpo, gspo, gspo_token or luspo.", "gspo")
+    clip_low: float | None = _doc("ε below 1; None: the algorithm's paper default.", None)
+    clip_high: float | None = _doc("ε above 1; None: the algorithm's paper default.", None)
+    aggregation: str | None = _doc("Loss aggregation; None: the algorithm's paper default.", None)
+    loss_constant: float | None = _doc(
+        "Normalizer of the 'constant' aggregation (Dr. GRPO); None: max_new_tokens.", None
+    )
+    advantage_scale: str = _doc(
+        "Group advantage scale: std (population), sample_std (Bessel) or none (Dr. GRPO).", "std"
+    )
+    kl_coef: float = _doc("β of a KL penalty to the initial policy (k3); 0 turns it off.", 0.0)
+    overlong_buffer: int = _doc(
+        "DAPO soft overlong penalty buffer (tokens before max_new_tokens); 0 turns it off.", 0
+    )
+
+    # --- rollout ---------------------------------------------------------------------------
+    steps: int = _doc("RL steps (rollout + updates) in the run.", 200)
+    prompts_per_step: int = _doc("Prompts sampled per RL step.", 16)
+    group_size: int = _doc("Completions per prompt (G).", 8)
+    max_new_tokens: int = _doc("Maximum completion length in tokens.", 8)
+    temperature: float = _doc("Sampling temperature; log-probs are of logits/temperature.", 1.0)
+    top_p: float = _doc("Nucleus sampling mass (1 disables it).", 1.0)
+    old_logprobs: str = _doc(
+        "'engine': the rollout engine's own log-probs are the old log-probs (no extra pass); "
+        "'recompute': a forward pass of the trainer's model, with the mismatch logged.",
+        "engine",
+    )
+    engine_dtype: str | None = _doc(
+        "Run the rollout engine on its own copy of the weights in this dtype (e.g. bfloat16 to "
+        "emulate a training-inference precision mismatch); None shares the trainer's model.",
+        None,
+    )
+
+    # --- optimization ----------------------------------------------------------------------
+    num_minibatches: int = _doc(
+        "Optimizer steps per rollout batch; the first is on-policy, the rest off-policy.", 4
+    )
+    micro_batch_size: int = _doc(
+        "Sequences per forward/backward inside a minibatch (gradient accumulation); 0: whole minibatch.",
+        0,
+    )
+    lr: float = _doc("AdamW learning rate.", 5e-5)
+    warmup_steps: int = _doc("Optimizer steps of linear learning-rate warm-up.", 10)
+    weight_decay: float = _doc("AdamW weight decay.", 0.0)
+    adam_beta1: float = _doc("AdamW β1.", 0.9)
+    adam_beta2: float = _doc("AdamW β2.", 0.999)
+    max_grad_norm: float = _doc("Gradient-norm clip; 0 turns it off.", 1.0)
+
+    # --- evaluation, logging, checkpoints --------------------------------------------------
+    eval_every: int = _doc("Held-out evaluation every N steps (and at start and end); 0: off.", 25)
+    checkpoint_every: int = _doc(
+        "Checkpoint every N steps (and at the end); 0: only at the end.", 50
+    )
+    keep_checkpoints: int = _doc("How many recent checkpoints to keep.", 2)
+    stop_after: int | None = _doc(
+        "Stop after this many steps although the schedule runs to `steps` (preemption tests).", None
+    )
+    progress: bool = _doc("Show a live progress bar.", True)
+    tensorboard: bool = _doc("Also log to TensorBoard (needs the tensorboard extra).", False)
+    wandb: bool = _doc("Also log to Weights & Biases (needs the wandb extra).", False)
+
+
+@dataclass
+class SFTConfig:
+    """Supervised cold start on a task's demonstrations."""
+
+    output_dir: str = _doc("Folder for the fine-tuned model.", "runs/sft")
+    seed: int = _doc("Seed for init and data order.", 0)
+    device: str = _doc("'cpu', 'cuda' or 'auto'.", "auto")
+    threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
+    model: str = _doc("'tiny' or a local Hugging Face checkpoint directory.", "tiny")
+    dtype: str = _doc("Training dtype.", "float32")
+    hidden_size: int = _doc("Tiny model: hidden width.", 64)
+    num_layers: int = _doc("Tiny model: transformer layers.", 2)
+    num_heads: int = _doc("Tiny model: attention heads.", 4)
+    num_kv_heads: int = _doc("Tiny model: key/value heads.", 2)
+    task: str = _doc("Built-in task or 'file'.", "addition")
+    difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
+    n_train: int = _doc("Training problems drawn.", 5000)
+    n_test: int = _doc("Held-out problems for the accuracy printed at the end.", 200)
+    train_file: str | None = _doc("Data file with demonstrations (task='file').", None)
+    test_file: str | None = _doc("Held-out data file (task='file').", None)
+    prompt_key: str = _doc("Prompt column.", "prompt")
+    answer_key: str = _doc("Answer column.", "answer")
+    demo_key: str | None = _doc("Demonstration column; None uses the answer as the target.", None)
+    reward: str | None = _doc("Reward name for data files.", None)
+    steps: int = _doc("Optimizer steps.", 200)
+    batch_size: int = _doc("Sequences per step.", 256)
+    lr: float = _doc("AdamW learning rate.", 3e-3)
+    warmup_steps: int = _doc("Linear warm-up steps.", 10)
+    max_new_tokens: int = _doc("Completion length used when measuring held-out accuracy.", 8)
+    progress: bool = _doc("Show a live progress bar.", True)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The README's main job: a tiny model on 2-digit addition, visible learning in minutes.
+    "demo": dict(
+        task="addition", steps=200, prompts_per_step=16, group_size=8, max_new_tokens=6, lr=5e-5
+    ),
+    # Seconds-long smoke runs for tests.
+    "smoke": dict(
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        n_train=64,
+        n_test=8,
+        steps=2,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=4,
+        num_minibatches=2,
+        eval_every=0,
+        checkpoint_every=0,
+        progress=False,
+    ),
+    # GSPO paper settings (arXiv 2507.18071 §5.1): 4 minibatches, clip 3e-4 / 4e-4, no KL.
+    "gspo-paper": dict(algo="gspo", num_minibatches=4, clip_low=3e-4, clip_high=4e-4, kl_coef=0.0),
+    # The paper's GRPO baseline ranges: 0.2 / 0.27.
+    "grpo-paper": dict(algo="grpo", num_minibatches=4, clip_low=0.2, clip_high=0.27, kl_coef=0.0),
+    # LUSPO with its paper ranges (clip-higher): 2e-3 / 2.5e-3.
+    "luspo-paper": dict(algo="luspo", num_minibatches=4, clip_low=2e-3, clip_high=2.5e-3),
+}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
+
+
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(the scalar type, whether None is allowed) of a field annotation like ``int | None``."""
+    hint = annotation
+    if isinstance(hint, str):  # `from __future__ import annotations`
+        hint = eval(hint, {"typing": typing}, {})
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        non_none = [a for a in args if a is not type(None)]
+        return non_none[0], True
+    return hint, False
+
+
+def coerce(cls: type, key: str, value: Any) -> Any:
+    """Convert ``value`` (from a file or the command line) to the type of field ``key``."""
+    by_name = {f.name: f for f in fields(cls)}
+    if key not in by_name:
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(by_name)}")
+    typ, optional = _base_type(by_name[key].type)
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{key} cannot be None")
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if typ is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value) if not isinstance(value, str) else int(value, 10)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        return str(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}") from None
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a dict (keys may use - or _)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text()
+    try:
+        if p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # parse errors of either format
+        raise ConfigError(f"{p}: cannot parse config: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a config file must hold a mapping of keys to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build(
+    cls: type,
+    *,
+    preset: str | None = None,
+    file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """Defaults < preset < file < overrides, every value coerced and the result validated."""
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+        valid = {f.name for f in fields(cls)}
+        values.update({k: v for k, v in PRESETS[preset].items() if k in valid})
+    if file is not None:
+        for k, v in load_file(file).items():
+            values[k] = coerce(cls, k, v)
+    for k, v in (overrides or {}).items():
+        values[k] = coerce(cls, k, v)
+    for k, v in list(values.items()):
+        values[k] = coerce(cls, k, v)
+    cfg = cls(**values)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Any) -> None:
+    """Raise ConfigError listing every problem in ``cfg``."""
+    problems: list[str] = []
+
+    def need(cond: bool, message: str) -> None:
+        if not cond:
+            problems.append(message)
+
+    positive = [
+        "n_train",
+        "n_test",
+        "steps",
+        "max_new_tokens",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+    ]
+    positive += ["num_kv_heads"]
+    if isinstance(cfg, TrainConfig):
+        positive += ["prompts_per_step", "group_size", "num_minibatches"]
+    else:
+        positive += ["batch_size"]
+    for name in positive:
+        need(getattr(cfg, name) > 0, f"{name} must be positive, got {getattr(cfg, name)}")
+    need(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
+    need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    need(cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    need(
+        cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
+        f"bad device {cfg.device!r}",
+    )
+    need(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
+    if cfg.hidden_size > 0 and cfg.num_heads > 0:
+        need(cfg.hidden_size % cfg.num_heads == 0, "hidden_size must be divisible by num_heads")
+    if cfg.num_heads > 0 and cfg.num_kv_heads > 0:
+        need(cfg.num_heads % cfg.num_kv_heads == 0, "num_heads must be divisible by num_kv_heads")
+    if cfg.task == "file":
+        need(cfg.train_file is not None, "task='file' needs train_file")
+        need(
+            cfg.reward is not None,
+            "task='file' needs reward (exact_match, numeric, math_verify, format)",
+        )
+    if isinstance(cfg, TrainConfig):
+        _validate_train(cfg, need)
+    if problems:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def _validate_train(cfg: TrainConfig, need: Any) -> None:
+    from .advantages import SCALES
+    from .losses import LOSSES
+
+    need(cfg.algo in LOSSES, f"algo must be one of {', '.join(sorted(LOSSES))}, got {cfg.algo!r}")
+    if cfg.algo in LOSSES:
+        spec = LOSSES[cfg.algo]
+        if cfg.aggregation is not None:
+            need(
+                cfg.aggregation in spec.aggregations,
+                f"algo {cfg.algo} supports aggregation {', '.join(spec.aggregations)}, got {cfg.aggregation!r}",
+            )
+    if cfg.clip_low is not None:
+        need(0 <= cfg.clip_low < 1, f"clip_low must be in [0, 1), got {cfg.clip_low}")
+    if cfg.clip_high is not None:
+        need(cfg.clip_high >= 0, f"clip_high must be >= 0, got {cfg.clip_high}")
+    need(cfg.advantage_scale in SCALES, f"advantage_scale must be one of {', '.join(SCALES)}")
+    need(cfg.kl_coef >= 0, f"kl_coef must be >= 0, got {cfg.kl_coef}")
+    need(
+        0 <= cfg.overlong_buffer <= cfg.max_new_tokens,
+        "overlong_buffer must be in [0, max_new_tokens]",
+    )
+    need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")
+    need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}")
+    need(cfg.old_logprobs in OLD_LOGPROBS, f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}")
+    if cfg.engine_dtype is not None:
+        need(cfg.engine_dtype in DTYPES, f"engine_dtype must be one of {', '.join(DTYPES)}")
+    batch = cfg.prompts_per_step * cfg.group_size
+    if cfg.num_minibatches > 0 and batch > 0:
+        need(
+            batch % cfg.num_minibatches == 0,
+            f"prompts_per_step x group_size = {batch} must be divisible by num_minibatches={cfg.num_minibatches}",
+        )
+    need(cfg.micro_batch_size >= 0, "micro_batch_size must be >= 0")
+    need(cfg.max_grad_norm >= 0, "max_grad_norm must be >= 0")
+    need(cfg.weight_decay >= 0, "weight_decay must be >= 0")
+    need(0 <= cfg.adam_beta1 < 1 and 0 <= cfg.adam_beta2 < 1, "adam betas must be in [0, 1)")
+    need(
+        cfg.eval_every >= 0 and cfg.checkpoint_every >= 0,
+        "eval_every / checkpoint_every must be >= 0",
+    )
+    need(cfg.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
+    if cfg.stop_after is not None:
+        need(cfg.stop_after > 0, "stop_after must be positive")
+    if cfg.loss_constant is not None:
+        need(cfg.loss_constant > 0, "loss_constant must be positive")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild a saved config (unknown keys rejected, values validated)."""
+    return build(cls, overrides=data)

@@ -1,0 +1,31 @@
+"""Tasks: problems with verifiable answers plus the reward that checks them.
+
+Built-in synthetic tasks come from :func:`make_task`; user data files from
+:func:`load_examples` / :func:`make_file_task` (which import ``datasets`` only when called).
+"""
+
+from gspo.tasks.base import Example, RewardFn, Task
+from gspo.tasks.files import DataError, load_examples, make_file_task
+from gspo.tasks.synthetic import (
+    DIFFICULTIES,
+    TASKS,
+    countdown_reward,
+    make_task,
+    max_lengths,
+    split_of,
+)
+
+__all__ = [
+    "DIFFICULTIES",
+    "TASKS",
+    "DataError",
+    "Example",
+    "RewardFn",
+    "Task",
+    "countdown_reward",
+    "load_examples",
+    "make_file_task",
+    "make_task",
+    "max_lengths",
+    "split_of",
+]
