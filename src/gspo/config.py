@@ -172,7 +172,7 @@ class SFTConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     # The README's main job: a tiny model on 2-digit addition, visible learning in minutes.
     "demo": dict(
-        task="addition", steps=200, prompts_per_step=16, group_size=8, max_new_tokens=6, lr=5e-5
+        task="addition", steps=400, prompts_per_step=16, group_size=8, max_new_tokens=6, lr=1e-4
     ),
     # Seconds-long smoke runs for tests.
     "smoke": dict(
