@@ -29,7 +29,8 @@ def set_threads(threads: int) -> None:
 
 
 def build_policy(cfg, device: torch.device):
-    """(model, tokenizer): a random-init tiny model or a local Hugging Face checkpoint."""
+    """(model, tokenizer): a random-init tiny dense or MoE model, or a local Hugging Face
+    checkpoint."""
     if cfg.model == "tiny":
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(
@@ -40,11 +41,72 @@ def build_policy(cfg, device: torch.device):
             num_kv_heads=cfg.num_kv_heads,
             seed=cfg.seed,
         )
+    elif cfg.model == "tiny-moe":
+        from .moe import build_tiny_moe_model
+
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_moe_model(
+            len(tokenizer),
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            num_experts=cfg.num_experts,
+            top_k=cfg.experts_top_k,
+            moe_intermediate_size=cfg.moe_intermediate_size,
+            shared_expert=cfg.shared_expert,
+            seed=cfg.seed,
+        )
     else:
-        tokenizer = load_tokenizer(cfg.model)
-        model = load_model(cfg.model, dtype="float32")
+        # A named model (e.g. smollm2-135m-instruct, materialized once into the cache) or a
+        # local Hugging Face checkpoint directory.
+        from .pretrained import resolve_model_path
+
+        path = resolve_model_path(cfg.model)
+        tokenizer = load_tokenizer(path)
+        model = load_model(path, dtype=cfg.dtype)
+    ensure_pad_token(tokenizer)
     model = model.to(device=device, dtype=DTYPES[cfg.dtype])
+    from .moe import fit_experts_kernel
+
+    fit_experts_kernel(model)  # MoE: grouped_mm has no float64 kernel (no-op for dense models)
+    if getattr(cfg, "lora_rank", 0) > 0:
+        from .lora import apply_lora
+
+        model = apply_lora(
+            model,
+            rank=cfg.lora_rank,
+            alpha=cfg.lora_alpha,
+            dropout=cfg.lora_dropout,
+            target_modules=cfg.lora_target_modules,
+        )
     return model, tokenizer
+
+
+def ensure_pad_token(tokenizer) -> None:
+    """Give a tokenizer without a pad token (Llama-style) its EOS as pad.
+
+    Safe here because padding never reaches a loss unmasked: prompts are left-padded with an
+    attention mask and completions carry an explicit completion mask, so a real EOS at the end
+    of a completion stays in it (as the stop token) even when pad == eos.
+    """
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def build_prompt_format(cfg, tokenizer, model=None):
+    """The run's :class:`gspo.chat.PromptFormat` from ``cfg.chat_template`` and
+    ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token)."""
+    from .chat import prompt_format
+
+    return prompt_format(
+        tokenizer,
+        mode=getattr(cfg, "chat_template", "auto"),
+        system_prompt=getattr(cfg, "system_prompt", None),
+        model=model,
+    )
 
 
 def build_task(cfg) -> Task:
@@ -58,6 +120,8 @@ def build_task(cfg) -> Task:
             cfg.reward,
             prompt_key=cfg.prompt_key,
             answer_key=cfg.answer_key,
+            on_error="skip" if getattr(cfg, "bad_rows", "error") == "skip" else "raise",
+            answer_format=getattr(cfg, "answer_format", "raw"),
             **({"demo_key": cfg.demo_key} if getattr(cfg, "demo_key", None) else {}),
         )
     from .tasks import make_task
@@ -81,3 +145,50 @@ def decode_completions(
         for ids, m in zip(completion_ids.cpu(), completion_mask.cpu().bool(), strict=True)
     ]
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+LONG_PROMPTS = ("error", "truncate", "skip")
+
+
+def limit_prompts(
+    prompts: list[list[int]], max_tokens: int, policy: str
+) -> tuple[list[int], dict[int, list[int]], int, int]:
+    """Apply a prompt-length limit (0 = none) to encoded prompts.
+
+    Returns (indices kept, replacement ids for truncated prompts, n truncated, n skipped).
+    ``truncate`` keeps the *last* ``max_tokens`` tokens (the end of a prompt, just before the
+    answer, matters most); ``skip`` drops the problem; ``error`` raises naming the first one.
+    """
+    if policy not in LONG_PROMPTS:
+        raise ValueError(f"long_prompts must be one of {', '.join(LONG_PROMPTS)}, got {policy!r}")
+    if max_tokens <= 0:
+        return list(range(len(prompts))), {}, 0, 0
+    kept: list[int] = []
+    replaced: dict[int, list[int]] = {}
+    truncated = skipped = 0
+    for i, ids in enumerate(prompts):
+        if len(ids) <= max_tokens:
+            kept.append(i)
+        elif policy == "error":
+            raise ValueError(
+                f"training problem {i} has a {len(ids)}-token prompt, over max_prompt_tokens="
+                f"{max_tokens} (set long_prompts to 'truncate' or 'skip' to accept such data)"
+            )
+        elif policy == "truncate":
+            kept.append(i)
+            replaced[i] = ids[-max_tokens:]
+            truncated += 1
+        else:
+            skipped += 1
+    return kept, replaced, truncated, skipped
+
+
+def build_train_reward(cfg, task: Task):
+    """The reward RL trains on: the task's reward, plus ``format_reward_weight`` x the format
+    reward (answer in ``\\boxed{}`` or after ``####``) when that weight is non-zero."""
+    weight = getattr(cfg, "format_reward_weight", 0.0)
+    if not weight:
+        return task.reward
+    from .rewards import combine, format_reward
+
+    return combine((task.reward, 1.0), (format_reward, weight))

@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ import numpy as np
 import torch
 
 PREFIX = "step_"
+FAULT_DELAY_S = float(os.environ.get("GSPO_FAULT_CHECKPOINT_DELAY_S", "0"))
+"""Seconds to pause inside every checkpoint write, before it is renamed into place. Only for
+fault-injection tests (a SIGKILL during a write must never corrupt the last good checkpoint)."""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:
@@ -79,6 +83,8 @@ def save_checkpoint(
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(rng_state(), tmp / "rng.pt")
+        if FAULT_DELAY_S > 0:  # fault-injection hook: widens the window a kill can land in
+            time.sleep(FAULT_DELAY_S)
         state = {"step": step, "config": config, **(extra or {})}
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         for f in tmp.iterdir():  # flush file contents before the rename makes them visible

@@ -34,3 +34,5 @@ class Task:
     test: list[Example]
     reward: RewardFn
     description: str = ""
+    skipped_rows: list[str] = field(default_factory=list)
+    """Messages for data-file rows dropped as malformed (``bad_rows="skip"``), one per row."""

@@ -15,7 +15,7 @@ from typing import Any
 from gspo.rewards import get_reward
 from gspo.tasks.base import Example, Task
 
-__all__ = ["EXTENSIONS", "DataError", "load_examples", "make_file_task"]
+__all__ = ["ANSWER_FORMATS", "EXTENSIONS", "DataError", "load_examples", "make_file_task"]
 
 EXTENSIONS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 """Supported file extensions and the ``datasets`` builder that reads each."""
@@ -134,6 +134,30 @@ def _text_field(value: Any, field: str, where: str, *, numbers_ok: bool) -> str:
     return value
 
 
+ANSWER_FORMATS = ("raw", "gsm8k", "boxed")
+"""How a data file's answer field holds the final answer (see :func:`load_examples`)."""
+
+
+def _final_answer(text: str, answer_format: str, field: str, where: str) -> str:
+    """The final answer inside an answer field written in ``answer_format``."""
+    if answer_format == "raw":
+        return text
+    from gspo.rewards import extract_boxed, extract_hashes
+
+    if answer_format == "gsm8k":
+        found = extract_hashes(text)
+        marker = "'#### <answer>'"
+    else:
+        found = extract_boxed(text)
+        marker = "'\\boxed{...}'"
+    if found is None:
+        raise DataError(
+            f"{where}: field {field!r} has no {marker} final answer (answer_format="
+            f"{answer_format!r}): {text[-80:]!r}"
+        )
+    return found
+
+
 def load_examples(
     path: str | Path,
     *,
@@ -141,6 +165,9 @@ def load_examples(
     answer_key: str = "answer",
     demo_key: str | None = None,
     split: str = "train",
+    on_error: str = "raise",
+    skipped: list[str] | None = None,
+    answer_format: str = "raw",
 ) -> list[Example]:
     """Load problems from a local .jsonl, .json or .parquet file.
 
@@ -149,7 +176,23 @@ def load_examples(
     meaning no demo for that row). All other columns go into ``Example.meta``. ``split`` names
     the split for ``datasets``; it does not select part of the file. Raises :class:`DataError`
     (a ValueError) naming the file, row and field for any problem.
+
+    ``on_error="skip"`` drops malformed rows instead (problems with the file as a whole still
+    raise); each dropped row's message is appended to ``skipped`` when a list is given, so the
+    caller can report the count. Nothing is dropped silently.
+
+    ``answer_format`` says how to read the reference answer: ``raw`` takes the field as it is;
+    ``gsm8k`` takes what follows the last ``####`` (GSM8K's answer field is the worked
+    solution, then ``#### 72``); ``boxed`` takes the last ``\\boxed{...}`` (MATH's
+    ``solution`` field). The full field is then kept in ``meta["solution"]``; a row without
+    the marker is a :class:`DataError` naming it.
     """
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(
+            f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
+        )
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
@@ -173,12 +216,23 @@ def load_examples(
     examples = []
     for index, row in enumerate(rows):
         where = _where(path, index, lines)
-        prompt = _text_field(row[prompt_key], prompt_key, where, numbers_ok=False)
-        answer = _text_field(row[answer_key], answer_key, where, numbers_ok=True)
-        demo = None
-        if demo_key is not None and row[demo_key] is not None:
-            demo = _text_field(row[demo_key], demo_key, where, numbers_ok=False)
+        try:
+            prompt = _text_field(row[prompt_key], prompt_key, where, numbers_ok=False)
+            answer = _text_field(row[answer_key], answer_key, where, numbers_ok=True)
+            solution = answer
+            answer = _final_answer(answer, answer_format, answer_key, where)
+            demo = None
+            if demo_key is not None and row[demo_key] is not None:
+                demo = _text_field(row[demo_key], demo_key, where, numbers_ok=False)
+        except DataError as exc:
+            if on_error == "raise":
+                raise
+            if skipped is not None:
+                skipped.append(str(exc))
+            continue
         meta = {key: value for key, value in row.items() if key not in wanted}
+        if answer_format != "raw":
+            meta["solution"] = solution
         examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta))
     return examples
 
@@ -196,15 +250,21 @@ def make_file_task(
     typo fails before any file is read.
     """
     reward = get_reward(reward_name)
-    unknown = set(keys) - {"prompt_key", "answer_key", "demo_key"}
+    unknown = set(keys) - {"prompt_key", "answer_key", "demo_key", "on_error", "answer_format"}
     if unknown:
         raise ValueError(f"unknown keyword(s) for load_examples: {', '.join(sorted(unknown))}")
-    train = load_examples(train_path, split="train", **keys)
-    test = load_examples(test_path, split="test", **keys) if test_path is not None else []
+    skipped: list[str] = []
+    train = load_examples(train_path, split="train", skipped=skipped, **keys)
+    test = (
+        load_examples(test_path, split="test", skipped=skipped, **keys)
+        if test_path is not None
+        else []
+    )
     return Task(
         name=f"file:{Path(train_path).stem}",
         train=train,
         test=test,
         reward=reward,
         description=f"user data: train {train_path}, test {test_path}, reward {reward_name}",
+        skipped_rows=skipped,
     )
