@@ -11,7 +11,19 @@ from gspo.cli import main
 
 def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "--preset", "smoke", "--device", "cpu", "--output-dir", str(out), "--algo", "luspo"])
+    code = main(
+        [
+            "train",
+            "--preset",
+            "smoke",
+            "--device",
+            "cpu",
+            "--output-dir",
+            str(out),
+            "--algo",
+            "luspo",
+        ]
+    )
     assert code == 0
     assert (out / "metrics.jsonl").is_file() and (out / "curves.png").stat().st_size > 1000
     assert (out / "final" / "model.safetensors").is_file()
@@ -19,7 +31,19 @@ def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys):
 
 
 def test_train_rejects_unknown_flag_values_before_work(tmp_path, capsys):
-    code = main(["train", "--preset", "smoke", "--output-dir", str(tmp_path), "--algo", "ppo", "--steps", "-1"])
+    code = main(
+        [
+            "train",
+            "--preset",
+            "smoke",
+            "--output-dir",
+            str(tmp_path),
+            "--algo",
+            "ppo",
+            "--steps",
+            "-1",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "algo must be one of" in err and "steps must be positive" in err
@@ -43,20 +67,43 @@ def test_sft_then_train_from_it(tmp_path, capsys):
     sft_dir = tmp_path / "sft"
     assert (
         main(
-            ["sft", "--device", "cpu", "--output-dir", str(sft_dir), "--steps", "3", "--batch-size", "8"]
-            + ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--num-kv-heads", "1"]
+            [
+                "sft",
+                "--device",
+                "cpu",
+                "--output-dir",
+                str(sft_dir),
+                "--steps",
+                "3",
+                "--batch-size",
+                "8",
+            ]
+            + [
+                "--hidden-size",
+                "32",
+                "--num-layers",
+                "1",
+                "--num-heads",
+                "2",
+                "--num-kv-heads",
+                "1",
+            ]
             + ["--n-train", "64", "--n-test", "8", "--progress", "false"]
         )
         == 0
     )
     assert "held-out greedy accuracy" in capsys.readouterr().out
     run = tmp_path / "rl"
-    assert main(["train", "--preset", "smoke", "--model", str(sft_dir), "--output-dir", str(run)]) == 0
+    assert (
+        main(["train", "--preset", "smoke", "--model", str(sft_dir), "--output-dir", str(run)]) == 0
+    )
 
 
 def test_demo_short(tmp_path, capsys):
     out = tmp_path / "demo"
-    code = main(["demo", "--output-dir", str(out), "--sft-steps", "4", "--steps", "2", "--no-progress"])
+    code = main(
+        ["demo", "--output-dir", str(out), "--sft-steps", "4", "--steps", "2", "--no-progress"]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "after SFT (RL step 0)" in text and "greedy accuracy" in text

@@ -79,6 +79,7 @@ def build_policy(cfg, device: torch.device):
             alpha=cfg.lora_alpha,
             dropout=cfg.lora_dropout,
             target_modules=cfg.lora_target_modules,
+            seed=cfg.seed,
         )
     return model, tokenizer
 

@@ -75,6 +75,8 @@ def save_checkpoint(
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
+    for stale in root.glob(".tmp-*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -87,12 +89,18 @@ def save_checkpoint(
             time.sleep(FAULT_DELAY_S)
         state = {"step": step, "config": config, **(extra or {})}
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
-        for f in tmp.iterdir():  # flush file contents before the rename makes them visible
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        for f in tmp.rglob("*"):  # flush file contents before the rename makes them visible
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
         if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+            # Re-saving a step: move the old copy aside first, so a crash leaves one of the two.
+            aside = root / f".tmp-old-{final.name}"
+            os.rename(final, aside)
+            os.rename(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

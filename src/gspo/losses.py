@@ -496,5 +496,6 @@ def _metrics(
             "ratio/mean": float(ratios.mean()) if has else 1.0,
             "ratio/min": float(ratios.min()) if has else 1.0,
             "ratio/max": float(ratios.max()) if has else 1.0,
+            "ratio/count": float(ratios.numel()),  # what ratio/mean averages over, for pooling
             "kl/old_new": float(kl.sum()) / n_tok,
         }

@@ -193,12 +193,42 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 def save_model(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, path: str | Path
 ) -> None:
-    """Save model (safetensors) and tokenizer to ``path`` with ``save_pretrained``."""
+    """Save model (safetensors) and tokenizer to ``path`` with ``save_pretrained``.
+
+    A model with LoRA adapters is saved merged (a plain Hugging Face model that
+    ``transformers`` loads without peft), with the adapter itself in ``path/adapter``.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from .lora import has_lora
+
     p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(p), safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(p))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed into place: a kill mid-save never leaves a torn
+    # model under the real name (an existing one is replaced only once the new one is complete).
+    tmp = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".tmp-{p.name}-"))
+    try:
+        if has_lora(model):
+            from .lora import merged_copy, save_lora
+
+            save_lora(model, tmp / "adapter")
+            model = merged_copy(model)
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        if p.exists():
+            aside = p.parent / f".tmp-old-{p.name}"
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(p, aside)
+            os.rename(tmp, p)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(tmp, p)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 # --------------------------------------------------------------------------------------------

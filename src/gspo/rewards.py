@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from gspo.sandbox import code_reward, with_timeout
+
 if TYPE_CHECKING:
     # Only for annotations: importing gspo.tasks at runtime would be circular, since the
     # task modules import their rewards from here.
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "FORMATS",
     "REWARDS",
+    "code_reward",
     "combine",
     "countdown_reward",
     "exact_match",
@@ -324,19 +327,28 @@ def _as_reward(value: object) -> float | None:
 
 
 def score(
-    reward_fn: RewardFn, completions: Sequence[str], examples: Sequence[Example]
+    reward_fn: RewardFn,
+    completions: Sequence[str],
+    examples: Sequence[Example],
+    *,
+    timeout_s: float | None = None,
 ) -> tuple[list[float], int]:
     """Apply ``reward_fn`` to each (completion, example) pair; return (rewards, n_errors).
 
     A call that raises, or returns something other than a real finite number (None, a string,
     NaN, inf; bools count as 0/1), gives that sample 0.0 and adds one to ``n_errors``; other
     samples keep their reward. Failures of the reward never propagate (KeyboardInterrupt does).
-    Note: a reward that hangs is not bounded by any timeout here; it blocks the caller.
+    With ``timeout_s``, a call still running after that many seconds also scores 0.0 and
+    counts as an error (:func:`gspo.sandbox.with_timeout`, thread mode: the late call is left
+    running in the background; wrap the reward with ``mode="process"`` yourself to have it
+    killed). Without it a hanging reward blocks the caller.
     """
     if len(completions) != len(examples):
         raise ValueError(
             f"{len(completions)} completions but {len(examples)} examples; they must pair up"
         )
+    if timeout_s is not None:
+        reward_fn = with_timeout(reward_fn, timeout_s)
     rewards: list[float] = []
     n_errors = 0
     for completion, example in zip(completions, examples, strict=True):
@@ -426,6 +438,7 @@ REWARDS: dict[str, RewardFn] = {
     "math_verify": math_verify_match,
     "format": format_reward,
     "countdown": countdown_reward,
+    "code": code_reward,
 }
 """Rewards selectable by name (e.g. for tasks built from user data files)."""
 

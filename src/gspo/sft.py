@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .build import build_policy, build_task, encode_prompts, resolve_device, set_threads
+from . import moe
+from .build import build_policy, build_prompt_format, build_task, resolve_device, set_threads
 from .config import SFTConfig
 from .evaluation import evaluate
 from .models import save_model, token_logprobs
@@ -55,9 +56,11 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
     demos = [e for e in task.train if (e.demo if e.demo is not None else e.answer)]
     if not demos:
         raise ValueError(f"task {task.name} has no demonstrations for SFT")
-    prompts = encode_prompts(tokenizer, [e.prompt for e in demos])
+    # Chat models see their template and learn to end on its end-of-turn token (<|im_end|>).
+    fmt = build_prompt_format(cfg, tokenizer, model)
+    prompts = fmt.encode([e.prompt for e in demos])
     targets = [
-        list(ids) + [tokenizer.eos_token_id]
+        [*ids, fmt.end_token_id]
         for ids in tokenizer(
             [e.demo if e.demo is not None else e.answer for e in demos], add_special_tokens=False
         )["input_ids"]
@@ -76,11 +79,16 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
         idx = torch.randint(len(demos), (cfg.batch_size,), generator=g).tolist()
         p_ids, p_mask = _pad_left([prompts[i] for i in idx], tokenizer.pad_token_id)
         c_ids, c_mask = _pad_right([targets[i] for i in idx], tokenizer.pad_token_id)
-        logprobs, _ = token_logprobs(
-            model, p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device)
-        )  # [B, L]
+        aux_on = cfg.router_aux_loss_coef > 0
+        with moe.capture_routing(model, keep_logits=aux_on) as routes:  # None for dense models
+            logprobs, _ = token_logprobs(
+                model, p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device)
+            )  # [B, L]
         mask = c_mask.to(device=device, dtype=logprobs.dtype)
         loss = -(logprobs * mask).sum() / mask.sum()  # token-mean cross-entropy on the targets
+        if aux_on and routes is not None:  # MoE load-balancing loss
+            attn = torch.cat([p_mask, c_mask], dim=1).to(device)  # [B, P+L]
+            loss = loss + cfg.router_aux_loss_coef * moe.aux_loss(model, routes, attn)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -105,5 +113,6 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
             task.reward,
             max_new_tokens=cfg.max_new_tokens,
             generator=step_generator(cfg.seed, cfg.steps, stream=3, device=engine.device),
+            prompt_format=fmt,
         )
     return SFTResult(out, losses, metrics, time.perf_counter() - t0)

@@ -18,6 +18,7 @@ cover minibatches 2..k only.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -27,13 +28,16 @@ from typing import Any
 import torch
 
 from . import checkpoint as ckpt
+from . import moe
 from .advantages import group_advantages
 from .build import (
     DTYPES,
     build_policy,
+    build_prompt_format,
     build_task,
+    build_train_reward,
     decode_completions,
-    encode_prompts,
+    limit_prompts,
     resolve_device,
     set_threads,
 )
@@ -41,10 +45,14 @@ from .config import TrainConfig, to_dict
 from .evaluation import evaluate
 from .logging import MetricsLogger, progress_postfix
 from .losses import policy_loss
-from .models import token_logprobs
+from .models import save_model, token_logprobs
 from .rewards import overlong_penalty, score
 from .rollout.base import Rollout, SamplingParams
 from .rollout.torch_engine import TorchEngine
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Raised after ``max_bad_steps`` consecutive steps of non-finite losses or gradients."""
 
 
 @dataclass
@@ -79,6 +87,19 @@ def prompt_indices(n_examples: int, step: int, batch: int, seed: int) -> list[in
     return out
 
 
+def ensure_writable(path: Path) -> None:
+    """Fail before any work if the output folder cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise PermissionError(
+            f"output_dir {str(path)!r} is not writable: {exc.strerror or exc}"
+        ) from None
+
+
 def lr_lambda(warmup_steps: int):
     return lambda i: min(1.0, (i + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
@@ -88,12 +109,17 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_writable(out)
+    # The run's config at its root, so `gspo report` can group runs by algo and seed.
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
     model, tokenizer = build_policy(cfg, device)
     task = build_task(cfg)
     if not task.train:
         raise ValueError(f"task {task.name} has no training problems")
+    # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
+    fmt = build_prompt_format(cfg, tokenizer, model)
+    train_reward = build_train_reward(cfg, task)
     engine = TorchEngine(
         model,
         pad_id=tokenizer.pad_token_id,
@@ -118,17 +144,37 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoint_root(out)}")
         start = ckpt.restore(found, model=model, optimizer=optimizer, scheduler=scheduler)["step"]
         engine.update_weights(model)
-        if ref_model is not None:
-            raise NotImplementedError(
-                "resuming a run with kl_coef > 0 needs the reference weights saved"
-            )
+        # ref_model (kl_coef > 0) was copied above from the freshly built initial policy, before
+        # the restore, so it already holds the reference weights an unbroken run would use.
     logger = MetricsLogger(
         out, resume_step=start, tensorboard=cfg.tensorboard, wandb=cfg.wandb, config=to_dict(cfg)
     )
     history: list[dict[str, Any]] = []
-    prompt_cache = encode_prompts(tokenizer, [e.prompt for e in task.train])
+    encoded = fmt.encode([e.prompt for e in task.train])
+    kept, replaced, n_truncated, n_skipped = limit_prompts(
+        encoded, cfg.max_prompt_tokens, cfg.long_prompts
+    )
+    if not kept:
+        raise ValueError(
+            f"no training problem has a prompt within max_prompt_tokens={cfg.max_prompt_tokens}"
+        )
+    train_set = [task.train[i] for i in kept]
+    prompt_cache = [replaced.get(i, encoded[i]) for i in kept]
+    if start == 0:
+        data = {
+            "data/train_problems": len(train_set),
+            "data/test_problems": len(task.test),
+            "data/prompts_truncated": n_truncated,
+            "data/prompts_skipped": n_skipped,
+            "data/skipped_rows": len(task.skipped_rows),
+        }
+        logger.log(0, data)
+        history.append({"step": 0, **data})
     params = SamplingParams(
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        stop_token_ids=fmt.stop_token_ids,
     )
     last = cfg.steps if cfg.stop_after is None else min(cfg.steps, start + cfg.stop_after)
 
@@ -143,6 +189,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             generator=g,
+            prompt_format=fmt,
         )
         record = {f"eval/{k}": v for k, v in metrics.items()}
         logger.log(step, record)
@@ -154,20 +201,25 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         final_eval = run_eval(0)
 
     bar = _progress(cfg, start, last)
+    bad_streak = 0  # consecutive steps whose every update was skipped as non-finite
     for step in range(start, last):
         # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
         t0 = time.perf_counter()
-        idx = prompt_indices(len(task.train), step, cfg.prompts_per_step, cfg.seed)
-        examples = [task.train[i] for i in idx]
+        idx = prompt_indices(len(train_set), step, cfg.prompts_per_step, cfg.seed)
+        examples = [train_set[i] for i in idx]
         gen = step_generator(cfg.seed, step, stream=0, device=engine.device)
-        rollout = engine.generate([prompt_cache[i] for i in idx], cfg.group_size, params, gen)
+        # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
+        # ("routing", replayed by routing_replay='engine'); dense models: plain engine.generate.
+        rollout = moe.generate_with_routing(
+            engine, [prompt_cache[i] for i in idx], cfg.group_size, params, gen
+        )
         rollout = _to_device(rollout, device)
         t_rollout = time.perf_counter() - t0
 
         # 2. Rewards and group-normalized advantages.
         texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
         repeated = [examples[i] for i in rollout.prompt_index.tolist()]
-        rewards_list, reward_errors = score(task.reward, texts, repeated)
+        rewards_list, reward_errors = score(train_reward, texts, repeated)
         rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
         lengths = rollout.completion_lengths()  # [N]
         if cfg.overlong_buffer > 0:
@@ -191,6 +243,11 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         )
         engine.update_weights(model)
         t_train = time.perf_counter() - t2
+        # MoE: share of expert choices the update changed, on this rollout ({} for dense models).
+        moe_metrics = moe.step_metrics(model, rollout)
+        bad_streak = (
+            bad_streak + 1 if train_metrics["faults/skipped_updates"] >= cfg.num_minibatches else 0
+        )
 
         # 5. Metrics.
         n_gen = int(lengths.sum())
@@ -204,6 +261,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             / len(texts),
             **train_metrics,
             **mismatch,
+            **moe_metrics,
             "lr": scheduler.get_last_lr()[0],
             "time/rollout_s": t_rollout,
             "time/recompute_s": t_recompute,
@@ -212,6 +270,14 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         }
         logger.log(step + 1, metrics)
         history.append({"step": step + 1, **metrics})
+        if bad_streak >= cfg.max_bad_steps:
+            logger.close()
+            raise NonFiniteTrainingError(
+                f"step {step + 1}: {bad_streak} consecutive steps had only non-finite losses or "
+                f"gradients (every update skipped); stopping. Last good checkpoint: "
+                f"{ckpt.latest_checkpoint(out)}. Lower the learning rate or check the rewards and "
+                "log-probs (metrics.jsonl has faults/skipped_updates per step)."
+            )
 
         if (
             cfg.eval_every > 0
@@ -240,8 +306,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         bar.close()
     logger.close()
     if last == cfg.steps:
-        model.save_pretrained(out / "final", safe_serialization=True)
-        tokenizer.save_pretrained(out / "final")
+        save_model(model, tokenizer, out / "final")  # LoRA: merged, adapter in final/adapter
     return RunResult(out, history, final_eval, model, tokenizer)
 
 
@@ -269,20 +334,25 @@ def update_policy(
     micro = cfg.micro_batch_size or n
     acc = _Accumulator()
     constant = cfg.loss_constant or float(cfg.max_new_tokens)
+    # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
+    replay = moe.replay_source(cfg.routing_replay, rollout, model)
     for k, mb in enumerate(minibatches):
         mask = rollout.completion_mask[mb]  # [n_mb, L]
         n_seq = int((mask.sum(dim=1) > 0).sum())
         n_tok = int(mask.sum())
+        mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
         for part in mb.split(micro):
-            logprobs, entropy = token_logprobs(
-                model,
-                rollout.prompt_ids[part],
-                rollout.prompt_mask[part],
-                rollout.completion_ids[part],
-                rollout.completion_mask[part],
-                temperature=cfg.temperature,
-                with_entropy=True,
-            )  # [n_micro, L] each
+            # MoE: replay/capture the routing of this forward (a no-op block for dense models).
+            with moe.training_forward(model, replay, part, aux=True) as routes:
+                logprobs, entropy = token_logprobs(
+                    model,
+                    rollout.prompt_ids[part],
+                    rollout.prompt_mask[part],
+                    rollout.completion_ids[part],
+                    rollout.completion_mask[part],
+                    temperature=cfg.temperature,
+                    with_entropy=True,
+                )  # [n_micro, L] each
             ref = _ref_logprobs(cfg, ref_model, rollout, part)
             loss, metrics = policy_loss(
                 cfg.algo,
@@ -299,17 +369,36 @@ def update_policy(
                 ref_logprobs=ref,
                 kl_coef=cfg.kl_coef,
             )
+            aux, moe_metrics = moe.micro_batch_terms(
+                model,
+                routes,
+                rollout,
+                part,
+                aux_coef=cfg.router_aux_loss_coef,
+                weight=len(part) / len(mb),
+            )
+            if aux is not None:
+                loss = loss + aux  # load-balancing loss (router_aux_loss_coef > 0)
+            metrics.update(moe_metrics)
             loss.backward()
             m = rollout.completion_mask[part]
             tokens = int(m.sum())
             metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
-            metrics["loss"] = float(loss.detach())
-            acc.add(metrics, tokens, off_policy=k > 0)
+            mb_loss += float(loss.detach())
+            acc.add(metrics, tokens, int(m.any(dim=1).sum()), off_policy=k > 0)
+        acc.add_scalar("loss", mb_loss)  # mean over minibatches
         grad_norm = torch.nn.utils.clip_grad_norm_(
             model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         )
-        acc.add_scalar("grad_norm", float(grad_norm))
-        optimizer.step()
+        if math.isfinite(float(grad_norm)) and math.isfinite(mb_loss):
+            acc.add_scalar("grad_norm", float(grad_norm))
+            optimizer.step()
+            skipped = 0.0
+        else:
+            # A non-finite loss or gradient would poison the weights and Adam's moments for
+            # good: drop this update (the schedule still advances) and count it.
+            skipped = 1.0
+        acc.add_scalar("faults/skipped_updates", skipped, reduce="sum")
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     model.eval()
@@ -321,7 +410,8 @@ def _old_logprobs(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     if cfg.old_logprobs == "engine":
         return rollout.logprobs, {}
-    with torch.no_grad():
+    # MoE: the same pass records the pre-update policy's routing (what R2 replays).
+    with torch.no_grad(), moe.capture_routing(model) as routes:
         recomputed, _ = token_logprobs(
             model,
             rollout.prompt_ids,
@@ -330,6 +420,9 @@ def _old_logprobs(
             rollout.completion_mask,
             temperature=cfg.temperature,
         )  # [N, L]
+    if routes is not None:
+        length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
+        rollout.extras["old_routing"] = routes.routing(rollout.num_samples, length)
     mask = rollout.completion_mask.bool()
     diff = (recomputed - rollout.logprobs.to(recomputed.dtype)).abs()[mask]
     stats = {
@@ -395,26 +488,36 @@ class _Accumulator:
         self.sums: dict[str, float] = {}
         self.weights: dict[str, float] = {}
         self.extremes: dict[str, float] = {}
+        self.totals: dict[str, float] = {}
 
     def _put(self, key: str, value: float, weight: float) -> None:
-        if key.endswith("/min"):
+        base = key.removesuffix("_off_policy")  # ratio/min_off_policy is an extreme too
+        if base.endswith("/min"):
             self.extremes[key] = min(self.extremes.get(key, math.inf), value)
-        elif key.endswith("/max"):
+        elif base.endswith("/max"):
             self.extremes[key] = max(self.extremes.get(key, -math.inf), value)
         else:
             self.sums[key] = self.sums.get(key, 0.0) + value * weight
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
-    def add(self, metrics: dict[str, float], tokens: int, *, off_policy: bool) -> None:
+    def add(self, metrics: dict[str, float], tokens: int, sequences: int, *, off_policy: bool) -> None:
+        # Each metric is pooled over what it averages: ratio/mean over its ratios (sequences for
+        # the GSPO family, tokens for GRPO), clip/seq_fraction over sequences, the rest tokens.
+        weights = {"ratio/mean": metrics.pop("ratio/count", tokens), "clip/seq_fraction": sequences}
         for key, value in metrics.items():
-            self._put(key, value, tokens)
+            weight = weights.get(key, tokens)
+            self._put(key, value, weight)
             if off_policy and key.startswith(("clip/", "ratio/", "kl/old_new")):
-                self._put(f"{key}_off_policy", value, tokens)
+                self._put(f"{key}_off_policy", value, weight)
 
-    def add_scalar(self, key: str, value: float) -> None:
-        self._put(key, value, 1.0)
+    def add_scalar(self, key: str, value: float, reduce: str = "mean") -> None:
+        if reduce == "sum":
+            self.totals[key] = self.totals.get(key, 0.0) + value
+        else:
+            self._put(key, value, 1.0)
 
     def result(self) -> dict[str, float]:
         out = {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
         out.update(self.extremes)
+        out.update(self.totals)
         return out

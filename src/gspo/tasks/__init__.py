@@ -14,6 +14,7 @@ from gspo.tasks.synthetic import (
     max_lengths,
     split_of,
 )
+from gspo.tasks.word_problems import sample_word_problem  # registers "word_problems"
 
 __all__ = [
     "DIFFICULTIES",
@@ -27,5 +28,6 @@ __all__ = [
     "make_file_task",
     "make_task",
     "max_lengths",
+    "sample_word_problem",
     "split_of",
 ]

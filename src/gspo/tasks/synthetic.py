@@ -18,6 +18,16 @@ from dataclasses import dataclass
 
 from gspo.rewards import countdown_reward, exact_match
 from gspo.tasks.base import Example, RewardFn, Task
+from gspo.tasks.scratchpad import (
+    DEFAULT_DIGITS,
+    MAX_DIGITS,
+    MIN_DIGITS,
+    sample_scratchpad,
+    scratchpad_key,
+    scratchpad_reward,
+    scratchpad_space,
+)
+from gspo.tasks.scratchpad import DESCRIPTION as _SCRATCHPAD_DESCRIPTION
 
 __all__ = [
     "DIFFICULTIES",
@@ -233,6 +243,17 @@ _SPECS: dict[str, _Spec] = {
             space=_countdown_space,
             reward=countdown_reward,
         ),
+        _Spec(
+            name="scratchpad",
+            description=_SCRATCHPAD_DESCRIPTION,
+            default=DEFAULT_DIGITS,
+            low=MIN_DIGITS,
+            high=MAX_DIGITS,
+            sample=sample_scratchpad,
+            space=scratchpad_space,
+            reward=scratchpad_reward,
+            key=scratchpad_key,
+        ),
     ]
 }
 
@@ -303,7 +324,7 @@ TaskBuilder = Callable[..., Task]
 TASKS: dict[str, TaskBuilder] = {
     name: functools.partial(_build, spec) for name, spec in _SPECS.items()
 }
-"""Built-in task builders by name: addition, reversal, sorting, countdown."""
+"""Built-in task builders by name: addition, reversal, sorting, countdown, scratchpad."""
 
 DIFFICULTIES: dict[str, tuple[int, int, int]] = {
     name: (spec.low, spec.default, spec.high) for name, spec in _SPECS.items()

@@ -1,0 +1,741 @@
+"""Head-to-head: gspo's trainer against TRL's ``GRPOTrainer`` (GSPO mode), same model, task and
+settings, both in one invocation, alternating, each run in its own subprocess.
+
+    python benchmarks/vs_trl.py                                  # tiny models, 3 repetitions
+    python benchmarks/vs_trl.py --workloads d64-add --reps 2 --steps 10
+    python benchmarks/vs_trl.py --workloads smollm2 --reps 1 --steps 2   # slow: ~1 min per step
+
+Needs the ``bench`` extra (``pip install -c constraints.txt -e ".[bench]"``: TRL). TRL is never
+imported by the package itself.
+
+What one "step" is, in both systems: one rollout of ``prompts x group`` completions, then 4
+optimizer steps on 4 shuffled minibatches of it (gspo: ``num_minibatches=4``; TRL:
+``per_device_train_batch_size = N / 4``, ``gradient_accumulation_steps=1``,
+``steps_per_generation=4``, so TRL generates once every 4 optimizer steps and 1 gspo step = 4
+TRL ``global_step`` s).
+
+Settings made equal:
+
+- model: the same checkpoint directory (a gspo SFT cold start of a tiny Qwen3 char model, or
+  SmolLM2-135M-Instruct), float32 on CPU, SDPA attention, the same torch thread count;
+- prompts: the same problems in the same order per step (TRL gets a dataset laid out in gspo's
+  order with ``shuffle_dataset=False``), the same token ids (checked: the first generate call of
+  TRL is compared with gspo's encoding);
+- sampling: temperature 1, top-p 1, top-k off, ``max_completion_length = max_new_tokens``,
+  stop at EOS (and, for chat models, the template's end-of-turn token);
+- objective: GSPO (sequence-level ratio, TRL ``importance_sampling_level="sequence"``,
+  ``loss_type="grpo"`` = mean over tokens then over sequences, gspo ``seq_mean_token_mean``),
+  clip 3e-4 / 4e-4, no KL (``beta=0``), group advantages with the sample std (gspo
+  ``advantage_scale=sample_std``, TRL ``scale_rewards="group"``);
+- optimizer: AdamW (``optim="adamw_torch"``), same lr, betas 0.9 / 0.999, no weight decay,
+  10 warm-up optimizer steps then constant, grad-norm clip 1.0;
+- reward: the task's own exact-match function, wrapped as a TRL reward function;
+- bookkeeping: no checkpoints, no evaluation, no progress bar inside the timed steps.
+
+Differences that remain (also in docs/performance.md):
+
+1. Old log-probs: TRL (no vLLM, ``steps_per_generation > gradient_accumulation_steps``) runs a
+   no-grad recompute pass over the whole batch; gspo by default takes the rollout engine's own
+   log-probs (``old_logprobs=engine``, no pass). The ``gspo-recompute`` system runs gspo with
+   ``old_logprobs=recompute``: the same passes as TRL.
+2. Random streams: each system draws its own samples (gspo: per-step seeded generators; TRL:
+   the global torch RNG through ``model.generate``) and shuffles minibatches its own way, so
+   rewards differ by sampling noise; learning is compared over the same number of steps.
+3. Advantage epsilon: TRL divides by std + 1e-4, gspo by std + 1e-6.
+4. Log-ratio clamp: gspo clamps the sequence log-ratio before exp (no effect at these ratios).
+5. Rollout: gspo's own KV-cache engine vs ``transformers`` ``generate`` (its logits
+   processors, stopping criteria and cache) — this is the point of the comparison.
+6. Training forward: TRL passes no position ids (left padding would shift positions; the tiny
+   tasks' prompts all have the same length, so there is none) and uses the model's fused
+   log-prob head; gspo passes explicit position ids.
+7. Timing scope: each system's wall time between the ends of consecutive steps (gspo: its
+   metrics logger's record per step; TRL: ``on_step_end`` every 4th optimizer step), so it
+   includes rewards, advantages and metric bookkeeping in both; the first step is a warm-up and
+   is not counted.
+
+Columns: ``s/step`` median wall seconds per step; ``gen tok/s`` generated (completion) tokens
+per second of whole step; ``train tok/s`` prompt+completion tokens that went through the 4
+training forward/backward passes per second of step; ``rollout s`` median time inside the
+generate call; ``peak RSS`` the subprocess's ``ru_maxrss`` (imports included; ``base RSS`` is
+the RSS after imports and model load, before training); ``reward`` mean train reward over the
+last ``--reward-window`` steps; ``held-out`` greedy exact-match accuracy after training on the
+task's test split (the same evaluation code for both). Ratios are gspo / TRL for throughput
+(higher is better) and TRL / gspo for time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    # The demo: 2-digit addition, 0.1 M-parameter char model, 6 new tokens.
+    "d64-add": {
+        "model": "tiny",
+        "size": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2},
+        "task": "addition",
+        "difficulty": None,
+        "max_new_tokens": 6,
+        "prompts_per_step": 16,
+        "group_size": 8,
+        "lr": 1e-4,
+        "sft_steps": 200,
+        "sft_lr": 3e-3,
+    },
+    # Longer completions on a bigger model: reversal of 8 letters, up to 16 new tokens.
+    "d128-rev": {
+        "model": "tiny",
+        "size": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2},
+        "task": "reversal",
+        "difficulty": 8,
+        "max_new_tokens": 16,
+        "prompts_per_step": 16,
+        "group_size": 8,
+        "lr": 5e-5,
+        "sft_steps": 300,
+        "sft_lr": 2e-3,
+    },
+    # A real pretrained model (SmolLM2-135M-Instruct, chat template), tiny batch.
+    "smollm2": {
+        "model": "smollm2-135m-instruct",
+        "size": {},
+        "task": "addition",
+        "difficulty": None,
+        "max_new_tokens": 24,
+        "prompts_per_step": 4,
+        "group_size": 4,
+        "lr": 1e-6,
+        "sft_steps": 0,
+        "sft_lr": 0.0,
+    },
+}
+SYSTEMS = ("gspo", "gspo-recompute", "trl")
+CLIP_LOW, CLIP_HIGH = 3e-4, 4e-4
+NUM_MINIBATCHES = 4
+WARMUP_OPT_STEPS = 10
+SEED = 0
+
+
+# ------------------------------------------------------------------------------------------
+# Shared helpers (run inside the subprocesses)
+# ------------------------------------------------------------------------------------------
+
+
+def _rss_mb() -> float:
+    """Current resident set size in MiB (from /proc; falls back to the high-water mark)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _train_config(spec: dict[str, Any], output_dir: str, *, recompute: bool = False):
+    """The gspo TrainConfig of a workload (also used by the TRL runner for task and prompts)."""
+    from gspo.config import TrainConfig, build
+
+    w = WORKLOADS[spec["workload"]]
+    overrides = {
+        **w["size"],
+        "model": spec["init"],
+        "task": w["task"],
+        "difficulty": w["difficulty"],
+        "max_new_tokens": w["max_new_tokens"],
+        "prompts_per_step": w["prompts_per_step"],
+        "group_size": w["group_size"],
+        "lr": w["lr"],
+        "algo": "gspo",
+        "clip_low": CLIP_LOW,
+        "clip_high": CLIP_HIGH,
+        "kl_coef": 0.0,
+        "advantage_scale": "sample_std",
+        "num_minibatches": NUM_MINIBATCHES,
+        "warmup_steps": WARMUP_OPT_STEPS,
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "steps": spec["steps"],
+        "old_logprobs": "recompute" if recompute else "engine",
+        "eval_every": 0,
+        "checkpoint_every": 0,
+        "progress": False,
+        "device": "cpu",
+        "threads": spec["threads"],
+        "output_dir": output_dir,
+        "seed": SEED,
+        "n_test": spec["n_test"],
+    }
+    return build(TrainConfig, overrides=overrides)
+
+
+def _step_prompts(cfg, n_train: int) -> list[list[int]]:
+    """Training-problem indices of every step, in gspo's order (what TRL is fed too)."""
+    from gspo.trainer import prompt_indices
+
+    return [prompt_indices(n_train, s, cfg.prompts_per_step, cfg.seed) for s in range(cfg.steps)]
+
+
+def _held_out(model, tokenizer, cfg, task, fmt) -> float:
+    """Greedy exact-match accuracy on the task's test split (the same code for both systems)."""
+    from gspo.evaluation import evaluate
+    from gspo.rollout.torch_engine import TorchEngine
+
+    if not cfg.n_test or not task.test:
+        return float("nan")
+    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id)
+    metrics = evaluate(
+        engine,
+        tokenizer,
+        task.test,
+        task.reward,
+        max_new_tokens=cfg.max_new_tokens,
+        samples=0,
+        greedy=True,
+        prompt_format=fmt,
+    )
+    return float(metrics.get("greedy_accuracy", float("nan")))
+
+
+def _summarize(
+    spec: dict[str, Any],
+    ends: list[float],
+    gen_tokens: list[int],
+    train_tokens: list[int],
+    rollout_s: list[float],
+    rewards: list[float],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """Per-step times from step-end timestamps (ends[0] = start); drop the warm-up step."""
+    step_s = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    if len(step_s) != len(gen_tokens):
+        raise RuntimeError(f"{len(step_s)} step times but {len(gen_tokens)} token counts")
+    skip = 1 if len(step_s) > 1 else 0
+    s, g, t = step_s[skip:], gen_tokens[skip:], train_tokens[skip:]
+    window = spec["reward_window"]
+    return {
+        **spec,
+        "step_s": statistics.median(s),
+        "step_s_all": step_s,
+        "gen_tokens_per_step": statistics.fmean(g),
+        "gen_tokens_per_s": statistics.median(a / b for a, b in zip(g, s, strict=True)),
+        "train_tokens_per_s": statistics.median(a / b for a, b in zip(t, s, strict=True)),
+        "rollout_s": statistics.median(rollout_s[skip:]),
+        "rewards": rewards,
+        "reward_last": statistics.fmean(rewards[-window:]),
+        "peak_rss_mb": _peak_rss_mb(),
+        "load_avg_1min_at_end": os.getloadavg()[0],
+        **extra,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# gspo
+# ------------------------------------------------------------------------------------------
+
+
+def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
+    """Train with ``gspo.trainer.train``; step ends are the trainer's per-step metric records."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    import gspo.trainer as trainer_mod
+    from gspo.build import build_prompt_format, build_task
+
+    ends: list[float] = []
+    base = trainer_mod.MetricsLogger
+
+    class TimedLogger(base):  # type: ignore[misc, valid-type]
+        """Stamps the wall time of every training-step record (those carrying time/train_s)."""
+
+        def log(self, step: int, metrics: dict[str, Any]) -> None:
+            if "time/train_s" in metrics:
+                ends.append(time.perf_counter())
+            elif not ends and "data/train_problems" in metrics:
+                ends.append(time.perf_counter())  # set-up done: the first step starts now
+            super().log(step, metrics)
+
+    trainer_mod.MetricsLogger = TimedLogger
+    with tempfile.TemporaryDirectory(prefix="vs-trl-gspo-") as tmp:
+        cfg = _train_config(spec, tmp, recompute=spec["system"] == "gspo-recompute")
+        base_rss = _rss_mb()
+        result = trainer_mod.train(cfg)
+    steps = [r for r in result.history if "time/train_s" in r]
+    # Prompt tokens per step: the prompts of that step, G times each (the same ids TRL sees).
+    task = build_task(cfg)
+    fmt = build_prompt_format(cfg, result.tokenizer, result.model)
+    encoded = fmt.encode([e.prompt for e in task.train])
+    order = _step_prompts(cfg, len(task.train))
+    n = cfg.prompts_per_step * cfg.group_size
+    gen = [round(r["response_length/mean"] * n) for r in steps]
+    prompt_tok = [cfg.group_size * sum(len(encoded[i]) for i in idx) for idx in order]
+    held = _held_out(result.model, result.tokenizer, cfg, task, fmt) if spec["eval"] else None
+    return _summarize(
+        spec,
+        ends,
+        gen,
+        [p + g for p, g in zip(prompt_tok, gen, strict=True)],
+        [r["time/rollout_s"] for r in steps],
+        [r["reward/mean"] for r in steps],
+        {
+            "recompute_s": statistics.median(r["time/recompute_s"] for r in steps[1:] or steps),
+            "clip_fraction": statistics.fmean(r.get("clip/fraction", 0.0) for r in steps),
+            "held_out_greedy": held,
+            "base_rss_mb": base_rss,
+            "params": sum(p.numel() for p in result.model.parameters()),
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# TRL
+# ------------------------------------------------------------------------------------------
+
+
+def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
+    """Train with TRL's GRPOTrainer in GSPO mode on the same model, prompts and settings."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from gspo.build import build_policy, build_prompt_format, build_task
+    from gspo.tasks.base import Example
+
+    with tempfile.TemporaryDirectory(prefix="vs-trl-trl-") as tmp:
+        cfg = _train_config(spec, tmp)
+        model, tokenizer = build_policy(cfg, torch.device("cpu"))
+        task = build_task(cfg)
+        fmt = build_prompt_format(cfg, tokenizer, model)
+        order = _step_prompts(cfg, len(task.train))
+        rows = [task.train[i] for idx in order for i in idx]
+        # Chat models get conversational prompts (TRL applies the chat template); raw otherwise.
+        if fmt.chat:
+            prompts: list[Any] = [[{"role": "user", "content": e.prompt}] for e in rows]
+            if fmt.system_prompt is not None:
+                system = {"role": "system", "content": fmt.system_prompt}
+                prompts = [[system, *p] for p in prompts]
+        else:
+            prompts = [e.prompt for e in rows]
+        dataset = Dataset.from_dict(
+            {"prompt": prompts, "answer": [e.answer for e in rows], "row": list(range(len(rows)))}
+        )
+        encoded = fmt.encode([e.prompt for e in rows[: cfg.prompts_per_step]])
+        reward_fn = task.reward
+        gen_tokens: list[int] = []
+        rewards: list[float] = []
+        train_tokens: list[int] = []
+
+        def exact_match(prompts, completions, completion_ids, row, **kw) -> list[float]:
+            """The task's reward on each completion (TRL reward-function signature)."""
+            texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+            out = [float(reward_fn(t, rows[r])) for t, r in zip(texts, row, strict=True)]
+            n_gen = sum(len(c) for c in completion_ids)
+            gen_tokens.append(n_gen)
+            rewards.append(sum(out) / len(out))
+            train_tokens.append(n_gen + last_prompt_tokens[0])
+            return out
+
+        exact_match.__name__ = "exact_match"
+        rollout_s: list[float] = []
+        last_prompt_tokens = [0]
+        first_prompt_ids: list[list[int]] = []
+        inner_generate = model.generate
+
+        def timed_generate(*args, **kwargs):
+            mask = kwargs["attention_mask"]  # [N, P]
+            last_prompt_tokens[0] = int(mask.sum())
+            if not first_prompt_ids:
+                ids = kwargs["input_ids"]
+                first_prompt_ids.extend(
+                    ids[i][mask[i].bool()].tolist() for i in range(0, ids.shape[0], cfg.group_size)
+                )
+            t0 = time.perf_counter()
+            out = inner_generate(*args, **kwargs)
+            rollout_s.append(time.perf_counter() - t0)
+            return out
+
+        model.generate = timed_generate
+        n = cfg.prompts_per_step * cfg.group_size
+        stop_ids = sorted({tokenizer.eos_token_id, *fmt.stop_token_ids})
+        args = GRPOConfig(
+            output_dir=tmp,
+            use_cpu=True,
+            report_to="none",
+            bf16=False,
+            fp16=False,
+            gradient_checkpointing=False,
+            per_device_train_batch_size=n // NUM_MINIBATCHES,
+            gradient_accumulation_steps=1,
+            steps_per_generation=NUM_MINIBATCHES,
+            num_generations=cfg.group_size,
+            max_completion_length=cfg.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            generation_kwargs={"eos_token_id": stop_ids},
+            learning_rate=cfg.lr,
+            lr_scheduler_type="constant_with_warmup",
+            warmup_steps=WARMUP_OPT_STEPS,
+            optim="adamw_torch",
+            weight_decay=0.0,
+            adam_beta1=0.9,
+            adam_beta2=0.999,
+            max_grad_norm=1.0,
+            max_steps=cfg.steps * NUM_MINIBATCHES,
+            beta=0.0,
+            epsilon=CLIP_LOW,
+            epsilon_high=CLIP_HIGH,
+            importance_sampling_level="sequence",
+            loss_type="grpo",
+            scale_rewards="group",
+            shuffle_dataset=False,
+            logging_steps=NUM_MINIBATCHES,
+            save_strategy="no",
+            disable_tqdm=True,
+            seed=SEED,
+            dataloader_num_workers=0,
+            log_completions=False,
+        )
+        ends: list[float] = []
+
+        class Clock(TrainerCallback):
+            """Wall time at train start and after every 4th optimizer step (one rollout)."""
+
+            def on_train_begin(self, args, state, control, **kw):
+                ends.append(time.perf_counter())
+
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step % NUM_MINIBATCHES == 0:
+                    ends.append(time.perf_counter())
+
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[exact_match],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[Clock()],
+        )
+        base_rss = _rss_mb()
+        trainer.train()
+        model.generate = inner_generate
+        trained = trainer.model
+        trained.eval()
+        held = _held_out(trained, tokenizer, cfg, task, fmt) if spec["eval"] else None
+        if encoded != first_prompt_ids:
+            raise RuntimeError(
+                "TRL's prompt token ids differ from gspo's: "
+                f"{first_prompt_ids[:2]} vs {encoded[:2]}"
+            )
+        clip = [
+            r.get("clip_ratio/region_mean", 0.0)
+            for r in trainer.state.log_history
+            if "clip_ratio/region_mean" in r
+        ]
+    return _summarize(
+        spec,
+        ends,
+        gen_tokens,
+        train_tokens,
+        rollout_s,
+        rewards,
+        {
+            "recompute_s": None,
+            "clip_fraction": statistics.fmean(clip) if clip else None,
+            "held_out_greedy": held,
+            "base_rss_mb": base_rss,
+            "params": sum(p.numel() for p in trained.parameters()),
+            "prompt_ids_identical": True,
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Driver
+# ------------------------------------------------------------------------------------------
+
+
+def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[str, float]]:
+    """The starting checkpoint of a workload: a gspo SFT cold start (made once, cached), or the
+    named pretrained model itself. Returns (model path or name, its held-out metrics)."""
+    w = WORKLOADS[workload]
+    if w["sft_steps"] == 0:
+        return w["model"], {}
+    folder = cache / f"sft-{workload}"
+    meta = folder / "vs_trl_sft.json"
+    if meta.exists():
+        return str(folder), json.loads(meta.read_text())
+    code = (
+        "import json,sys,torch; torch.set_num_threads(%d)\n"
+        "from gspo.config import SFTConfig, build\n"
+        "from gspo.sft import run_sft\n"
+        "cfg = build(SFTConfig, overrides=json.loads(sys.argv[1]))\n"
+        "r = run_sft(cfg)\n"
+        "print(json.dumps({**r.eval, 'seconds': r.seconds}))\n" % threads
+    )
+    overrides = {
+        **w["size"],
+        "task": w["task"],
+        "difficulty": w["difficulty"],
+        "steps": w["sft_steps"],
+        "lr": w["sft_lr"],
+        "max_new_tokens": w["max_new_tokens"],
+        "output_dir": str(folder),
+        "progress": False,
+        "device": "cpu",
+        "threads": threads,
+        "seed": SEED,
+    }
+    print(f"cold start SFT for {workload} ...", file=sys.stderr, flush=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(overrides)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise RuntimeError(f"SFT for {workload} failed")
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    meta.write_text(json.dumps(metrics))
+    return str(folder), metrics
+
+
+def run_in_subprocess(spec: dict[str, Any]) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-6000:])
+        raise RuntimeError(f"{spec['system']} on {spec['workload']} failed ({proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over repetitions of each per-run figure."""
+
+    def med(key: str) -> float | None:
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    keys = (
+        "step_s",
+        "gen_tokens_per_s",
+        "train_tokens_per_s",
+        "rollout_s",
+        "recompute_s",
+        "peak_rss_mb",
+        "base_rss_mb",
+        "reward_last",
+        "held_out_greedy",
+        "gen_tokens_per_step",
+        "clip_fraction",
+    )
+    return {k: med(k) for k in keys} | {"reps": len(runs), "params": runs[0]["params"]}
+
+
+def _f(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
+    head = [
+        "workload",
+        "system",
+        "s/step",
+        "gen tok/s",
+        "train tok/s",
+        "rollout s",
+        "peak RSS MB",
+        "base RSS MB",
+        "reward (last)",
+        "held-out",
+        "speed vs TRL",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for workload, systems in summary.items():
+        trl = systems.get("trl")
+        for system, a in systems.items():
+            ratio = "1.00" if system == "trl" else "-"
+            if trl and system != "trl" and a["step_s"]:
+                ratio = f"{trl['step_s'] / a['step_s']:.2f}x"
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        workload,
+                        system,
+                        _f(a["step_s"], ".3f"),
+                        _f(a["gen_tokens_per_s"], ".0f"),
+                        _f(a["train_tokens_per_s"], ".0f"),
+                        _f(a["rollout_s"], ".3f"),
+                        _f(a["peak_rss_mb"], ".0f"),
+                        _f(a["base_rss_mb"], ".0f"),
+                        _f(a["reward_last"], ".3f"),
+                        _f(a["held_out_greedy"], ".3f"),
+                        ratio,
+                    ]
+                )
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def ratios(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """gspo / TRL for every throughput figure, TRL / gspo for times, per workload and system."""
+    out: dict[str, dict[str, Any]] = {}
+    for workload, systems in summary.items():
+        trl = systems.get("trl")
+        if not trl:
+            continue
+        for system, a in systems.items():
+            if system == "trl":
+                continue
+
+            def div(x: float | None, y: float | None) -> float | None:
+                return None if x is None or not y else x / y
+
+            out.setdefault(workload, {})[system] = {
+                "speedup_step": div(trl["step_s"], a["step_s"]),
+                "gen_tokens_per_s": div(a["gen_tokens_per_s"], trl["gen_tokens_per_s"]),
+                "train_tokens_per_s": div(a["train_tokens_per_s"], trl["train_tokens_per_s"]),
+                "rollout_speedup": div(trl["rollout_s"], a["rollout_s"]),
+                "peak_rss": div(a["peak_rss_mb"], trl["peak_rss_mb"]),
+                "reward_last": div(a["reward_last"], trl["reward_last"]),
+                "held_out_greedy": div(a["held_out_greedy"], trl["held_out_greedy"]),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", default="d64-add,d128-rev", help=f"of {', '.join(WORKLOADS)}")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
+    ap.add_argument("--steps", type=int, default=16, help="RL steps per run (first is warm-up)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (systems alternate)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in every run")
+    ap.add_argument("--n-test", type=int, default=200, help="held-out problems for the accuracy")
+    ap.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy")
+    ap.add_argument("--reward-window", type=int, default=5, help="last steps averaged")
+    ap.add_argument("--cache", default=None, help="folder for SFT cold starts (default: tmp)")
+    ap.add_argument("--out", default=str(RESULTS / "vs_trl.json"))
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.one:
+        spec = json.loads(args.one)
+        runner = run_trl if spec["system"] == "trl" else run_gspo
+        print(json.dumps(runner(spec)))
+        return
+
+    workloads = [w for w in args.workloads.split(",") if w]
+    systems = [s for s in args.systems.split(",") if s]
+    bad = [w for w in workloads if w not in WORKLOADS] + [s for s in systems if s not in SYSTEMS]
+    if bad:
+        ap.error(f"unknown workload/system {bad}")
+    if args.steps < 2:
+        ap.error("--steps must be >= 2 (the first step is a warm-up)")
+    cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="vs-trl-cache-"))
+    cache.mkdir(parents=True, exist_ok=True)
+
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    inits: dict[str, dict[str, Any]] = {}
+    started = time.time()
+    for workload in workloads:
+        init, sft_metrics = prepare_init(workload, args.threads, cache)
+        inits[workload] = {"init": init, "sft_eval": sft_metrics}
+        for rep in range(args.reps):
+            # Alternate who goes first, so a drift in machine load hits both alike.
+            order = systems if rep % 2 == 0 else systems[::-1]
+            for system in order:
+                spec = {
+                    "workload": workload,
+                    "system": system,
+                    "init": init,
+                    "steps": args.steps,
+                    "threads": args.threads,
+                    "n_test": args.n_test,
+                    "eval": not args.no_eval,
+                    "reward_window": args.reward_window,
+                    "rep": rep,
+                }
+                print(
+                    f"[{time.time() - started:6.0f}s] {workload} rep {rep} {system} "
+                    f"(load {os.getloadavg()[0]:.1f}) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                r = run_in_subprocess(spec)
+                print(
+                    f"    {r['step_s']:.3f} s/step, reward {r['reward_last']:.3f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                runs.setdefault(workload, {}).setdefault(system, []).append(r)
+
+    summary = {w: {s: aggregate(rs) for s, rs in by.items()} for w, by in runs.items()}
+    import torch
+    import transformers
+    import trl
+
+    report = {
+        "benchmark": "vs_trl",
+        "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+        "settings": {
+            "workloads": {w: WORKLOADS[w] for w in workloads},
+            "systems": systems,
+            "steps": args.steps,
+            "warmup_steps_excluded": 1,
+            "reps": args.reps,
+            "threads": args.threads,
+            "clip": [CLIP_LOW, CLIP_HIGH],
+            "num_minibatches": NUM_MINIBATCHES,
+            "inits": inits,
+        },
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+            "cpu_count": os.cpu_count(),
+            "load_avg_at_end": os.getloadavg(),
+            "wall_s": time.time() - started,
+        },
+        "summary": summary,
+        "ratios": ratios(summary),
+        "runs": runs,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(summary))
+    for workload, by in report["ratios"].items():
+        for system, r in by.items():
+            print(
+                f"{workload} {system}/TRL: step speedup {_f(r['speedup_step'], '.2f')}x, "
+                f"gen tok/s {_f(r['gen_tokens_per_s'], '.2f')}x, "
+                f"train tok/s {_f(r['train_tokens_per_s'], '.2f')}x, "
+                f"rollout {_f(r['rollout_speedup'], '.2f')}x, peak RSS {_f(r['peak_rss'], '.2f')}x"
+            )
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,396 @@
+"""Boot stage of :mod:`gspo.sandbox`: namespaces, filesystem, limits, privilege drop, exec.
+
+Run by the sandbox as ``python -I -S -B -c "...; main()" SPEC`` in a fresh process (as root
+when the caller is root), never imported into the caller's process for its side effects. It
+uses only the standard library and stays small because every sandboxed run pays its import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_NOATIME = 1024
+_MS_NODIRATIME = 2048
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_MS_RELATIME = 1 << 21
+_MNT_DETACH = 2
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
+
+# Host directories the interpreter needs, bound read-only at the same path. /etc, /home, /root,
+# /tmp, /var, /work, /mnt, /opt, /srv... are not bound, so they do not exist inside.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_WORKDIR = "/work"
+
+
+class _Libc:
+    """The few libc calls the standard library does not wrap (Python 3.10/3.11 lack unshare)."""
+
+    def __init__(self) -> None:
+        import ctypes
+
+        self._ctypes = ctypes
+        self.lib = ctypes.CDLL(None, use_errno=True)
+
+    def _check(self, result: int, what: str) -> None:
+        if result != 0:
+            errno = self._ctypes.get_errno()
+            raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+    def unshare(self, flags: int) -> None:
+        self._check(self.lib.unshare(flags), f"unshare({flags:#x})")
+
+    def mount(
+        self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None
+    ) -> None:
+        def enc(s: str | None) -> bytes | None:
+            return None if s is None else os.fsencode(s)
+
+        c = self._ctypes
+        result = self.lib.mount(enc(source), enc(target), enc(fstype), c.c_ulong(flags), enc(data))
+        self._check(result, f"mount {source} on {target}")
+
+    def umount2(self, target: str, flags: int) -> None:
+        self._check(self.lib.umount2(os.fsencode(target), flags), f"umount {target}")
+
+    def prctl(self, option: int, arg: int) -> None:
+        c = self._ctypes
+        result = self.lib.prctl(option, c.c_ulong(arg), c.c_ulong(0), c.c_ulong(0), c.c_ulong(0))
+        self._check(result, f"prctl({option})")
+
+    def pivot_root(self, new_root: str, put_old: str) -> None:
+        number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+        if number is None:
+            raise OSError(0, f"pivot_root: unknown syscall number on {os.uname().machine}")
+        c = self._ctypes
+        result = self.lib.syscall(c.c_long(number), os.fsencode(new_root), os.fsencode(put_old))
+        self._check(result, "pivot_root")
+
+
+def _mount_flags_of(path: str) -> int:
+    """Flags of the mount holding ``path`` that a bind remount must keep.
+
+    In a user namespace the kernel refuses to clear locked flags (nosuid, nodev, noexec,
+    atime) of the original mount, so the remount has to repeat them.
+    """
+    st = os.statvfs(path)
+    flags = 0
+    for st_flag, ms_flag in (
+        (os.ST_NOSUID, _MS_NOSUID),
+        (os.ST_NODEV, _MS_NODEV),
+        (os.ST_NOEXEC, _MS_NOEXEC),
+        (getattr(os, "ST_NOATIME", 1024), _MS_NOATIME),
+        (getattr(os, "ST_NODIRATIME", 2048), _MS_NODIRATIME),
+        (getattr(os, "ST_RELATIME", 4096), _MS_RELATIME),
+    ):
+        if st.f_flag & st_flag:
+            flags |= ms_flag
+    return flags
+
+
+def _bind(libc: _Libc, source: str, target: str, *, writable: bool = False) -> None:
+    """Bind ``source`` on ``target`` (created as needed), then make it nosuid, nodev (and ro)."""
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "a"):
+            pass
+    libc.mount(source, target, None, _MS_BIND, None)
+    flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _mount_flags_of(source)
+    if not writable:
+        flags |= _MS_RDONLY
+    libc.mount(None, target, None, flags, None)
+
+
+def _build_root(libc: _Libc, spec: dict[str, Any], new_root: str, proc: bool) -> None:
+    """Assemble the sandbox's filesystem on a fresh tmpfs at ``new_root`` and pivot into it."""
+    libc.mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)  # keep our mounts to ourselves
+    os.makedirs(new_root, exist_ok=True)
+    libc.mount(
+        "tmpfs",
+        new_root,
+        "tmpfs",
+        _MS_NOSUID | _MS_NODEV,
+        f"size={spec['tmpfs_mb']}m,nr_inodes=16384,mode=755",
+    )
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):  # merged /usr: /bin -> usr/bin
+            os.symlink(os.readlink(path), new_root + path)
+        elif os.path.isdir(path):
+            _bind(libc, path, new_root + path)
+    for path in _SYSTEM_FILES:
+        if os.path.islink(path):
+            os.makedirs(os.path.dirname(new_root + path), exist_ok=True)
+            os.symlink(os.readlink(path), new_root + path)
+        elif os.path.isfile(path):
+            _bind(libc, path, new_root + path)
+    for path in spec["python_dirs"]:
+        _bind(libc, path, new_root + path)
+    for path in spec["hidden_dirs"]:  # site-packages, unless asked for: an empty read-only dir
+        target = new_root + path
+        if os.path.isdir(target):
+            libc.mount("tmpfs", target, "tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV, "size=4k")
+    dev = new_root + "/dev"
+    os.makedirs(dev)
+    for name in _DEVICES:
+        if os.path.exists("/dev/" + name):
+            _bind(libc, "/dev/" + name, f"{dev}/{name}", writable=True)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0")):
+        os.symlink(target, f"{dev}/{name}")
+    os.symlink("/proc/self/fd/1", f"{dev}/stdout")
+    os.symlink("/proc/self/fd/2", f"{dev}/stderr")
+    for path in ("/tmp", "/dev/shm"):
+        os.makedirs(new_root + path, exist_ok=True)
+        os.chmod(new_root + path, 0o1777)
+    if proc:
+        # A procfs of the new pid namespace shows only the sandbox's own processes.
+        os.makedirs(new_root + "/proc")
+        libc.mount("proc", new_root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+    _populate_workdir(spec, new_root + _WORKDIR)
+    # pivot_root(".", ".") stacks the old root under the new one; detaching it leaves no path
+    # back to the host filesystem (unlike chroot, which a process with CAP_SYS_CHROOT escapes).
+    os.chdir(new_root)
+    try:
+        libc.pivot_root(".", ".")
+        libc.umount2(".", _MNT_DETACH)
+    except OSError:
+        os.chroot(".")  # an architecture without a known syscall number: second best
+    os.chdir("/")
+
+
+def _populate_workdir(spec: dict[str, Any], workdir: str) -> None:
+    """Copy the run's files into ``workdir``, owned by the sandbox uid."""
+    os.makedirs(workdir, exist_ok=True)
+    uid, gid = spec["uid"], spec["gid"]
+    source = spec["files_dir"]
+    for name in os.listdir(source):
+        with open(os.path.join(source, name), "rb") as src:
+            data = src.read()
+        target = os.path.join(workdir, name)
+        with open(target, "wb") as dst:
+            dst.write(data)
+        if uid is not None:
+            os.chown(target, uid, gid)
+    os.chmod(workdir, 0o700)
+    if uid is not None:
+        os.chown(workdir, uid, gid)
+
+
+def _write_status(fd: int, message: dict[str, Any]) -> None:
+    os.write(fd, (json.dumps(message) + "\n").encode())
+
+
+def _set_limits(spec: dict[str, Any], nproc: bool) -> None:
+    import resource
+
+    cpu = spec["cpu_s"]
+    limits = [
+        (resource.RLIMIT_CPU, cpu, cpu + 1),  # soft: SIGXCPU, hard: SIGKILL
+        (resource.RLIMIT_AS, spec["memory_bytes"], spec["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, spec["file_bytes"], spec["file_bytes"]),
+        (resource.RLIMIT_NOFILE, spec["nofile"], spec["nofile"]),
+        (resource.RLIMIT_CORE, 0, 0),
+        (resource.RLIMIT_MEMLOCK, 0, 0),
+    ]
+    if hasattr(resource, "RLIMIT_MSGQUEUE"):
+        limits.append((resource.RLIMIT_MSGQUEUE, 0, 0))
+    if nproc:
+        limits.append((resource.RLIMIT_NPROC, spec["nproc"], spec["nproc"]))
+    for which, soft, hard in limits:
+        resource.setrlimit(which, (soft, hard))
+
+
+def _exec_program(libc: _Libc, spec: dict[str, Any], status_fd: int, nproc: bool) -> None:
+    """Last stage (child of init): limits, drop privileges, exec the interpreter. No return."""
+    try:
+        init_pid = os.getppid()
+        _set_limits(spec, nproc)
+        if spec["uid"] is not None:
+            os.setgroups([])
+            os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+        # Setuid binaries reachable under /usr can no longer raise privileges.
+        libc.prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        # Set after setuid: changing credentials clears the parent-death signal.
+        libc.prctl(_PR_SET_PDEATHSIG, 9)
+        if os.getppid() != init_pid:
+            os._exit(1)
+        # Only stdio, the status pipe (closed on exec) and the result channel stay open.
+        keep = sorted(
+            {2, status_fd} | ({spec["result_fd"]} if spec["result_fd"] is not None else set())
+        )
+        for low, high in zip(keep, [*keep[1:], spec["nofile_before"]], strict=True):
+            os.closerange(low + 1, high)
+        os.set_inheritable(status_fd, False)  # closes on exec: EOF tells the caller nothing
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": spec["cwd"],
+            "TMPDIR": spec["tmpdir"],
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+        }
+        if spec["result_fd"] is not None:
+            env["GSPO_RESULT_FD"] = str(spec["result_fd"])
+        os.chdir(spec["cwd"])
+        os.execve(spec["python"], spec["argv"], env)
+    except BaseException as exc:
+        try:
+            _write_status(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(127)
+
+
+def _init_stage(libc: _Libc, spec: dict[str, Any], status_fd: int, applied: list[str]) -> None:
+    """Child of boot: pid 1 of the new pid namespace if there is one. Builds the filesystem,
+    runs the program as its child, reports how it ended. No return."""
+    try:
+        boot_pid = os.getppid()
+        libc.prctl(_PR_SET_PDEATHSIG, 9)  # the caller kills boot on timeout: take all with it
+        if os.getppid() != boot_pid:
+            os._exit(1)
+        missing = list(spec["missing"])
+        if "mountns" in applied:
+            try:
+                _build_root(libc, spec, spec["new_root"], proc="pidns" in applied)
+                spec["cwd"] = _WORKDIR
+                spec["tmpdir"] = "/tmp"
+            except OSError as exc:
+                # A half-built root is unusable: stop rather than run with the host's files.
+                _write_status(status_fd, {"error": f"building the sandbox root failed: {exc}"})
+                os._exit(126)
+        else:
+            _populate_workdir(spec, spec["cwd"])
+            spec["tmpdir"] = spec["cwd"]
+        if "utsns" in applied:
+            try:
+                import socket
+
+                socket.sethostname("sandbox")
+            except OSError:
+                pass
+        nproc = spec["uid"] is not None or "userns" in applied
+        if nproc:
+            applied.append("nproc")
+        else:
+            missing.append("nproc: no dedicated uid or user namespace (it would count the caller)")
+        applied.append("no_new_privs")
+        if spec["audit_hook"]:
+            applied.append("audit_hook")
+        _write_status(status_fd, {"started": True, "isolation": applied, "missing": missing})
+        child = os.fork()
+        if child == 0:
+            _exec_program(libc, spec, status_fd, nproc)
+        # As pid 1, also reap orphans so that zombies do not pile up against RLIMIT_NPROC.
+        while True:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                os._exit(0)
+            except InterruptedError:
+                continue
+            if pid == child:
+                break
+        if os.WIFSIGNALED(status):
+            _write_status(status_fd, {"exit": None, "signal": os.WTERMSIG(status)})
+        else:
+            _write_status(status_fd, {"exit": os.WEXITSTATUS(status), "signal": None})
+        os._exit(0)  # as pid 1 this kills every process left in the namespace
+    except BaseException as exc:
+        try:
+            _write_status(status_fd, {"error": f"sandbox init failed: {type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(126)
+
+
+def main(spec_path: str | None = None) -> None:
+    """Entry point of the boot stage: unshare namespaces, fork init, wait for it."""
+    with open(spec_path or sys.argv[1]) as f:
+        spec = json.load(f)
+    status_fd = spec["status_fd"]
+    libc = _Libc()
+    applied: list[str] = []
+    missing: list[str] = []
+    if spec["uid"] is not None:
+        applied.append("uid")
+    wanted = [
+        ("mountns", _CLONE_NEWNS),
+        ("netns", _CLONE_NEWNET),
+        ("pidns", _CLONE_NEWPID),
+        ("ipcns", _CLONE_NEWIPC),
+        ("utsns", _CLONE_NEWUTS),
+    ]
+    if spec["namespaces"]:
+        if os.geteuid() != 0:
+            # Unprivileged: a user namespace grants the capabilities to create the others.
+            uid, gid = os.getuid(), os.getgid()
+            try:
+                libc.unshare(_CLONE_NEWUSER)
+                for path, text in (
+                    ("/proc/self/setgroups", "deny"),
+                    ("/proc/self/uid_map", f"0 {uid} 1"),
+                    ("/proc/self/gid_map", f"0 {gid} 1"),
+                ):
+                    with open(path, "w") as f:
+                        f.write(text)
+                applied.append("userns")
+            except OSError as exc:
+                missing.append(f"userns: {exc}")
+        all_flags = 0
+        for _, flag in wanted:
+            all_flags |= flag
+        try:
+            libc.unshare(all_flags)
+            applied.extend(name for name, _ in wanted)
+        except OSError:
+            for name, flag in wanted:  # get what we can, and say what failed
+                try:
+                    libc.unshare(flag)
+                    applied.append(name)
+                except OSError as exc:
+                    missing.append(f"{name}: {exc}")
+    else:
+        missing.extend(f"{name}: namespaces disabled" for name, _ in wanted)
+    spec["missing"] = missing
+    # No network namespace: fall back to the (weak) in-interpreter audit hook.
+    spec["audit_hook"] = "netns" not in applied
+    if spec["audit_hook"]:
+        spec["argv"] = spec["audit_argv"]
+    if spec["require_isolation"]:
+        needed = {"netns", "mountns", "pidns"} | ({"uid"} if os.geteuid() == 0 else {"userns"})
+        absent = needed - set(applied)
+        if absent:
+            _write_status(
+                status_fd,
+                {"error": f"required isolation unavailable: {sorted(absent)}; {missing}"},
+            )
+            os._exit(125)
+    pid = os.fork()
+    if pid == 0:
+        _init_stage(libc, spec, status_fd, applied)
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(0)

@@ -1,0 +1,131 @@
+"""`gspo compare`: planning and validation, and a seconds-long real comparison (smoke preset)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gspo.cli import main
+from gspo.compare import parse_algos, parse_seeds, plan, run_compare
+from gspo.config import ConfigError
+from gspo.logging import read_metrics
+from gspo.report import train_records
+from gspo.tasks.scratchpad import final_answer, long_form, scratchpad_reward
+from gspo.tasks.synthetic import make_task, split_of
+
+
+def test_parse_algos_and_seeds() -> None:
+    assert parse_algos("grpo, gspo,luspo") == ["grpo", "gspo", "luspo"]
+    with pytest.raises(ConfigError, match="unknown algo ppo"):
+        parse_algos("grpo,ppo")
+    with pytest.raises(ConfigError, match="twice"):
+        parse_algos("gspo,gspo")
+    assert parse_seeds("3") == [0, 1, 2]
+    assert parse_seeds("2", base=5) == [5, 6]
+    assert parse_seeds("4,1") == [4, 1]
+    with pytest.raises(ConfigError, match="at least 1"):
+        parse_seeds("0")
+    with pytest.raises(ConfigError, match="count or a comma list"):
+        parse_seeds("x")
+
+
+def test_plan_shares_everything_but_algo_and_seed(tmp_path: Path) -> None:
+    cfgs, sfts = plan(
+        ["grpo", "luspo"], [0, 1], tmp_path, preset="smoke", overrides={"lr": 2e-4}, sft_steps=3
+    )
+    assert [(c.algo, c.seed) for c in cfgs] == [
+        ("grpo", 0),
+        ("luspo", 0),
+        ("grpo", 1),
+        ("luspo", 1),
+    ]
+    assert {c.model for c in cfgs if c.seed == 1} == {str(tmp_path / "sft" / "seed1")}
+    assert all(c.lr == 2e-4 and c.steps == 2 for c in cfgs)
+    assert sfts[0].steps == 3 and sfts[0].seed == 0 and sfts[0].hidden_size == cfgs[0].hidden_size
+    assert sfts[1].model == "tiny" and sfts[1].n_train == cfgs[0].n_train
+    with pytest.raises(ConfigError, match="cannot be combined with --model"):
+        plan(["gspo"], [0], tmp_path, overrides={"model": "some/dir"}, sft_steps=3)
+    with pytest.raises(ConfigError, match="--algos"):
+        plan(["gspo"], [0], tmp_path, overrides={"algo": "grpo"})
+    with pytest.raises(ConfigError, match="steps must be positive"):
+        plan(["gspo"], [0], tmp_path, overrides={"steps": 0})
+
+
+def test_compare_two_algos_from_one_cold_start(tmp_path: Path) -> None:
+    """Both algorithms of a seed start from the same SFT checkpoint and see the same first
+    rollout (same data order, init and sampling), then the report covers every run."""
+    logs: list[str] = []
+    result = run_compare(
+        ["grpo", "gspo"],
+        [0],
+        tmp_path / "cmp",
+        preset="smoke",
+        overrides={"steps": 3, "eval_every": 3, "device": "cpu"},
+        sft_steps=2,
+        sft_overrides={"batch_size": 8},
+        log=logs.append,
+    )
+    assert [p.name for p in result.run_dirs] == ["grpo_seed0", "gspo_seed0"]
+    configs = [json.loads((p / "config.json").read_text()) for p in result.run_dirs]
+    assert {c["model"] for c in configs} == {str(tmp_path / "cmp" / "sft" / "seed0")}
+    first = [train_records(read_metrics(p / "metrics.jsonl"))[0] for p in result.run_dirs]
+    for key in ("reward/mean", "response_length/mean", "response_length/max"):
+        assert first[0][key] == first[1][key], key
+    report = result.report_dir
+    assert (report / "curves_vs_step.png").stat().st_size > 0
+    assert (report / "curves_vs_time.png").stat().st_size > 0
+    summary = json.loads((report / "summary.json").read_text())
+    assert set(summary["groups"]) == {"grpo", "gspo"}
+    assert summary["groups"]["gspo"]["steps"] == [3]
+    assert len(list((report / "raw").glob("*.jsonl"))) == 2
+
+    # A second call reuses the finished cold start and runs instead of redoing them.
+    logs.clear()
+    run_compare(
+        ["grpo", "gspo"],
+        [0],
+        tmp_path / "cmp",
+        preset="smoke",
+        overrides={"steps": 3, "eval_every": 3, "device": "cpu"},
+        sft_steps=2,
+        sft_overrides={"batch_size": 8},
+        log=logs.append,
+    )
+    assert sum("reusing" in line for line in logs) == 3, logs
+
+
+def test_cli_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli"
+    code = main(
+        ["compare", "--algos", "gspo,luspo", "--seeds", "1", "--preset", "smoke",
+         "--device", "cpu", "--output-dir", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "| `gspo` | 1 |" in printed and "| `luspo` | 1 |" in printed
+    assert (out / "report" / "summary.md").is_file()
+    assert main(["compare", "--algos", "nope", "--preset", "smoke"]) == 2
+    assert "unknown algo nope" in capsys.readouterr().err
+
+
+def test_scratchpad_task_mixes_forms_and_scores_only_the_final_answer() -> None:
+    task = make_task("scratchpad", n_train=400, n_test=40, difficulty=5)
+    forms = [e.meta["form"] for e in task.train]
+    assert 0.35 < forms.count("long") / len(forms) < 0.65
+    for example in task.train[:50] + task.test:
+        assert scratchpad_reward(example.demo, example) == 1.0
+        assert len(example.demo) <= 21
+    assert long_form([0, 5, 1, 7, 6]) == "0+5=05+1=06+7=13+6=19"
+    ex = next(e for e in task.test if e.answer != "0")
+    assert scratchpad_reward(ex.answer, ex) == 1.0  # short form
+    assert scratchpad_reward("1+1=99=" + ex.answer, ex) == 1.0  # a wrong scratchpad is not checked
+    assert scratchpad_reward(ex.answer + "=", ex) == 0.0
+    assert scratchpad_reward(str(int(ex.answer) + 1), ex) == 0.0
+    assert scratchpad_reward("", ex) == 0.0
+    assert final_answer(" 1+2=03 ") == "03"
+    # Reorderings of one problem share a split: test digit multisets never appear in train.
+    test_sets = {"".join(sorted(e.prompt[:-1].split("+"))) for e in task.test}
+    assert all("".join(sorted(e.prompt[:-1].split("+"))) not in test_sets for e in task.train)
+    assert all(split_of("sum:" + s) == "test" for s in test_sets)

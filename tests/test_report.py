@@ -1,0 +1,240 @@
+"""The comparison report (gspo.report.build_report) on small hand-made run folders.
+
+Each fake run has a config.json and a metrics.jsonl whose numbers are chosen so that the
+report's means and standard errors can be worked out by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from gspo.cli import main
+from gspo.report import (
+    build_report,
+    discover_runs,
+    fmt_mean_se,
+    group_runs,
+    load_run,
+    mean_se,
+    read_config,
+    smooth,
+    tail_mean,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STEPS = 10
+
+
+def fake_run(
+    root: Path,
+    name: str,
+    *,
+    algo: str,
+    seed: int,
+    reward: list[float],
+    acc: tuple[float, float],
+    clip: float,
+    length: float = 5.0,
+    config_json: bool = True,
+    **config,
+) -> Path:
+    """A run folder with STEPS training records, evals at steps 0 and STEPS, and its config."""
+    run = root / name
+    run.mkdir(parents=True)
+    cfg = {"algo": algo, "seed": seed, "output_dir": str(run), "task": "addition", "steps": STEPS}
+    cfg.update(config)
+    if config_json:
+        (run / "config.json").write_text(json.dumps(cfg))
+    else:  # only the config saved with a checkpoint
+        state = run / "checkpoints" / f"step_{STEPS:06d}"
+        state.mkdir(parents=True)
+        (state / "state.json").write_text(json.dumps({"step": STEPS, "config": cfg}))
+    rows = [{"step": 0, "eval/greedy_accuracy": acc[0], "eval/problems": 8}]
+    for t in range(1, STEPS + 1):
+        rows.append(
+            {
+                "step": t,
+                "reward/mean": reward[t - 1],
+                "response_length/mean": length,
+                "clip/fraction": clip,
+                "clip/seq_fraction": clip,
+                "ratio/max": 1.0 + clip,
+                "ratio/min": 1.0 - clip,
+                "kl/old_new": "nan" if t == 1 else 1e-4,  # NaN stored as a string, skipped
+                "time/rollout_s": 0.5,
+                "time/train_s": 0.25,
+            }
+        )
+    rows.append({"step": STEPS, "eval/greedy_accuracy": acc[1], "eval/problems": 8})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def ramp(start: float, slope: float) -> list[float]:
+    return [start + slope * t for t in range(STEPS)]
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """grpo x 3 seeds and gspo x 2 seeds, each seed with its own cold-start model path."""
+    root = tmp_path / "runs"
+    for seed, acc in zip((0, 1, 2), (0.5, 0.6, 0.7), strict=True):
+        fake_run(
+            root,
+            f"grpo_seed{seed}",
+            algo="grpo",
+            seed=seed,
+            reward=ramp(0.1 * seed, 0.01),
+            acc=(0.2, acc),
+            clip=0.001,
+            model=f"sft/seed{seed}",
+        )
+    for seed, acc in zip((0, 1), (0.8, 0.9), strict=True):
+        fake_run(
+            root,
+            f"gspo_seed{seed}",
+            algo="gspo",
+            seed=seed,
+            reward=[0.5] * STEPS,
+            acc=(0.2, acc),
+            clip=0.1 * (seed + 1),
+            length=3.0 + seed,
+            model=f"sft/seed{seed}",
+        )
+    return root
+
+
+def test_mean_se_and_tail_by_hand() -> None:
+    mean, se, n = mean_se([0.5, 0.6, 0.7])
+    assert n == 3
+    assert mean == pytest.approx(0.6)
+    assert se == pytest.approx(0.1 / math.sqrt(3))  # sample std 0.1
+    assert mean_se([2.0]) == (2.0, 0.0, 1)
+    assert math.isnan(mean_se([math.nan])[0])
+    assert tail_mean([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.2) == pytest.approx(9.5)
+    assert tail_mean([1, 2, 3], 0.01) == 3  # at least one value
+    assert smooth([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+    assert fmt_mean_se(0.6, 0.057735) == "0.600 ± 0.058"
+    assert fmt_mean_se(0.001, 0.0) == "1.00e-03 ± 0.000"
+
+
+def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    report = build_report([runs], out, tail=0.2)
+    assert set(report.summary.groups) == {"grpo", "gspo"}  # model follows the seed: no split
+
+    for name in ("curves_vs_step.png", "curves_vs_time.png"):
+        png = out / name
+        assert png.stat().st_size > 10_000
+        assert png.read_bytes()[:8] == PNG_MAGIC
+    raw = sorted(p.name for p in (out / "raw").iterdir())
+    assert len([p for p in raw if p.endswith(".jsonl")]) == 5
+    assert "grpo_seed2.jsonl" in raw and "grpo_seed2.config.json" in raw
+    assert (out / "raw" / "gspo_seed1.jsonl").read_text() == (
+        runs / "gspo_seed1" / "metrics.jsonl"
+    ).read_text()
+
+    data = json.loads((out / "summary.json").read_text())
+    grpo = data["groups"]["grpo"]["columns"]
+    gspo = data["groups"]["gspo"]["columns"]
+    # Held-out accuracy at the end: the last eval of each seed.
+    assert grpo["held-out acc. (end)"]["per_seed"] == [0.5, 0.6, 0.7]
+    assert grpo["held-out acc. (end)"]["mean"] == pytest.approx(0.6)
+    assert grpo["held-out acc. (end)"]["se"] == pytest.approx(0.1 / math.sqrt(3))
+    # Reward at the end = mean of the last 20% (2) steps: 0.1 s + 0.085 for seed s.
+    assert grpo["reward (end)"]["per_seed"] == pytest.approx([0.085, 0.185, 0.285])
+    assert grpo["reward (end)"]["mean"] == pytest.approx(0.185)
+    assert grpo["reward (end)"]["se"] == pytest.approx(0.1 / math.sqrt(3))
+    # Whole-run reward: the ramp's mean, 0.1 s + 0.045.
+    assert grpo["reward (whole run)"]["mean"] == pytest.approx(0.145)
+    # gspo: clip fraction 0.1 and 0.2 -> 0.15 ± 0.05; length 3 and 4 -> 3.5 ± 0.5.
+    assert gspo["clip fraction (end)"]["mean"] == pytest.approx(0.15)
+    assert gspo["clip fraction (end)"]["se"] == pytest.approx(0.05)
+    assert gspo["response length (end)"]["mean"] == pytest.approx(3.5)
+    assert gspo["response length (end)"]["se"] == pytest.approx(0.5)
+    assert gspo["ratio spread (end)"]["per_seed"] == pytest.approx([0.2, 0.4])
+    # KL skips the NaN of step 1; wall time = 10 steps x 0.75 s.
+    assert grpo["KL old/new (end)"]["mean"] == pytest.approx(1e-4)
+    assert grpo["wall time s"]["per_seed"] == pytest.approx([7.5, 7.5, 7.5])
+
+    md = (out / "summary.md").read_text()
+    table = md[md.index("## End of training") : md.index("## Per run")]
+    rows = {
+        line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| `")
+    }
+    grpo_cells = [c.strip() for c in rows["`grpo`"].split("|")[1:-1]]
+    gspo_cells = [c.strip() for c in rows["`gspo`"].split("|")[1:-1]]
+    header = next(line for line in md.splitlines() if line.startswith("| condition | seeds"))
+    col = {name.strip(): i for i, name in enumerate(header.split("|")[1:-1])}
+    assert grpo_cells[col["seeds"]] == "3"
+    assert grpo_cells[col["held-out acc. (end)"]] == "0.600 ± 0.058"
+    assert grpo_cells[col["held-out acc. (start)"]] == "0.200 ± 0.000"
+    assert grpo_cells[col["reward (end)"]] == "0.185 ± 0.058"
+    assert grpo_cells[col["clip fraction (end)"]] == "1.00e-03 ± 0.000"
+    assert gspo_cells[col["held-out acc. (end)"]] == "0.850 ± 0.050"
+    assert gspo_cells[col["clip fraction (end)"]] == "0.150 ± 0.050"
+    assert gspo_cells[col["response length (end)"]] == "3.500 ± 0.500"
+    assert "![against RL step](curves_vs_step.png)" in md
+    assert "| `grpo` | 2 | 10 |" in md  # the per-run table: seed 2, 10 steps
+
+
+def test_conditions_beyond_algo_get_their_own_group(tmp_path: Path) -> None:
+    for seed in (0, 1):
+        for clip in (None, 1e-3):
+            fake_run(
+                tmp_path,
+                f"gspo_{clip}_{seed}",
+                algo="gspo",
+                seed=seed,
+                reward=[0.5] * STEPS,
+                acc=(0, 1),
+                clip=0.1,
+                clip_low=clip,
+            )
+    groups = group_runs([load_run(p) for p in discover_runs([tmp_path])])
+    assert sorted(groups) == ["gspo clip_low=0.001", "gspo clip_low=default"]
+    assert all([r.seed for r in g] == [0, 1] for g in groups.values())
+
+
+def test_config_from_checkpoint_state_and_clear_errors(tmp_path: Path) -> None:
+    run = fake_run(
+        tmp_path, "old", algo="luspo", seed=3, reward=[0.0] * STEPS, acc=(0, 0), clip=0.0,
+        config_json=False,
+    )  # fmt: skip
+    assert read_config(run)["algo"] == "luspo"
+    assert load_run(run).seed == 3
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.0}\n')
+    with pytest.raises(ValueError, match="no run config found"):
+        load_run(bare)
+    with pytest.raises(FileNotFoundError, match=r"no metrics\.jsonl"):
+        discover_runs([tmp_path / "old" / "checkpoints"])
+    with pytest.raises(FileNotFoundError, match="no such run folder"):
+        discover_runs([tmp_path / "missing"])
+
+    twin = fake_run(
+        tmp_path, "twin", algo="luspo", seed=3, reward=[0.0] * STEPS, acc=(0, 0), clip=0.0
+    )
+    with pytest.raises(ValueError, match="seed 3"):
+        group_runs([load_run(run), load_run(twin)])
+
+
+def test_cli_report(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli-report"
+    assert (
+        main(
+            ["report", str(runs / "grpo_seed0"), str(runs / "gspo_seed0"), "--output-dir", str(out)]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "| `grpo` | 1 |" in printed and "| `gspo` | 1 |" in printed
+    assert (out / "curves_vs_time.png").stat().st_size > 0
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "no such run folder" in capsys.readouterr().err

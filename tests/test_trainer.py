@@ -1,0 +1,240 @@
+"""End-to-end tests of the RL loop (gspo.trainer.train) on the "smoke" preset, CPU only.
+
+A random-init model never solves a built-in task, so every reward would be 0, every advantage 0
+and nothing would change. The tests therefore swap in a task whose reward a random model earns
+in varying amounts: the share of completion characters with an even code point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import gspo.trainer as trainer_module
+from gspo import checkpoint as ckpt
+from gspo.build import build_policy
+from gspo.config import TrainConfig, build
+from gspo.logging import read_metrics
+from gspo.tasks.base import Example, Task
+from gspo.trainer import train
+
+DESIGN_METRICS = (
+    "reward/mean",
+    "reward/std",
+    "response_length/mean",
+    "response_length/max",
+    "clip/fraction",
+    "clip/seq_fraction",
+    "ratio/mean",
+    "ratio/max",
+    "ratio/min",
+    "kl/old_new",
+    "entropy",
+    "grad_norm",
+    "throughput/tokens_per_s",
+    "time/rollout_s",
+    "time/train_s",
+)
+TIMING_PREFIXES = ("time/", "throughput/")
+
+
+def even_share(text: str, example: Example) -> float:
+    """Reward: the fraction of characters with an even code point (varied under a random model)."""
+    return sum(ord(c) % 2 == 0 for c in text) / len(text) if text else 0.0
+
+
+def even_task() -> Task:
+    examples = [Example(prompt=f"{i}+{7 * i % 10}=", answer="") for i in range(16)]
+    return Task("even", train=examples[:12], test=examples[12:], reward=even_share)
+
+
+@pytest.fixture(autouse=True)
+def _even_task(monkeypatch):
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: even_task())
+
+
+def make_cfg(out: Path, **overrides) -> TrainConfig:
+    base = {"device": "cpu", "threads": 0, "output_dir": str(out)}
+    return build(TrainConfig, preset="smoke", overrides={**base, **overrides})
+
+
+def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    model, _ = build_policy(cfg, torch.device("cpu"))
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def train_records(history: list[dict]) -> list[dict]:
+    """Train-step records only (eval records carry eval/ keys and no reward)."""
+    return [r for r in history if "reward/mean" in r]
+
+
+def without_timing(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(TIMING_PREFIXES)}
+
+
+def states_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+def test_each_algo_trains_and_logs_design_metrics(tmp_path, algo):
+    cfg = make_cfg(tmp_path, algo=algo, steps=3, lr=1e-3, warmup_steps=0)
+    before = initial_state(cfg)
+    result = train(cfg)
+
+    after = result.model.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed, f"{algo}: no parameter changed in 3 steps"
+
+    records = train_records(result.history)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert any(r["reward/std"] > 0 for r in records), "the task must give varied rewards"
+    for r in records:
+        missing = [k for k in DESIGN_METRICS if k not in r]
+        assert not missing, f"step {r['step']} lacks {missing}"
+        for k, v in r.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                assert math.isfinite(v), f"{algo} step {r['step']}: {k}={v}"
+        assert r["grad_norm"] > 0
+        assert r["ratio/min"] <= r["ratio/mean"] <= r["ratio/max"]
+        assert 0 <= r["clip/fraction"] <= 1 and 0 <= r["clip/seq_fraction"] <= 1
+        assert r["response_length/max"] <= cfg.max_new_tokens
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+
+
+def test_resume_replays_an_unbroken_run_exactly(tmp_path):
+    common = {"steps": 4, "lr": 1e-3, "warmup_steps": 3, "eval_every": 2}
+    cfg_a = make_cfg(tmp_path / "a", checkpoint_every=2, **common)
+    run_a = train(cfg_a)
+
+    cfg_b = make_cfg(tmp_path / "b", stop_after=2, **common)
+    first = train(cfg_b)
+    assert [r["step"] for r in train_records(first.history)] == [1, 2]
+    assert not (tmp_path / "b" / "final").exists()
+    assert ckpt.latest_checkpoint(tmp_path / "b").name == "step_000002"
+
+    cfg_b_rest = make_cfg(tmp_path / "b", **common)
+    rest = train(cfg_b_rest, resume=True)
+
+    a_late = [without_timing(r) for r in train_records(run_a.history) if r["step"] > 2]
+    b_late = [without_timing(r) for r in train_records(rest.history)]
+    assert [r["step"] for r in b_late] == [3, 4]
+    assert b_late == a_late
+    assert states_equal(run_a.model.state_dict(), rest.model.state_dict())
+    assert rest.final_eval == run_a.final_eval
+
+    # The resumed run's metrics file reads as one unbroken run: every record once, in order.
+    rows_a = [without_timing(r) for r in read_metrics(tmp_path / "a" / "metrics.jsonl")]
+    rows_b = [without_timing(r) for r in read_metrics(tmp_path / "b" / "metrics.jsonl")]
+    assert rows_b == rows_a
+
+
+def test_resume_with_kl_penalty_keeps_the_initial_reference(tmp_path):
+    common = {"steps": 3, "lr": 1e-3, "warmup_steps": 0, "kl_coef": 0.1}
+    run_a = train(make_cfg(tmp_path / "a", **common))
+    train(make_cfg(tmp_path / "b", stop_after=1, **common))
+    rest = train(make_cfg(tmp_path / "b", **common), resume=True)
+    a_late = [without_timing(r) for r in train_records(run_a.history) if r["step"] > 1]
+    assert [without_timing(r) for r in train_records(rest.history)] == a_late
+    assert states_equal(run_a.model.state_dict(), rest.model.state_dict())
+
+
+def test_recompute_logs_a_small_mismatch(tmp_path):
+    result = train(make_cfg(tmp_path, old_logprobs="recompute"))
+    for r in train_records(result.history):
+        assert 0 <= r["mismatch/mean_abs"] <= r["mismatch/max_abs"] < 1e-4
+        assert r["time/recompute_s"] > 0
+
+
+def test_bfloat16_engine_has_a_larger_mismatch(tmp_path):
+    fp32 = train(make_cfg(tmp_path / "fp32", old_logprobs="recompute"))
+    bf16 = train(make_cfg(tmp_path / "bf16", old_logprobs="recompute", engine_dtype="bfloat16"))
+    fp32_err = max(r["mismatch/max_abs"] for r in train_records(fp32.history))
+    bf16_recs = train_records(bf16.history)
+    bf16_err = min(r["mismatch/mean_abs"] for r in bf16_recs)
+    # fp32: ~1e-7 (kernel rounding); bf16: ~4e-4 on a random model's near-flat distribution.
+    assert fp32_err < 1e-5
+    assert bf16_err > 100 * fp32_err
+    for r in bf16_recs:
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+    # Engine log-probs straight from the bf16 copy are usable as old log-probs as well.
+    plain = train(make_cfg(tmp_path / "bf16-engine", engine_dtype="bfloat16"))
+    assert "mismatch/mean_abs" not in train_records(plain.history)[0]
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+def test_gradient_accumulation_matches_whole_minibatch(tmp_path, algo):
+    # float64, and a large lr so that any difference in the gradient shows in the weights.
+    common = {"algo": algo, "steps": 1, "dtype": "float64", "lr": 1e-2, "warmup_steps": 0}
+    whole = train(make_cfg(tmp_path / "whole", micro_batch_size=0, **common))
+    micro = train(make_cfg(tmp_path / "micro", micro_batch_size=2, **common))
+    rec_whole, rec_micro = train_records(whole.history)[0], train_records(micro.history)[0]
+    assert rec_whole["reward/std"] > 0
+    # Same rollout, so the same rewards; the accumulated gradient gives the same update.
+    assert rec_whole["reward/mean"] == rec_micro["reward/mean"]
+    sw, sm = whole.model.state_dict(), micro.model.state_dict()
+    assert next(iter(sw.values())).dtype == torch.float64
+    before = initial_state(make_cfg(tmp_path / "whole", **common))
+    assert any(not torch.equal(before[k], sw[k]) for k in sw)
+    for k in sw:
+        torch.testing.assert_close(sm[k], sw[k], rtol=1e-10, atol=1e-12, msg=k)
+    # Metrics do not depend on micro-batching either: each is pooled over what it averages
+    # (ratio/mean of GSPO over sequences, clip/seq_fraction over sequences, the rest tokens).
+    for key, value in without_timing(rec_whole).items():
+        assert math.isclose(rec_micro[key], value, rel_tol=1e-9, abs_tol=1e-12), key
+
+
+def test_kl_penalty_logs_kl_to_reference(tmp_path):
+    result = train(make_cfg(tmp_path, kl_coef=0.1, steps=2, lr=1e-3, warmup_steps=0))
+    records = train_records(result.history)
+    assert all(r["kl/ref"] >= 0 and math.isfinite(r["kl/ref"]) for r in records)
+    # The first minibatch starts from the reference itself; later ones have moved off it.
+    assert records[-1]["kl/ref"] > 0
+
+
+def test_stop_after_leaves_a_checkpoint(tmp_path):
+    train(make_cfg(tmp_path, steps=5, stop_after=1))
+    found = ckpt.latest_checkpoint(tmp_path)
+    assert found is not None and found.name == "step_000001"
+    assert ckpt.load_state(found)["step"] == 1
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert not (tmp_path / "final").exists()
+
+
+def test_resume_without_checkpoint_fails_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint") as info:
+        train(make_cfg(tmp_path), resume=True)
+    assert str(tmp_path / "checkpoints") in str(info.value)
+
+
+def test_metrics_jsonl_and_truncation_on_resume(tmp_path):
+    cfg = make_cfg(tmp_path, steps=4, checkpoint_every=2, keep_checkpoints=3, stop_after=3)
+    first = train(cfg)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]  # one JSON object per line
+    assert all(isinstance(r, dict) and isinstance(r["step"], int) for r in rows)
+    assert rows == [json.loads(json.dumps(r)) for r in first.history]
+    assert [r["step"] for r in train_records(rows)] == [1, 2, 3]
+
+    # Simulate a crash after step 3 was logged but before its checkpoint was written.
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints" / "step_000003")
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3, "stale": True}) + "\n")
+    train(make_cfg(tmp_path, steps=4, checkpoint_every=2, keep_checkpoints=3), resume=True)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert not any("stale" in r for r in rows)
+    steps = [r["step"] for r in train_records(rows)]
+    assert steps == [1, 2, 3, 4]
+    # Step 3 is replayed with the values the crashed run had logged.
+    replayed = train_records(rows)[2]
+    assert without_timing(replayed) == without_timing(train_records(first.history)[2])
