@@ -66,6 +66,7 @@ task's test split (the same evaluation code for both). Ratios are gspo / TRL for
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -94,17 +95,17 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "sft_steps": 200,
         "sft_lr": 3e-3,
     },
-    # Longer completions on a bigger model: reversal of 8 letters, up to 16 new tokens.
+    # Longer completions on a bigger model: reversal of 10 letters, up to 16 new tokens.
     "d128-rev": {
         "model": "tiny",
         "size": {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2},
         "task": "reversal",
-        "difficulty": 8,
+        "difficulty": 10,
         "max_new_tokens": 16,
         "prompts_per_step": 16,
         "group_size": 8,
         "lr": 5e-5,
-        "sft_steps": 300,
+        "sft_steps": 120,
         "sft_lr": 2e-3,
     },
     # A real pretrained model (SmolLM2-135M-Instruct, chat template), tiny batch.
@@ -121,7 +122,10 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "sft_lr": 0.0,
     },
 }
-SYSTEMS = ("gspo", "gspo-recompute", "trl")
+SYSTEMS = ("gspo", "gspo-recompute", "gspo-before", "trl")
+OPTIMIZATIONS = ("fast-decoder", "shared-prefill", "shared-train-prompts", "fused-adam")
+"""What this issue added to gspo's step; ``gspo-before`` turns all of them off (the step as it
+was), ``gspo-no-<name>`` (``--ablate``) only that one."""
 CLIP_LOW, CLIP_HIGH = 3e-4, 4e-4
 NUM_MINIBATCHES = 4
 WARMUP_OPT_STEPS = 10
@@ -224,7 +228,7 @@ def _summarize(
     extra: dict[str, Any],
 ) -> dict[str, Any]:
     """Per-step times from step-end timestamps (ends[0] = start); drop the warm-up step."""
-    step_s = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    step_s = [b - a for a, b in itertools.pairwise(ends)]
     if len(step_s) != len(gen_tokens):
         raise RuntimeError(f"{len(step_s)} step times but {len(gen_tokens)} token counts")
     skip = 1 if len(step_s) > 1 else 0
@@ -251,12 +255,49 @@ def _summarize(
 # ------------------------------------------------------------------------------------------
 
 
+def _ablate(names: list[str]) -> None:
+    """Switch off the named optimizations in this process (see ``OPTIMIZATIONS``)."""
+    import torch
+
+    import gspo.fast_forward as ff
+    import gspo.rollout.torch_engine as te
+
+    unknown = set(names) - set(OPTIMIZATIONS)
+    if unknown:
+        raise ValueError(f"unknown optimizations {sorted(unknown)}")
+    if "fast-decoder" in names:  # the engine decodes through the Hugging Face forward
+        te.FastDecoder = type(
+            "NoFastDecoder", (ff.FastDecoder,), {"supports": staticmethod(lambda m: False)}
+        )
+    if "shared-prefill" in names:  # every row prefills its own copy of the prompt
+        if "fast-decoder" not in names:
+            raise ValueError("shared-prefill can only be ablated together with fast-decoder")
+        te.has_forward_hooks = lambda model: True
+    if "shared-train-prompts" in names:  # token_logprobs ignores prompt_index: plain HF pass
+        ff.supports = lambda model: False
+    if "fused-adam" in names:  # torch's default (foreach) AdamW
+        base = torch.optim.AdamW
+
+        class ForeachAdamW(base):  # type: ignore[misc, valid-type]
+            def __init__(self, params, *args, fused=None, **kw):
+                super().__init__(params, *args, **kw)
+
+        torch.optim.AdamW = ForeachAdamW
+
+
 def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
     """Train with ``gspo.trainer.train``; step ends are the trainer's per-step metric records."""
     import torch
 
     torch.set_num_threads(spec["threads"])
     import gspo.trainer as trainer_mod
+
+    system = spec["system"]
+    if system == "gspo-before":
+        _ablate(list(OPTIMIZATIONS))
+    elif system.startswith("gspo-no-"):
+        name = system.removeprefix("gspo-no-")
+        _ablate(["fast-decoder", name] if name == "shared-prefill" else [name])
     from gspo.build import build_prompt_format, build_task
 
     ends: list[float] = []
@@ -319,7 +360,6 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     from gspo.build import build_policy, build_prompt_format, build_task
-    from gspo.tasks.base import Example
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-trl-") as tmp:
         cfg = _train_config(spec, tmp)
@@ -486,12 +526,12 @@ def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[st
     if meta.exists():
         return str(folder), json.loads(meta.read_text())
     code = (
-        "import json,sys,torch; torch.set_num_threads(%d)\n"
+        f"import json,sys,torch; torch.set_num_threads({threads})\n"
         "from gspo.config import SFTConfig, build\n"
         "from gspo.sft import run_sft\n"
         "cfg = build(SFTConfig, overrides=json.loads(sys.argv[1]))\n"
         "r = run_sft(cfg)\n"
-        "print(json.dumps({**r.eval, 'seconds': r.seconds}))\n" % threads
+        "print(json.dumps({**r.eval, 'seconds': r.seconds}))\n"
     )
     overrides = {
         **w["size"],
@@ -628,6 +668,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="d64-add,d128-rev", help=f"of {', '.join(WORKLOADS)}")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
+    ap.add_argument(
+        "--ablate", action="store_true", help="also gspo with each optimization off alone"
+    )
     ap.add_argument("--steps", type=int, default=16, help="RL steps per run (first is warm-up)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions (systems alternate)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every run")
@@ -647,7 +690,10 @@ def main(argv: list[str] | None = None) -> None:
 
     workloads = [w for w in args.workloads.split(",") if w]
     systems = [s for s in args.systems.split(",") if s]
-    bad = [w for w in workloads if w not in WORKLOADS] + [s for s in systems if s not in SYSTEMS]
+    if args.ablate:
+        systems += [f"gspo-no-{o}" for o in OPTIMIZATIONS if o != "shared-prefill"]
+    valid = {*SYSTEMS, *(f"gspo-no-{o}" for o in OPTIMIZATIONS)}
+    bad = [w for w in workloads if w not in WORKLOADS] + [s for s in systems if s not in valid]
     if bad:
         ap.error(f"unknown workload/system {bad}")
     if args.steps < 2:

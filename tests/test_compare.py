@@ -12,7 +12,7 @@ from gspo.compare import parse_algos, parse_seeds, plan, run_compare
 from gspo.config import ConfigError
 from gspo.logging import read_metrics
 from gspo.report import train_records
-from gspo.tasks.scratchpad import final_answer, long_form, scratchpad_reward
+from gspo.tasks.scratchpad import final_answer, long_form, run_chain, scratchpad_reward
 from gspo.tasks.synthetic import make_task, split_of
 
 
@@ -111,21 +111,23 @@ def test_cli_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_scratchpad_task_mixes_forms_and_scores_only_the_final_answer() -> None:
-    task = make_task("scratchpad", n_train=400, n_test=40, difficulty=5)
+    task = make_task("scratchpad", n_train=400, n_test=40, difficulty=6)
     forms = [e.meta["form"] for e in task.train]
     assert 0.35 < forms.count("long") / len(forms) < 0.65
     for example in task.train[:50] + task.test:
         assert scratchpad_reward(example.demo, example) == 1.0
-        assert len(example.demo) <= 21
-    assert long_form([0, 5, 1, 7, 6]) == "0+5=05+1=06+7=13+6=19"
-    ex = next(e for e in task.test if e.answer != "0")
+        assert len(example.demo) in (1, 11)  # short: the digit; long: 6 digits and 5 commas
+        assert len(example.prompt) == 14
+    # 3*7=21 -> 1, +4 -> 5, *3=15 -> 5, +8=13 -> 3
+    assert run_chain(3, [("*", 7), ("+", 4), ("*", 3), ("+", 8)]) == [1, 5, 5, 3]
+    assert long_form(3, [("*", 7), ("+", 4), ("*", 3), ("+", 8)]) == "1,5,5,3"
+    ex = task.test[0]
+    wrong = str((int(ex.answer) + 1) % 10)
     assert scratchpad_reward(ex.answer, ex) == 1.0  # short form
-    assert scratchpad_reward("1+1=99=" + ex.answer, ex) == 1.0  # a wrong scratchpad is not checked
-    assert scratchpad_reward(ex.answer + "=", ex) == 0.0
-    assert scratchpad_reward(str(int(ex.answer) + 1), ex) == 0.0
+    assert scratchpad_reward(f"{wrong},{wrong},{ex.answer}", ex) == 1.0  # scratchpad not checked
+    assert scratchpad_reward(ex.answer + ",", ex) == 0.0
+    assert scratchpad_reward(wrong, ex) == 0.0
     assert scratchpad_reward("", ex) == 0.0
-    assert final_answer(" 1+2=03 ") == "03"
-    # Reorderings of one problem share a split: test digit multisets never appear in train.
-    test_sets = {"".join(sorted(e.prompt[:-1].split("+"))) for e in task.test}
-    assert all("".join(sorted(e.prompt[:-1].split("+"))) not in test_sets for e in task.train)
-    assert all(split_of("sum:" + s) == "test" for s in test_sets)
+    assert final_answer(" 1,2, 3 ") == "3"
+    assert all(split_of(e.prompt) == "test" for e in task.test)
+    assert not {e.prompt for e in task.test} & {e.prompt for e in task.train}

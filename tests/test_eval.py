@@ -128,6 +128,14 @@ def test_evaluate_on_fixed_generations(batch_size):
     }
 
 
+def test_evaluate_defaults_to_raw_prompts_ending_on_eos():
+    tok = build_char_tokenizer()
+    engine = FakeEngine(tok, TABLE)
+    m = evaluate(engine, tok, EXAMPLES, exact_match, max_new_tokens=8, samples=0)
+    assert m["greedy_accuracy"] == pytest.approx(2 / 3) and "avg@1" not in m
+    assert len(engine.calls) == 1 and engine.calls[0].stop_token_ids == (EOS_ID,)
+
+
 def test_summarize_matches_pass_at_k_of_each_problem():
     rewards = [[1, 0, 0, 0, 1], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]]
     s = summarize(rewards, 2)

@@ -163,3 +163,18 @@ def test_unwritable_output_folder_fails_before_work(tmp_path):
 def test_invalid_configs_rejected_up_front(overrides, message):
     with pytest.raises(ConfigError, match=message):
         build(TrainConfig, preset="smoke", overrides=overrides)
+
+
+def test_hanging_reward_times_out_and_is_counted(tmp_path, monkeypatch):
+    import time
+
+    def reward(text, example):
+        time.sleep(30)
+        return 1.0
+
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: varied_task(reward))
+    t0 = time.perf_counter()
+    result = train(cfg_for(tmp_path, steps=1, reward_timeout_s=0.2))
+    steps = [r for r in result.history if "reward/mean" in r]
+    assert time.perf_counter() - t0 < 20  # 8 calls x 0.2 s, not 8 x 30 s
+    assert steps[0]["reward/errors"] == 8 and steps[0]["reward/mean"] == 0.0

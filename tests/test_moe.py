@@ -370,6 +370,14 @@ def test_smoke_train_with_replay_sees_zero_routing_change(
         assert all("moe/routing_change_engine" in r for r in records)
 
 
+@pytest.mark.parametrize("engine_dtype", ["bfloat16", "float64"])
+def test_smoke_train_r3_with_a_separate_engine_copy(tmp_path, even_task, engine_dtype):
+    """R3 records the engine's own copy (another dtype); float64 needs the eager experts."""
+    cfg = make_cfg(tmp_path, routing_replay="engine", engine_dtype=engine_dtype)
+    records = step_records(trainer_module.train(cfg).history)
+    assert all(r["moe/routing_change_loss"] == 0.0 for r in records)
+
+
 def test_smoke_train_shared_expert_and_dense_has_no_moe_metrics(tmp_path, even_task):
     records = step_records(
         trainer_module.train(make_cfg(tmp_path / "q2", shared_expert=True)).history

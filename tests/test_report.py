@@ -162,7 +162,7 @@ def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path) -> Non
     assert grpo["wall time s"]["per_seed"] == pytest.approx([7.5, 7.5, 7.5])
 
     md = (out / "summary.md").read_text()
-    table = md[md.index("## End of training") : md.index("## Per run")]
+    table = md[md.index("## End of training") : md.index("## Paired")]
     rows = {
         line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| `")
     }
@@ -179,6 +179,18 @@ def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path) -> Non
     assert gspo_cells[col["clip fraction (end)"]] == "0.150 ± 0.050"
     assert gspo_cells[col["response length (end)"]] == "3.500 ± 0.500"
     assert "![against RL step](curves_vs_step.png)" in md
+    # Paired by seed against grpo (seeds 0 and 1 shared): accuracy +0.3 on both seeds; clip
+    # fraction ratios 0.1 / 0.001 and 0.2 / 0.001.
+    paired = md[md.index("## Paired by seed, against `grpo`") : md.index("## Per run")]
+    row = next(line for line in paired.splitlines() if line.startswith("| `gspo`"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1] == "0, 1"
+    assert cells[2] == "0.300 ± 0.000"  # Δ held-out acc. (end)
+    assert cells[-1] == "150.000 ± 50.000"  # ratio of clip fractions
+    other = build_report([runs], tmp_path / "ref", tail=0.2, reference="gspo")
+    assert "against `gspo`" in other.markdown.read_text()
+    with pytest.raises(ValueError, match="unknown reference"):
+        build_report([runs], tmp_path / "bad", reference="ppo")
     assert "| `grpo` | 2 | 10 |" in md  # the per-run table: seed 2, 10 steps
 
 

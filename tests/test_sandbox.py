@@ -373,6 +373,31 @@ def test_require_isolation(iso) -> None:
             run_python("print(1)", config=SandboxConfig(require_isolation=True))
 
 
+def test_site_packages_hidden_unless_asked(iso) -> None:
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    listing = run_python(
+        f"import os\nprint(os.listdir({site!r}) if os.path.isdir({site!r}) else [])"
+    )
+    if iso.files_hidden:
+        assert listing.stdout.strip() == "[]"
+    pytest.importorskip("numpy")
+    result = run_python(
+        "import numpy\nprint(int(numpy.arange(4).sum()))", config=SandboxConfig(site_packages=True)
+    )
+    assert result.stdout.strip() == "6", result.stderr
+    assert not run_python("import numpy").ok  # the default: standard library only
+
+
+def test_another_interpreter(iso) -> None:
+    python = "/usr/bin/python3"
+    if not os.path.exists(python) or not iso.files_hidden:
+        pytest.skip("needs a system interpreter and a mount namespace")
+    result = run_python("import sys\nprint(sys.executable)", config=SandboxConfig(python=python))
+    assert result.ok and result.stdout.strip() == python
+
+
 def test_fallback_without_namespaces_blocks_sockets_with_the_audit_hook() -> None:
     python = "/usr/bin/python3"
     if not os.path.exists(python):
@@ -564,3 +589,66 @@ def test_with_timeout_process_mode_kills_and_recovers() -> None:
     with pytest.raises(ValueError, match="picklable"):
         with_timeout(lambda c, e: 1.0, 1.0, mode="process")
     assert with_timeout(functools.partial(hanging_reward), 1.0, mode="process") is not None
+
+
+# --------------------------------------------------------------------------------------------
+# The built-in code task
+# --------------------------------------------------------------------------------------------
+
+
+def test_code_task_demos_pass_and_splits_are_disjoint() -> None:
+    from gspo.tasks import make_task
+
+    task = make_task("code", n_train=40, n_test=4, difficulty=2)
+    assert task.reward is code_reward
+    assert {e.meta["chain"] for e in task.train}.isdisjoint(e.meta["chain"] for e in task.test)
+    for example in task.test[:2]:
+        assert code_reward(example.demo, example) == 1.0
+    wrong = "```python\ndef f(x):\n    return 'not a number'\n```"
+    assert code_reward(wrong, task.test[0]) == 0.0
+
+
+UNPRIVILEGED_CALLER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from gspo.sandbox import SandboxConfig, run_python
+result = run_python(
+    "import json, os, socket\\n"
+    "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]\\n"
+    "try:\\n    socket.create_connection(('1.1.1.1', 53), timeout=1); net = 'open'\\n"
+    "except OSError:\\n    net = 'blocked'\\n"
+    "print(json.dumps({'uid': os.getuid(), 'caps': caps[0], 'net': net, 'root': sorted(os.listdir('/'))}))",
+    config=SandboxConfig(timeout_s=5),
+)
+print(json.dumps({"mechanisms": sorted(result.isolation.mechanisms), "stdout": result.stdout,
+                  "stderr": result.stderr[-500:]}))
+"""
+
+
+def test_unprivileged_caller_gets_user_namespaces() -> None:
+    """A non-root trainer: a user namespace stands in for the dedicated uid."""
+    python = "/usr/bin/python3"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    if os.geteuid() != 0 or not os.path.exists(python):
+        pytest.skip("needs root (to become nobody) and a system interpreter")
+    proc = subprocess.run(
+        [python, "-I", "-c", UNPRIVILEGED_CALLER, src],
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        cwd="/",
+        env={},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot run as nobody here: {proc.stderr[-300:]}")
+    report = json.loads(proc.stdout)
+    if "userns" not in report["mechanisms"]:
+        pytest.skip(f"no unprivileged user namespaces: {report}")
+    assert {"mountns", "netns", "pidns", "nproc"} <= set(report["mechanisms"])
+    inside = json.loads(report["stdout"])
+    assert inside["uid"] == 65534 and int(inside["caps"], 16) == 0  # no capabilities left
+    assert inside["net"] == "blocked" and "root" not in inside["root"]

@@ -24,8 +24,6 @@ def split_key(example: Example) -> str:
     if "a" in example.meta:
         a, b = sorted((example.meta["a"], example.meta["b"]))
         return f"{a}+{b}"
-    if "digits" in example.meta:  # scratchpad: reorderings of the digits are one problem
-        return "sum:" + "".join(sorted(map(str, example.meta["digits"])))
     return example.prompt
 
 

@@ -7,8 +7,13 @@ uses only the standard library and stays small because every sandboxed run pays 
 
 from __future__ import annotations
 
+# Everything is imported up front, not where used: after pivot_root the boot interpreter's own
+# library directory may no longer be visible (when the program runs another interpreter).
+import contextlib
+import ctypes
 import json
 import os
+import resource
 import sys
 from typing import Any
 
@@ -34,9 +39,6 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
 
-# Host directories the interpreter needs, bound read-only at the same path. /etc, /home, /root,
-# /tmp, /var, /work, /mnt, /opt, /srv... are not bound, so they do not exist inside.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _WORKDIR = "/work"
@@ -46,8 +48,6 @@ class _Libc:
     """The few libc calls the standard library does not wrap (Python 3.10/3.11 lack unshare)."""
 
     def __init__(self) -> None:
-        import ctypes
-
         self._ctypes = ctypes
         self.lib = ctypes.CDLL(None, use_errno=True)
 
@@ -76,6 +76,10 @@ class _Libc:
         c = self._ctypes
         result = self.lib.prctl(option, c.c_ulong(arg), c.c_ulong(0), c.c_ulong(0), c.c_ulong(0))
         self._check(result, f"prctl({option})")
+
+    def sethostname(self, name: str) -> None:
+        data = name.encode()
+        self._check(self.lib.sethostname(data, ctypes.c_size_t(len(data))), "sethostname")
 
     def pivot_root(self, new_root: str, put_old: str) -> None:
         number = _SYS_PIVOT_ROOT.get(os.uname().machine)
@@ -133,7 +137,7 @@ def _build_root(libc: _Libc, spec: dict[str, Any], new_root: str, proc: bool) ->
         _MS_NOSUID | _MS_NODEV,
         f"size={spec['tmpfs_mb']}m,nr_inodes=16384,mode=755",
     )
-    for path in SYSTEM_DIRS:
+    for path in spec["system_dirs"]:
         if os.path.islink(path):  # merged /usr: /bin -> usr/bin
             os.symlink(os.readlink(path), new_root + path)
         elif os.path.isdir(path):
@@ -201,8 +205,6 @@ def _write_status(fd: int, message: dict[str, Any]) -> None:
 
 
 def _set_limits(spec: dict[str, Any], nproc: bool) -> None:
-    import resource
-
     cpu = spec["cpu_s"]
     limits = [
         (resource.RLIMIT_CPU, cpu, cpu + 1),  # soft: SIGXCPU, hard: SIGKILL
@@ -254,8 +256,14 @@ def _exec_program(libc: _Libc, spec: dict[str, Any], status_fd: int, nproc: bool
         os.chdir(spec["cwd"])
         os.execve(spec["python"], spec["argv"], env)
     except BaseException as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, PermissionError) and exc.filename == spec["python"]:
+            message += (
+                " (the sandbox uid cannot reach this interpreter; without a mount namespace "
+                "pass SandboxConfig(python=...) with a world-readable one, e.g. /usr/bin/python3)"
+            )
         try:
-            _write_status(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
+            _write_status(status_fd, {"error": message})
         finally:
             os._exit(127)
 
@@ -282,12 +290,8 @@ def _init_stage(libc: _Libc, spec: dict[str, Any], status_fd: int, applied: list
             _populate_workdir(spec, spec["cwd"])
             spec["tmpdir"] = spec["cwd"]
         if "utsns" in applied:
-            try:
-                import socket
-
-                socket.sethostname("sandbox")
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # cosmetic: hides the host's name
+                libc.sethostname("sandbox")
         nproc = spec["uid"] is not None or "userns" in applied
         if nproc:
             applied.append("nproc")
@@ -326,6 +330,18 @@ def main(spec_path: str | None = None) -> None:
     """Entry point of the boot stage: unshare namespaces, fork init, wait for it."""
     with open(spec_path or sys.argv[1]) as f:
         spec = json.load(f)
+    # Move the pipes from the caller's (possibly high) descriptor numbers to the lowest free
+    # ones, below the sandbox's RLIMIT_NOFILE, so the program can use the result channel.
+    originals = []
+    for key in ("status_fd", "result_fd"):
+        if spec[key] is not None:
+            originals.append(spec[key])
+            spec[key] = os.dup(spec[key])
+    for fd in originals:
+        if fd not in (spec["status_fd"], spec["result_fd"]):
+            os.close(fd)
+    if spec["result_fd"] is not None:
+        os.set_inheritable(spec["result_fd"], True)  # dup() made it close-on-exec
     status_fd = spec["status_fd"]
     libc = _Libc()
     applied: list[str] = []
@@ -347,8 +363,8 @@ def main(spec_path: str | None = None) -> None:
                 libc.unshare(_CLONE_NEWUSER)
                 for path, text in (
                     ("/proc/self/setgroups", "deny"),
-                    ("/proc/self/uid_map", f"0 {uid} 1"),
-                    ("/proc/self/gid_map", f"0 {gid} 1"),
+                    ("/proc/self/uid_map", f"{uid} {uid} 1"),
+                    ("/proc/self/gid_map", f"{gid} {gid} 1"),
                 ):
                     with open(path, "w") as f:
                         f.write(text)

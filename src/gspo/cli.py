@@ -50,8 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--algo", default="gspo", help="grpo, gspo, gspo_token or luspo [gspo]")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.add_argument("--output-dir", default="runs/demo")
-    p_demo.add_argument("--sft-steps", type=int, default=200)
-    p_demo.add_argument("--steps", type=int, default=400, help="RL steps [400]")
+    p_demo.add_argument("--sft-steps", type=int, default=300, help="cold-start SFT steps [300]")
+    p_demo.add_argument("--steps", type=int, default=800, help="RL steps [800]")
     p_demo.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p_demo.add_argument("--no-progress", action="store_true")
 

@@ -178,6 +178,7 @@ def run_compare(
     sft_overrides: dict[str, Any] | None = None,
     tail: float = 0.1,
     title: str = "",
+    reference: str | None = None,
     log=print,
 ) -> CompareResult:
     """Run every (algo, seed) pair from the same start and write ``<output_dir>/report``."""
@@ -227,7 +228,7 @@ def run_compare(
         acc = result.final_eval.get("eval/greedy_accuracy")
         extra = f", held-out greedy accuracy {acc:.3f}" if acc is not None else ""
         log(f"{tag} {time.perf_counter() - t_run:.0f} s{extra}")
-    report = build_report(run_dirs, out / "report", tail=tail, title=title)
+    report = build_report(run_dirs, out / "report", tail=tail, title=title, reference=reference)
     return CompareResult(
         output_dir=out,
         run_dirs=run_dirs,
@@ -272,6 +273,7 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
     p.add_argument("--sft-batch-size", type=int, default=None, help="cold-start batch size")
     p.add_argument("--tail", type=float, default=0.1, help="share of final steps for 'end' [0.1]")
     p.add_argument("--title", default="", help="title of the report")
+    p.add_argument("--reference", default=None, help="condition for the paired table [first algo]")
     add_config_flags(p, TrainConfig)
 
     r = sub.add_parser(
@@ -286,6 +288,7 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
     r.add_argument("--output-dir", default="runs/report", help="report folder [runs/report]")
     r.add_argument("--tail", type=float, default=0.1, help="share of final steps for 'end' [0.1]")
     r.add_argument("--title", default="", help="title of the report")
+    r.add_argument("--reference", default=None, help="condition for the paired table [first]")
     r.formatter_class = argparse.ArgumentDefaultsHelpFormatter
 
 
@@ -294,7 +297,13 @@ def run_cli(args: Any, overrides_of: Any) -> int:
     from .report import build_report
 
     if args.command == "report":
-        report = build_report(args.run_dirs, args.output_dir, tail=args.tail, title=args.title)
+        report = build_report(
+            args.run_dirs,
+            args.output_dir,
+            tail=args.tail,
+            title=args.title,
+            reference=args.reference,
+        )
         _print_report(report.markdown)
         return 0
     overrides = overrides_of(args, TrainConfig)
@@ -318,6 +327,7 @@ def run_cli(args: Any, overrides_of: Any) -> int:
         sft_overrides=sft_overrides,
         tail=args.tail,
         title=args.title,
+        reference=args.reference,
     )
     _print_report(result.report_dir / "summary.md")
     print(f"compare: {len(result.run_dirs)} runs in {result.seconds:.0f} s")

@@ -127,6 +127,10 @@ class TrainConfig:
         "and logs the count (data/skipped_rows).",
         "error",
     )
+    reward_timeout_s: float = _doc(
+        "Seconds a reward call may take before it scores 0 and counts in reward/errors; 0: no limit.",
+        0.0,
+    )
     max_prompt_tokens: int = _doc("Longest prompt in tokens accepted for training; 0: no limit.", 0)
     long_prompts: str = _doc(
         "Prompts over max_prompt_tokens: 'error', 'truncate' (keep the last tokens) or 'skip'; "
@@ -332,7 +336,7 @@ class EvalConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     # The README's main job: a tiny model on 2-digit addition, visible learning in minutes.
     "demo": dict(
-        task="addition", steps=400, prompts_per_step=16, group_size=8, max_new_tokens=6, lr=1e-4
+        task="addition", steps=800, prompts_per_step=16, group_size=8, max_new_tokens=6, lr=1e-4
     ),
     # Seconds-long smoke runs for tests.
     "smoke": dict(
@@ -626,6 +630,7 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         cfg.bad_rows in ("error", "skip"),
         f"bad_rows must be 'error' or 'skip', got {cfg.bad_rows!r}",
     )
+    need(cfg.reward_timeout_s >= 0, f"reward_timeout_s must be >= 0, got {cfg.reward_timeout_s}")
     need(cfg.max_prompt_tokens >= 0, f"max_prompt_tokens must be >= 0, got {cfg.max_prompt_tokens}")
     need(
         cfg.long_prompts in ("error", "truncate", "skip"),

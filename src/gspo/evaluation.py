@@ -105,7 +105,7 @@ def evaluate(
     """
     if not examples:
         return {}
-    fmt = prompt_format if prompt_format is not None else prompt_format_for(tokenizer, "none")
+    fmt = prompt_format if prompt_format is not None else prompt_format_for(tokenizer, mode="none")
     stops = tuple(fmt.stop_token_ids)
     bar = None
     if progress:

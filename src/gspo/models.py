@@ -265,6 +265,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    prompt_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of the completion tokens under ``log_softmax(logits / temperature)``.
 
@@ -275,6 +276,11 @@ def token_logprobs(
     Returns ``(logprobs, entropy)``, both ``[N, L]`` and zero where ``completion_mask`` is 0;
     ``entropy`` (of the same temperature-scaled distribution, detached) is None unless asked.
     Values are float32 for half-precision models, else the model's dtype.
+
+    ``prompt_index`` [N] (optional) says which rows share a prompt (equal index = the same
+    prompt, e.g. ``Rollout.prompt_index``): for models ``gspo.fast_forward`` supports, each
+    distinct prompt then runs once and its keys/values serve all of its rows (same values and
+    gradients up to float rounding, fewer FLOPs); other models ignore it.
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
@@ -283,21 +289,29 @@ def token_logprobs(
         return empty, (empty.clone() if with_entropy else None)
     if p == 0:
         raise ValueError("token_logprobs needs at least one prompt token to condition on")
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P+L]
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, P+L]
-    position_ids = positions_from_mask(attention_mask)  # [N, P+L]
-    kwargs: dict = {"use_cache": False}
-    if "logits_to_keep" in forward_kwargs_support(model):
-        # Only the last L+1 positions' logits are materialised: P-1 .. P+L-1.
-        kwargs["logits_to_keep"] = length + 1
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-    ).logits  # [N, L+1, V] or [N, P+L, V]
-    # Position t predicts token t+1: completion token j is predicted at P-1+j. With
-    # logits_to_keep=L+1 that is every kept position but the last.
-    logits = logits[:, -(length + 1) : -1]  # [N, L, V]
+    from .fast_forward import completion_logits, supports
+
+    if prompt_index is not None and supports(model):
+        logits = completion_logits(
+            model, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index
+        )  # [N, L, V]
+    else:
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P+L]
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, P+L]
+        position_ids = positions_from_mask(attention_mask)  # [N, P+L]
+        kwargs: dict = {"use_cache": False}
+        if "logits_to_keep" in forward_kwargs_support(model):
+            # Only the last L+1 positions' logits are materialised: P-1 .. P+L-1.
+            kwargs["logits_to_keep"] = length + 1
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+        ).logits  # [N, L+1, V] or [N, P+L, V]
+        # Position t predicts token t+1: completion token j is predicted at P-1+j. With
+        # logits_to_keep=L+1 that is every kept position but the last.
+        logits = logits[:, -(length + 1) : -1]  # [N, L, V]
     t = 1.0 if temperature == 0 else float(temperature)
-    logp_all = F.log_softmax(_upcast(logits) / t, dim=-1)  # [N, L, V]
+    scaled = _upcast(logits) if t == 1.0 else _upcast(logits) / t  # [N, L, V]
+    logp_all = F.log_softmax(scaled, dim=-1)  # [N, L, V]
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, L]
     keep = completion_mask.bool()  # [N, L]
     logp = logp.masked_fill(~keep, 0.0)  # [N, L]

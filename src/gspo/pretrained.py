@@ -151,9 +151,14 @@ def materialize(name: str, cache: str | Path | None = None) -> Path:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
         (tmp / "SOURCE.txt").write_text(f"dequantized from {source}\n")
-        if folder.exists():
-            shutil.rmtree(folder)  # an incomplete earlier copy
-        os.replace(tmp, folder)
+        if folder.exists() and not _is_complete(folder):
+            shutil.rmtree(folder, ignore_errors=True)  # an incomplete earlier copy
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not _is_complete(folder):  # another process finished first: use its copy
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -491,6 +491,75 @@ def per_run_table(summary: Summary, columns: Sequence[Column] = COLUMNS) -> str:
     return "\n".join(lines)
 
 
+PAIRED_COLUMNS = (
+    "held-out acc. (end)",
+    "reward (end)",
+    "reward (whole run)",
+    "response length (end)",
+    "clip fraction (whole run)",
+)
+"""Columns whose per-seed differences to the reference condition the paired table shows."""
+
+
+def paired_differences(
+    summary: Summary, reference: str, column: str
+) -> dict[str, tuple[list[float], list[int]]]:
+    """Per-seed ``group - reference`` differences of ``column`` over the seeds both ran, for
+    every other group: {label: (differences, seeds)}. Runs of one seed share the cold start and
+    data order, so pairing removes the (often large) variation between seeds."""
+    ref_runs = summary.groups[reference]
+    ref = {r.seed: v for r, v in zip(ref_runs, summary.values[reference][column], strict=True)}
+    out: dict[str, tuple[list[float], list[int]]] = {}
+    for label, runs in summary.groups.items():
+        if label == reference:
+            continue
+        diffs, seeds = [], []
+        for run, value in zip(runs, summary.values[label][column], strict=True):
+            if run.seed in ref and not math.isnan(value) and not math.isnan(ref[run.seed]):
+                diffs.append(value - ref[run.seed])
+                seeds.append(run.seed)
+        out[label] = (diffs, seeds)
+    return out
+
+
+def paired_table(
+    summary: Summary, reference: str | None = None, columns: Sequence[str] = PAIRED_COLUMNS
+) -> str:
+    """Markdown: mean ± standard error over shared seeds of each group's per-seed difference to
+    ``reference`` (default: the first group), plus the per-seed ratio of clip fractions."""
+    labels = list(summary.groups)
+    reference = labels[0] if reference is None else reference
+    if reference not in summary.groups:
+        raise ValueError(f"unknown reference condition {reference!r}; have {', '.join(labels)}")
+    if len(labels) < 2:
+        return "(one condition: nothing to pair)"
+    clip = "clip fraction (whole run)"
+    header = ["condition", "paired seeds", *(f"Δ {c}" for c in columns), f"ratio {clip}"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    diffs = {c: paired_differences(summary, reference, c) for c in columns}
+    ref_clip = {
+        r.seed: v
+        for r, v in zip(summary.groups[reference], summary.values[reference][clip], strict=True)
+    }
+    for label in labels:
+        if label == reference:
+            continue
+        seeds = diffs[columns[0]][label][1] if columns else []
+        cells = [f"`{label}`", ", ".join(map(str, seeds)) or "none"]
+        for c in columns:
+            mean, se, _ = mean_se(diffs[c][label][0])
+            cells.append(fmt_mean_se(mean, se))
+        ratios = [
+            v / ref_clip[r.seed]
+            for r, v in zip(summary.groups[label], summary.values[label][clip], strict=True)
+            if r.seed in ref_clip and ref_clip[r.seed] > 0 and not math.isnan(v)
+        ]
+        mean, se, _ = mean_se(ratios)
+        cells.append(fmt_mean_se(mean, se))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------
 # Plots
 # --------------------------------------------------------------------------------------------
@@ -679,6 +748,7 @@ def build_report(
     *,
     tail: float = 0.1,
     title: str = "",
+    reference: str | None = None,
 ) -> Report:
     """Write the comparison report of ``run_dirs`` into ``output_dir``.
 
@@ -686,11 +756,15 @@ def build_report(
     mean ± standard-error table, the per-run table, the definitions), ``summary.json`` (the same
     numbers at full precision) and ``raw/<condition>_seed<k>.jsonl`` with
     ``raw/<condition>_seed<k>.config.json`` (each run's metrics and config, copied).
+    ``reference`` names the condition the paired table compares against (default: the first).
     """
     paths = discover_runs(run_dirs)
     runs = [load_run(p) for p in paths]
     groups = group_runs(runs)
     summary = summarize(groups, tail=tail)
+    reference = next(iter(groups)) if reference is None else reference
+    if reference not in groups:
+        raise ValueError(f"unknown reference condition {reference!r}; have {', '.join(groups)}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -728,6 +802,14 @@ def build_report(
         f"## End of training (mean ± standard error over seeds; 'end' = last {tail_pct} of steps)",
         "",
         summary_table(summary),
+        "",
+        f"## Paired by seed, against `{reference}`",
+        "",
+        "Runs of one seed share the cold start, data order and sampling streams; Δ is the "
+        "mean ± standard error over seeds of (condition − reference) per seed, and the ratio "
+        "is the per-seed clip fraction divided by the reference's.",
+        "",
+        paired_table(summary, reference),
         "",
         "## Per run",
         "",

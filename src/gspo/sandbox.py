@@ -36,8 +36,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gspo._sandbox_boot import SYSTEM_DIRS
-
 if TYPE_CHECKING:
     from gspo.tasks.base import Example, RewardFn
 
@@ -180,7 +178,8 @@ class RunResult:
     result: bytes = b""
     """What the program wrote to the result channel (file descriptor ``GSPO_RESULT_FD``)."""
     error: str | None = None
-    """Set when the program could not be started (e.g. the interpreter failed to exec)."""
+    """Set when the sandbox ended without reporting the program's exit status (init killed
+    from outside, e.g. by the kernel's OOM killer). Setup failures raise SandboxError."""
 
     @property
     def ok(self) -> bool:
@@ -212,6 +211,10 @@ exec(_code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __
 """
 
 
+# Host directories the interpreter needs, bound read-only at the same path. /etc, /home, /root,
+# /tmp, /var, /work, /mnt, /opt, /srv... are not bound, so they do not exist inside.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+
 # Imported from the package directory, so the boot stage uses its cached bytecode rather than
 # compiling a script on every run.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,9 +228,14 @@ def _python_dirs(python: str, site_packages: bool) -> tuple[list[str], list[str]
     """(directories to bind for the interpreter, site-packages dirs to hide)."""
     import sysconfig
 
-    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    candidates.add(os.path.dirname(os.path.dirname(os.path.realpath(python))))
-    candidates.add(os.path.dirname(os.path.dirname(os.path.abspath(python))))
+    # <prefix>/bin/python -> <prefix>, both for the path as given (a venv) and its target.
+    candidates = {
+        os.path.dirname(os.path.dirname(os.path.realpath(python))),
+        os.path.dirname(os.path.dirname(os.path.abspath(python))),
+    }
+    ours = os.path.realpath(python) == os.path.realpath(sys.executable)
+    if ours:  # prefixes and site-packages are known only for the interpreter we run in
+        candidates |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     dirs: list[str] = []
     for path in sorted(os.path.realpath(p) for p in candidates):
         if not os.path.isdir(path):
@@ -237,7 +245,7 @@ def _python_dirs(python: str, site_packages: bool) -> tuple[list[str], list[str]
             continue
         dirs.append(path)
     hidden: list[str] = []
-    if not site_packages:
+    if ours and not site_packages:
         paths = sysconfig.get_paths()
         for key in ("purelib", "platlib"):
             p = os.path.realpath(paths[key])
@@ -401,13 +409,15 @@ def run_python(
         if uid is not None:
             _kill_uid(uid)  # leftovers of a crashed earlier run would count against NPROC
         files_dir = os.path.join(workspace, "files")
-        os.mkdir(files_dir)
+        # Root-only (0700): without a mount namespace the program could otherwise read the
+        # originals of its inputs, the harness's nonce among them, through ../files.
+        os.mkdir(files_dir, 0o700)
         for name, content in {"main.py": code, **files}.items():
             data = content.encode() if isinstance(content, str) else bytes(content)
             with open(os.path.join(files_dir, name), "wb") as f:
                 f.write(data)
         stdin_path = os.path.join(workspace, "stdin")
-        with open(stdin_path, "wb") as f:
+        with open(os.open(stdin_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(stdin.encode() if isinstance(stdin, str) else bytes(stdin))
         status_r, status_w = os.pipe()
         pass_fds = [status_w]
@@ -432,6 +442,7 @@ def run_python(
             "python": python,
             "argv": argv,
             "audit_argv": audit_argv,
+            "system_dirs": SYSTEM_DIRS,
             "python_dirs": python_dirs,
             "hidden_dirs": hidden_dirs,
             "files_dir": files_dir,
@@ -447,7 +458,7 @@ def run_python(
             "nproc": config.max_processes,
         }
         spec_path = os.path.join(workspace, "spec.json")
-        with open(spec_path, "w") as f:
+        with open(os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump(spec, f)
         start = time.monotonic()
         with open(stdin_path, "rb") as stdin_file:
@@ -480,12 +491,12 @@ def run_python(
         # The clock starts once the program is about to exec, so boot overhead on a loaded
         # machine does not eat into its time; booting itself gets a generous bound.
         deadline = start + 30.0
-        started = False
+        started = exited = False
         timed_out = output_limit = False
         while selector.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                timed_out = started
+                timed_out = started and not exited
                 break
             for key, _ in selector.select(timeout=min(remaining, 0.5)):
                 fd = key.fd  # type: ignore[assignment]
@@ -506,6 +517,7 @@ def run_python(
                         if messages[-1].get("started") and not started:
                             started = True
                             deadline = time.monotonic() + config.timeout_s
+                        exited = exited or "exit" in messages[-1]
                 elif len(buf) > config.max_output_bytes:
                     del buf[config.max_output_bytes :]
                     output_limit = True
@@ -546,12 +558,16 @@ def run_python(
         if "exit" in message and not timed_out and not output_limit:
             returncode = message["exit"] if message["signal"] is None else -message["signal"]
     stderr = streams.get(stderr_fd, bytearray())
-    if error is not None and not started:
-        if config.require_isolation or "required isolation" in error:
+    # Only boot, init and the pre-exec stage write "error" (the program never holds the status
+    # pipe), so it always means the program did not run: a sandbox problem, not a score of 0.
+    if error is not None:
+        if "required isolation" in error:
             raise SandboxError(error)
-        raise SandboxError(f"sandbox failed to start: {error}; boot stderr: {stderr[-2000:]!r}")
-    if not started and not timed_out:
+        raise SandboxError(f"sandbox setup failed: {error}; boot stderr: {bytes(stderr[-2000:])!r}")
+    if not started:
         raise SandboxError(f"sandbox failed to start; boot stderr: {bytes(stderr[-2000:])!r}")
+    if returncode is None and not (timed_out or output_limit):
+        error = "the sandbox ended without reporting the program's exit status"
     return RunResult(
         returncode=returncode,
         stdout=bytes(streams.get(stdout_fd, b"")).decode("utf-8", "replace"),

@@ -128,12 +128,15 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         share_weights=cfg.engine_dtype is None,
         tokenizer=tokenizer,
     )
+    moe.fit_experts_kernel(engine.model)  # an engine copy in float64 needs the eager experts
     ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.lr,
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         weight_decay=cfg.weight_decay,
+        # One fused kernel instead of a dozen foreach ops per step: ~3-4x faster on CPU.
+        fused=device.type in ("cpu", "cuda") or None,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
 
@@ -219,8 +222,14 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         # 2. Rewards and group-normalized advantages.
         texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
         repeated = [examples[i] for i in rollout.prompt_index.tolist()]
-        rewards_list, reward_errors = score(train_reward, texts, repeated)
+        rewards_list, reward_errors = score(
+            train_reward, texts, repeated, timeout_s=cfg.reward_timeout_s or None
+        )
         rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
+        extra_rewards: dict[str, float] = {}
+        if train_reward is not task.reward:  # a format bonus is on: log the task reward alone
+            task_rewards, _ = score(task.reward, texts, repeated)
+            extra_rewards["reward/task"] = sum(task_rewards) / len(task_rewards)
         lengths = rollout.completion_lengths()  # [N]
         if cfg.overlong_buffer > 0:
             penalty = [
@@ -255,6 +264,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std(correction=0)),
             "reward/errors": reward_errors,
+            **extra_rewards,
             "response_length/mean": float(lengths.float().mean()),
             "response_length/max": int(lengths.max()),
             "response/truncated_fraction": sum(f == "length" for f in rollout.finish_reasons)
@@ -352,6 +362,7 @@ def update_policy(
                     rollout.completion_mask[part],
                     temperature=cfg.temperature,
                     with_entropy=True,
+                    prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
                 )  # [n_micro, L] each
             ref = _ref_logprobs(cfg, ref_model, rollout, part)
             loss, metrics = policy_loss(
@@ -419,6 +430,7 @@ def _old_logprobs(
             rollout.completion_ids,
             rollout.completion_mask,
             temperature=cfg.temperature,
+            prompt_index=rollout.prompt_index,
         )  # [N, L]
     if routes is not None:
         length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
@@ -443,6 +455,7 @@ def _ref_logprobs(cfg: TrainConfig, ref_model, rollout: Rollout, part: torch.Ten
             rollout.completion_ids[part],
             rollout.completion_mask[part],
             temperature=cfg.temperature,
+            prompt_index=rollout.prompt_index[part],
         )
     return ref
 

@@ -8,11 +8,13 @@ with shared weights its log-probs equal ``gspo.models.token_logprobs`` up to flo
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from gspo.fast_forward import FastDecoder, has_forward_hooks
 from gspo.models import forward_kwargs_support, positions_from_mask
 from gspo.rollout.base import Rollout, SamplingParams
 
@@ -39,6 +41,24 @@ def _new_cache(model: torch.nn.Module) -> DynamicCache:
         return DynamicCache(config=model.config)
     except TypeError:  # older transformers: no config argument
         return DynamicCache()
+
+
+@dataclass
+class _DecodeState:
+    """The buffers one ``generate`` call fills step by step."""
+
+    tokens: torch.Tensor  # [N, M] sampled ids, pad after a row finished
+    logps: torch.Tensor  # [N, M] their log-probs, 0 after a row finished
+    cmask: torch.Tensor  # [N, M] 1 for generated tokens
+    finished: torch.Tensor  # [N] bool: the row is done
+    stopped: torch.Tensor  # [N] bool: it ended by a stop rule (not the length cap)
+    stop_tokens: torch.Tensor  # [S] ids that end a row
+    stop_seqs: list[torch.Tensor]  # id sequences that end a row once they close it
+
+
+def _float_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits upcast to float32 (sampling and log-probs in at least float32)."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
 def sample_next(
@@ -95,6 +115,12 @@ class TorchEngine:
     for the char tokenizer; with BPE tokenizers a string produced by a different tokenisation
     would not be matched.
 
+    ``fast=True`` (default) decodes through :class:`gspo.fast_forward.FastDecoder`
+    (static KV cache, fused projections, few ops per step) whenever it supports the model
+    (dense Llama / Qwen2 / Qwen3 without hooks or adapters); other models, and ``fast=False``,
+    use the model's own Hugging Face forward with a ``DynamicCache``. Both give the same
+    log-probs up to float rounding.
+
     Output tensors live on the engine's device; log-probs are float32 (float64 for a float64
     model).
     """
@@ -109,7 +135,9 @@ class TorchEngine:
         dtype: torch.dtype | None = None,
         share_weights: bool = True,
         tokenizer: PreTrainedTokenizerBase | None = None,
+        fast: bool = True,
     ) -> None:
+        self.fast = fast
         self.pad_id = int(pad_id)
         self.eos_id = int(eos_id)
         self.tokenizer = tokenizer
@@ -152,8 +180,7 @@ class TorchEngine:
     def _forward(self, kw: dict, **inputs: torch.Tensor) -> torch.Tensor:
         """Last-position logits [N, V] of one cached forward, in at least float32."""
         out = self.model(**inputs, **kw)
-        logits = out.logits[:, -1]  # [N, V]
-        return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+        return _float_logits(out.logits[:, -1])  # [N, V]
 
     def generate(
         self,
@@ -191,6 +218,86 @@ class TorchEngine:
             prompt_index=out["prompt_index"].clone(),
         )
 
+    def _start(self, base_ids: torch.Tensor, base_mask: torch.Tensor, n: int, max_new: int):
+        """Prefill the distinct prompts ``base_ids`` [B, P] once and repeat their state for the
+        ``n`` samples of each (rows laid out ``i * n + j``); return (last-position logits
+        [N, V], ``advance``), where ``advance(tokens [N], positions [N])`` feeds one token per
+        row and returns the next logits [N, V].
+
+        Uses :class:`FastDecoder` when it supports the model, else the model's own forward with
+        a ``DynamicCache``. A model with forward hooks (e.g. MoE routing capture, which records
+        every row's prefill) gets the plain per-row prefill.
+        """
+        positions = positions_from_mask(base_mask)  # [B, P]
+        num = base_ids.shape[0] * n
+        if self.fast and FastDecoder.supports(self.model):
+            dec = FastDecoder(self.model, batch=num, max_len=base_ids.shape[1] + max_new)
+            logits = _float_logits(dec.prefill(base_ids, base_mask, positions, repeats=n))
+
+            def advance_fast(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+                return _float_logits(dec.decode(tok, pos))
+
+            return logits, advance_fast
+
+        supported = forward_kwargs_support(self.model)
+        cache = _new_cache(self.model)
+        # transformers 5 renamed past_key_values -> cache; the cache is filled in place.
+        cache_kw = "cache" if "cache" in supported else "past_key_values"
+        kw = {cache_kw: cache, "use_cache": True}
+        prefill_kw = dict(kw)
+        if "logits_to_keep" in supported:
+            prefill_kw["logits_to_keep"] = 1  # only the last position is sampled from
+        share = (
+            n > 1
+            and not has_forward_hooks(self.model)
+            and hasattr(cache, "batch_repeat_interleave")
+        )
+        if share:
+            logits = self._forward(
+                prefill_kw, input_ids=base_ids, attention_mask=base_mask, position_ids=positions
+            ).repeat_interleave(n, dim=0)  # [N, V]
+            cache.batch_repeat_interleave(n)
+        else:
+            logits = self._forward(
+                prefill_kw,
+                input_ids=base_ids.repeat_interleave(n, dim=0),
+                attention_mask=base_mask.repeat_interleave(n, dim=0),
+                position_ids=positions.repeat_interleave(n, dim=0),
+            )  # [N, V]
+        attn = [base_mask.repeat_interleave(n, dim=0)]  # [N, P], grows by one column per step
+        ones = torch.ones_like(attn[0][:, :1])  # [N, 1]
+
+        def advance_hf(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            attn[0] = torch.cat([attn[0], ones], dim=1)  # [N, P+t+1]
+            return self._forward(
+                kw,
+                input_ids=tok.unsqueeze(1),
+                attention_mask=attn[0],
+                position_ids=pos.unsqueeze(1),
+            )
+
+        return logits, advance_hf
+
+    def _record(
+        self, st: _DecodeState, t: int, tok: torch.Tensor, lp: torch.Tensor
+    ) -> torch.Tensor:
+        """Write step ``t``'s sampled tokens [N] and log-probs [N] (pad / 0 for finished rows)
+        into ``st`` and update its stop flags in place; return the tokens to feed next."""
+        active = ~st.finished  # [N]
+        tok = tok.masked_fill(st.finished, self.pad_id)  # [N]
+        st.tokens[:, t] = tok
+        st.logps[:, t] = lp.to(st.logps.dtype).masked_fill(st.finished, 0.0)
+        st.cmask[:, t] = active.long()
+        hit = torch.isin(tok, st.stop_tokens)  # [N]
+        for seq in st.stop_seqs:
+            k = seq.numel()
+            if t + 1 >= k:
+                tail = st.tokens[:, t + 1 - k : t + 1]  # [N, k]
+                hit |= (tail == seq).all(dim=1)
+        st.stopped |= active & hit
+        st.finished |= hit
+        return tok
+
     def _generate(
         self,
         prompts: list[list[int]],
@@ -208,8 +315,9 @@ class TorchEngine:
         for i, p in enumerate(prompts):
             base_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             base_mask[i, width - len(p) :] = 1
-        prompt_ids = base_ids.to(dev).repeat_interleave(n, dim=0)  # [N, P]
-        prompt_mask = base_mask.to(dev).repeat_interleave(n, dim=0)  # [N, P]
+        base_ids, base_mask = base_ids.to(dev), base_mask.to(dev)
+        prompt_ids = base_ids.repeat_interleave(n, dim=0)  # [N, P]
+        prompt_mask = base_mask.repeat_interleave(n, dim=0)  # [N, P]
         prompt_index = torch.arange(len(prompts), device=dev).repeat_interleave(n)  # [N]
 
         max_new = int(params.max_new_tokens)
@@ -224,52 +332,20 @@ class TorchEngine:
         )  # [S]
         stop_tensors = [torch.tensor(s, dtype=torch.long, device=dev) for s in stop_seqs]
 
+        state = _DecodeState(tokens, logps, cmask, finished, stopped, stop_tokens, stop_tensors)
         steps = 0
         if max_new > 0:
-            supported = forward_kwargs_support(self.model)
-            cache = _new_cache(self.model)
-            # transformers 5 renamed past_key_values -> cache; the cache is filled in place.
-            cache_kw = "cache" if "cache" in supported else "past_key_values"
-            kw = {cache_kw: cache, "use_cache": True}
-            prefill_kw = dict(kw)
-            if "logits_to_keep" in supported:
-                prefill_kw["logits_to_keep"] = 1  # only the last position is sampled from
-            attn = prompt_mask  # [N, P] grows by one column per step
-            logits = self._forward(
-                prefill_kw,
-                input_ids=prompt_ids,
-                attention_mask=attn,
-                position_ids=positions_from_mask(attn),
-            )  # [N, V]
-            next_pos = attn.sum(dim=1)  # [N] position of the next token in each row
-            ones = torch.ones((num, 1), dtype=attn.dtype, device=dev)  # [N, 1]
+            logits, advance = self._start(base_ids, base_mask, n, max_new)  # [N, V]
+            next_pos = prompt_mask.sum(dim=1)  # [N] position of the next token in each row
             for t in range(max_new):
                 tok, lp = sample_next(logits, params.temperature, params.top_p, generator)
-                active = ~finished  # [N]
-                tok = tok.masked_fill(finished, self.pad_id)  # [N]
-                tokens[:, t] = tok
-                logps[:, t] = lp.to(logp_dtype).masked_fill(finished, 0.0)
-                cmask[:, t] = active.long()
-                hit = torch.isin(tok, stop_tokens)  # [N]
-                for seq in stop_tensors:
-                    k = seq.numel()
-                    if t + 1 >= k:
-                        tail = tokens[:, t + 1 - k : t + 1]  # [N, k]
-                        hit |= (tail == seq).all(dim=1)
-                stopped |= active & hit
-                finished |= hit
+                tok = self._record(state, t, tok, lp)  # [N]
                 steps = t + 1
                 if t == max_new - 1 or bool(finished.all()):
                     break  # one host sync per step, to stop once every row is done
                 # Finished rows keep decoding pad tokens (cheaper than compacting the batch);
                 # their outputs are masked out above.
-                attn = torch.cat([attn, ones], dim=1)  # [N, P+t+1]
-                logits = self._forward(
-                    kw,
-                    input_ids=tok.unsqueeze(1),
-                    attention_mask=attn,
-                    position_ids=next_pos.unsqueeze(1),
-                )  # [N, V]
+                logits = advance(tok, next_pos)  # [N, V]
                 next_pos = next_pos + 1
 
         length = int(cmask[:, :steps].sum(dim=1).max().item()) if steps else 0

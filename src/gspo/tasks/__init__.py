@@ -5,6 +5,7 @@ Built-in synthetic tasks come from :func:`make_task`; user data files from
 """
 
 from gspo.tasks.base import Example, RewardFn, Task
+from gspo.tasks.code import sample_code_problem  # registers "code" (sandboxed unit tests)
 from gspo.tasks.files import DataError, load_examples, make_file_task
 from gspo.tasks.synthetic import (
     DIFFICULTIES,
@@ -28,6 +29,7 @@ __all__ = [
     "make_file_task",
     "make_task",
     "max_lengths",
+    "sample_code_problem",
     "sample_word_problem",
     "split_of",
 ]

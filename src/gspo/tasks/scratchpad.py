@@ -1,21 +1,27 @@
-"""A task where response length matters: summing digits, with or without a scratchpad.
+"""A task where response length matters: a chain of last-digit operations, answered directly or
+with a scratchpad of intermediate results.
 
-Prompt ``"5+8+2+9+3="``, answer ``"27"``. A completion may answer directly (``"27"``, the *short*
-form) or write the running sums first (``"5+8=13+2=15+9=24+3=27"``, the *long* form: each step
-copies the next digit from the prompt and adds it to the two-digit sum so far). The reward checks only
-the final answer, the text after the last ``=`` of the completion (the whole completion when it
-has no ``=``), so both forms earn the same reward when right.
+Prompt ``"3*7+4*3+8="``: start from the first digit and apply the operations left to right,
+keeping only the last digit after each one (3*7=21 -> 1, 1+4 -> 5, 5*3=15 -> 5, 5+8=13 -> 3).
+The answer is ``"3"``. A completion may answer directly (``"3"``, the *short* form) or write every
+intermediate digit first (``"1,5,5,3"``, the *long* form). The reward checks only the final
+answer, the text after the last ``,`` of the completion (the whole completion when it has none),
+so both forms earn the same reward when right.
 
-For a tiny character-level model the short form is hard (it must add all digits in one token
-step), the long form easy (one single-digit addition per step), so the share of long answers
-and the mean response length are what an RL algorithm's length dynamics move. The
-demonstrations for the supervised cold start mix both forms (:data:`LONG_FRACTION` long), so
-RL starts from a policy that writes both.
+Why the scratchpad helps a tiny model: in the long form every step is one table look-up of
+(previous digit, operation, operand), and the operation and operand of step k sit a fixed
+number of positions before the output of step k (the prompt has one character per digit or
+operator, the scratchpad one per digit or comma). The short form must compose all the
+operations at once, which a two-layer model does poorly. Multipliers are 3, 7 and 9 (units mod
+10), so no operation wipes out the history. (A first version summed digits; a tiny model adds
+digits directly with attention better than it learns the scratchpad, so it was dropped.)
 
-Difficulty = number of digits (3..7; the long form has 5 x digits - 4 characters: 31 for 7
-digits, within a 32-token budget). Problems are split by their multiset of digits, so a test problem is never a
-reordering of a training problem. The task is registered as ``"scratchpad"`` in
-:data:`gspo.tasks.synthetic.TASKS`, which draws the splits (stable-hash disjoint, seeded).
+The cold-start demonstrations mix both forms (:data:`LONG_FRACTION` long), so RL starts from a
+policy that writes both, and the share of long answers and the mean response length are what
+an algorithm's length dynamics move. Difficulty = number of operations (2..10; the long form
+is 2 x operations - 1 characters, 19 at most). The task is registered as ``"scratchpad"`` in
+:data:`gspo.tasks.synthetic.TASKS`, which draws the splits (stable-hash disjoint by prompt,
+seeded).
 """
 
 from __future__ import annotations
@@ -25,81 +31,92 @@ import random
 from gspo.tasks.base import Example
 
 __all__ = [
-    "DEFAULT_DIGITS",
+    "DEFAULT_OPS",
     "LONG_FRACTION",
-    "MAX_DIGITS",
-    "MIN_DIGITS",
+    "MAX_OPS",
+    "MIN_OPS",
+    "MULTIPLIERS",
     "final_answer",
     "long_form",
+    "run_chain",
     "sample_scratchpad",
     "scratchpad_key",
     "scratchpad_reward",
     "scratchpad_space",
 ]
 
-MIN_DIGITS = 3
-DEFAULT_DIGITS = 5
-MAX_DIGITS = 7
+MIN_OPS = 2
+DEFAULT_OPS = 6
+MAX_OPS = 10
+MULTIPLIERS = (3, 7, 9)
+"""Operands of ``*``: units modulo 10, so every step is a bijection of the last digit."""
+ADDENDS = tuple(range(1, 10))
+"""Operands of ``+``."""
 LONG_FRACTION = 0.5
 """Share of cold-start demonstrations written in the long (scratchpad) form."""
 
 DESCRIPTION = (
-    "Sum digits: '5+8+2+9+3=' -> '27', directly or with running sums "
-    "'5+8=13+2=15+9=24+3=27' (only the text after the last '=' is scored; cold-start demos mix "
-    "both forms). Difficulty = number of digits."
+    "Apply last-digit operations left to right: '3*7+4*3+8=' -> '3', directly or with the "
+    "intermediate digits '1,5,5,3' (only the text after the last ',' is scored; cold-start demos "
+    "mix both forms). Difficulty = number of operations."
 )
 
 
-def long_form(digits: list[int]) -> str:
-    """The scratchpad completion ``"a+b=s1+c=s2..."``, ending with the total.
+def run_chain(start: int, ops: list[tuple[str, int]]) -> list[int]:
+    """The last digit after each operation, in order."""
+    value, out = start, []
+    for op, operand in ops:
+        if op == "+":
+            value = (value + operand) % 10
+        elif op == "*":
+            value = (value * operand) % 10
+        else:
+            raise ValueError(f"unknown operation {op!r}; valid: + *")
+        out.append(value)
+    return out
 
-    Running sums are written with two digits (``"0+5=05+1=06"``), so every character of the
-    scratchpad sits at a fixed position for a given number of digits.
-    """
-    if len(digits) < 2:
-        raise ValueError(f"need at least 2 digits, got {digits!r}")
-    total = digits[0] + digits[1]
-    parts = [f"{digits[0]}+{digits[1]}={total:02d}"]
-    for d in digits[2:]:
-        total += d
-        parts.append(f"+{d}={total:02d}")
-    return "".join(parts)
+
+def long_form(start: int, ops: list[tuple[str, int]]) -> str:
+    """The scratchpad completion: every intermediate digit, comma-separated (ends with the answer)."""
+    if not ops:
+        raise ValueError("need at least one operation")
+    return ",".join(map(str, run_chain(start, ops)))
 
 
 def sample_scratchpad(
     rng: random.Random, count: int, long_fraction: float = LONG_FRACTION
 ) -> Example:
-    """Draw one problem of ``count`` digits; its demo is long with probability ``long_fraction``."""
-    digits = [rng.randint(0, 9) for _ in range(count)]
-    answer = str(sum(digits))
+    """Draw one problem of ``count`` operations; its demo is long with probability ``long_fraction``."""
+    start = rng.randint(0, 9)
+    ops = []
+    for _ in range(count):
+        if rng.random() < 0.5:
+            ops.append(("+", rng.choice(ADDENDS)))
+        else:
+            ops.append(("*", rng.choice(MULTIPLIERS)))
+    answer = str(run_chain(start, ops)[-1])
     form = "long" if rng.random() < long_fraction else "short"
-    demo = long_form(digits) if form == "long" else answer
-    meta = {"difficulty": count, "digits": digits, "form": form}
-    return Example(prompt="+".join(map(str, digits)) + "=", answer=answer, demo=demo, meta=meta)
+    demo = long_form(start, ops) if form == "long" else answer
+    prompt = str(start) + "".join(f"{op}{d}" for op, d in ops) + "="
+    meta = {"difficulty": count, "start": start, "ops": ops, "form": form}
+    return Example(prompt=prompt, answer=answer, demo=demo, meta=meta)
 
 
 def scratchpad_key(example: Example) -> str:
-    """The split key: the sorted digits (reorderings of one problem stay in one split)."""
-    return "sum:" + "".join(sorted(str(d) for d in example.meta["digits"]))
+    """The split key: the prompt (operations do not commute, so each chain is its own problem)."""
+    return example.prompt
 
 
 def scratchpad_space(count: int) -> int:
-    """Every prompt of ``count`` digits has probability 10^-count."""
-    return 10**count
+    """Every prompt of ``count`` operations has probability at least 1 / (10 x 18^count)."""
+    return 10 * (2 * max(len(ADDENDS), len(MULTIPLIERS))) ** count
 
 
 def final_answer(completion: str) -> str:
-    """The text after the last ``=`` (the whole completion when there is none), stripped."""
-    return completion.rsplit("=", 1)[-1].strip()
+    """The text after the last ``,`` (the whole completion when there is none), stripped."""
+    return completion.rsplit(",", 1)[-1].strip()
 
 
 def scratchpad_reward(completion: str, example: Example) -> float:
-    """1.0 when the final answer is the reference sum, else 0.0; the scratchpad is not checked.
-
-    The final answer must be digits only and is compared as a number, so the long form's
-    zero-padded ``"06"`` and the short form's ``"6"`` both count.
-    """
-    answer = final_answer(completion)
-    return (
-        1.0 if answer.isdigit() and answer.isascii() and int(answer) == int(example.answer) else 0.0
-    )
+    """1.0 when the final answer is the reference digit, else 0.0; the scratchpad is not checked."""
+    return 1.0 if final_answer(completion) == example.answer else 0.0

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from gspo.rewards import countdown_reward, exact_match
 from gspo.tasks.base import Example, RewardFn, Task
 from gspo.tasks.scratchpad import (
-    DEFAULT_DIGITS,
-    MAX_DIGITS,
-    MIN_DIGITS,
+    DEFAULT_OPS,
+    MAX_OPS,
+    MIN_OPS,
     sample_scratchpad,
     scratchpad_key,
     scratchpad_reward,
@@ -246,9 +246,9 @@ _SPECS: dict[str, _Spec] = {
         _Spec(
             name="scratchpad",
             description=_SCRATCHPAD_DESCRIPTION,
-            default=DEFAULT_DIGITS,
-            low=MIN_DIGITS,
-            high=MAX_DIGITS,
+            default=DEFAULT_OPS,
+            low=MIN_OPS,
+            high=MAX_OPS,
             sample=sample_scratchpad,
             space=scratchpad_space,
             reward=scratchpad_reward,

@@ -6,12 +6,15 @@ question::
 
     Mia has 12 apples. She buys 7 more. Then she gives 5 to Omar. How many apples does Mia have
     now?
-    Solve it step by step and give the final answer as \\boxed{number}.
+    Solve it, then write the final answer after ####.
 
 The answer is an integer (every intermediate value is a positive integer up to 999), the
-reference demo shows the arithmetic one line per step and ends in ``\\boxed{14}``, and the reward
-is :func:`gspo.rewards.math_verify_match` (the last ``\\boxed{}`` or ``####`` answer, checked by
-math-verify). Difficulty = number of operations, 1..4.
+reference demo shows the arithmetic one line per step and ends in ``#### 14``, and the reward
+is :func:`gspo.rewards.math_verify_match`: the final answer after the last ``####`` or in the
+last ``\\boxed{}`` (whichever comes later), checked by math-verify. The instruction asks for
+GSM8K's ``####`` because small chat models trained on GSM8K-style data follow it far more
+often than ``\\boxed{}`` (SmolLM2-135M-Instruct: about half vs a few percent of greedy
+answers). Difficulty = number of operations, 1..4; numbers grow with it.
 
 Splits are disjoint by the problem's *arithmetic* (start value and the operations), not its
 wording: a test problem never appears in training under other names or objects. Prompts contain
@@ -31,11 +34,20 @@ from gspo.tasks.synthetic import DIFFICULTIES, TASKS, _build, _Spec
 __all__ = ["INSTRUCTION", "NAME", "sample_word_problem"]
 
 NAME = "word_problems"
-INSTRUCTION = "Solve it step by step and give the final answer as \\boxed{number}."
+INSTRUCTION = "Solve it, then write the final answer after ####."
 """The line appended to every problem, telling the model the answer format the reward checks."""
 
 MAX_VALUE = 999
-"""Largest value the running quantity may take."""
+"""Largest value the running quantity may take at any difficulty."""
+
+_RANGES: dict[int, tuple[int, int, int, int]] = {
+    1: (2, 40, 20, 80),
+    2: (5, 20, 15, 100),
+    3: (5, 40, 30, 200),
+    4: (5, 40, 30, 200),
+}
+"""Per difficulty: (lowest start, highest start, largest +/- operand, largest value after a
+x2 / x3)."""
 
 # (name, subject pronoun, possessive / object pronoun)
 _PEOPLE = [
@@ -110,15 +122,16 @@ def _apply(op: str, x: int, n: int) -> int:
     return {"+": x + n, "-": x - n, "*": x * n, "/": x // n}[op]
 
 
-def _choose_op(rng: random.Random, x: int) -> tuple[str, int]:
-    """One operation that keeps the value a positive integer <= MAX_VALUE."""
+def _choose_op(rng: random.Random, x: int, operand: int, product: int) -> tuple[str, int]:
+    """One operation that keeps the value a positive integer <= MAX_VALUE: +/- by at most
+    ``operand``, x2 / x3 up to ``product``, or an exact /2 or /3."""
     options: list[tuple[str, int]] = []
     if x + 2 <= MAX_VALUE:
-        options += [("+", rng.randint(2, min(30, MAX_VALUE - x)))] * 3
+        options += [("+", rng.randint(2, min(operand, MAX_VALUE - x)))] * 3
     if x >= 3:
-        options += [("-", rng.randint(1, min(30, x - 1)))] * 3
+        options += [("-", rng.randint(1, min(operand, x - 1)))] * 3
     for k in (2, 3):
-        if x * k <= 200:
+        if x * k <= product:
             options.append(("*", k))
         if x % k == 0 and x // k >= 1:
             options.append(("/", k))
@@ -131,13 +144,14 @@ def sample_word_problem(rng: random.Random, steps: int) -> Example:
     friend = rng.choice([p[0] for p in _PEOPLE if p[0] != who[0]])
     money = rng.random() < 0.3
     items, thing = rng.choice(_ITEMS), rng.choice(_THINGS)
-    start = rng.randint(5, 40)
+    low, high, operand, product = _RANGES[steps]
+    start = rng.randint(low, high)
     x = start
     sentences = [f"{who[0]} has {start} {'dollars' if money else items}."]
     lines: list[str] = []
     ops: list[tuple[str, int]] = []
     for _ in range(steps):
-        op, n = _choose_op(rng, x)
+        op, n = _choose_op(rng, x, operand, product)
         options = (
             _money_sentence(op, n, who, friend, thing)
             if money
@@ -151,7 +165,7 @@ def sample_word_problem(rng: random.Random, steps: int) -> Example:
     unit = "dollars" if money else items
     question = f"How many {unit} does {who[0]} have now?"
     prompt = f"{' '.join(sentences)} {question}\n{INSTRUCTION}"
-    demo = "\n".join([*lines, f"The answer is \\boxed{{{x}}}."])
+    demo = "\n".join([*lines, f"#### {x}"])
     arithmetic = f"{start}" + "".join(f"{op}{n}" for op, n in ops)
     meta = {"difficulty": steps, "arithmetic": arithmetic, "steps": lines}
     return Example(prompt=prompt, answer=str(x), demo=demo, meta=meta)
@@ -159,14 +173,15 @@ def sample_word_problem(rng: random.Random, steps: int) -> Example:
 
 def _space(steps: int) -> int:
     # starts x (operations x numbers)^steps x wordings (people, friends, objects, sentences).
-    return 36 * 70**steps * 12 * 11 * 8 * 3**steps
+    low, high, operand, _ = _RANGES[steps]
+    return (high - low + 1) * (2 * operand + 4) ** steps * 12 * 11 * 8 * 3**steps
 
 
 SPEC = _Spec(
     name=NAME,
     description=(
         "GSM8K-like word problems: a quantity changed by +, -, x2/x3, /2 /3, one operation per "
-        "sentence, answer in \\boxed{}. Difficulty = number of operations (1..4)."
+        "sentence, answer after #### (or in \\boxed{}). Difficulty = number of operations (1..4)."
     ),
     default=2,
     low=1,
