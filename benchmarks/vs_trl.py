@@ -59,8 +59,11 @@ training forward/backward passes per second of step; ``rollout s`` median time i
 generate call; ``peak RSS`` the subprocess's ``ru_maxrss`` (imports included; ``base RSS`` is
 the RSS after imports and model load, before training); ``reward`` mean train reward over the
 last ``--reward-window`` steps; ``held-out`` greedy exact-match accuracy after training on the
-task's test split (the same evaluation code for both). Ratios are gspo / TRL for throughput
-(higher is better) and TRL / gspo for time.
+task's test split (the same evaluation code for both). Speed figures are medians over
+repetitions; reward and held-out are mean ± standard error over repetitions (use
+``--vary-seed`` so that repetitions differ in data order and sampling; with the default
+fixed seed, gspo's repetitions are identical). Ratios are gspo / TRL for throughput (higher is
+better) and TRL / gspo for time.
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ def _train_config(spec: dict[str, Any], output_dir: str, *, recompute: bool = Fa
         "device": "cpu",
         "threads": spec["threads"],
         "output_dir": output_dir,
-        "seed": SEED,
+        "seed": spec.get("seed", SEED),
         "n_test": spec["n_test"],
     }
     return build(TrainConfig, overrides=overrides)
@@ -452,7 +455,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             logging_steps=NUM_MINIBATCHES,
             save_strategy="no",
             disable_tqdm=True,
-            seed=SEED,
+            seed=cfg.seed,
             dataloader_num_workers=0,
             log_completions=False,
         )
@@ -588,11 +591,28 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "gen_tokens_per_step",
         "clip_fraction",
     )
-    return {k: med(k) for k in keys} | {"reps": len(runs), "params": runs[0]["params"]}
+
+    def mean_se(key: str) -> dict[str, float | None]:
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        if not vals:
+            return {f"{key}_mean": None, f"{key}_se": None}
+        se = statistics.stdev(vals) / len(vals) ** 0.5 if len(vals) > 1 else 0.0
+        return {f"{key}_mean": statistics.fmean(vals), f"{key}_se": se}
+
+    learning = mean_se("reward_last") | mean_se("held_out_greedy")
+    return {k: med(k) for k in keys} | learning | {"reps": len(runs), "params": runs[0]["params"]}
 
 
 def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def _pm(a: dict[str, Any], key: str) -> str:
+    """'mean ± se' over repetitions (just the mean for one)."""
+    mean, se = a.get(f"{key}_mean"), a.get(f"{key}_se")
+    if mean is None:
+        return "-"
+    return f"{mean:.3f}" if not se else f"{mean:.3f} ± {se:.3f}"
 
 
 def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -628,8 +648,8 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
                         _f(a["rollout_s"], ".3f"),
                         _f(a["peak_rss_mb"], ".0f"),
                         _f(a["base_rss_mb"], ".0f"),
-                        _f(a["reward_last"], ".3f"),
-                        _f(a["held_out_greedy"], ".3f"),
+                        _pm(a, "reward_last"),
+                        _pm(a, "held_out_greedy"),
                         ratio,
                     ]
                 )
@@ -677,6 +697,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-test", type=int, default=200, help="held-out problems for the accuracy")
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy")
     ap.add_argument("--reward-window", type=int, default=5, help="last steps averaged")
+    ap.add_argument(
+        "--vary-seed",
+        action="store_true",
+        help="repetition r uses seed r (data order, sampling) in both systems; default: seed 0",
+    )
     ap.add_argument("--cache", default=None, help="folder for SFT cold starts (default: tmp)")
     ap.add_argument("--out", default=str(RESULTS / "vs_trl.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -721,6 +746,7 @@ def main(argv: list[str] | None = None) -> None:
                     "eval": not args.no_eval,
                     "reward_window": args.reward_window,
                     "rep": rep,
+                    "seed": SEED + rep if args.vary_seed else SEED,
                 }
                 print(
                     f"[{time.time() - started:6.0f}s] {workload} rep {rep} {system} "

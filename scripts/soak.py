@@ -38,11 +38,11 @@ def flaky(reward, rate: float):
 
 def child(args: argparse.Namespace) -> int:
     """One life of the run: resume if a checkpoint exists, train until done or killed."""
+    from transformers.utils import logging as hf_logging
+
     import gspo.trainer as trainer_module
     from gspo import checkpoint as ckpt
     from gspo.config import TrainConfig, build
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     real_build_task = trainer_module.build_task

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from gspo import checkpoint as ckpt
 from gspo.config import SFTConfig, TrainConfig, build
-from gspo.sft import run_sft
 from gspo.logging import read_metrics
+from gspo.sft import run_sft
 from gspo.trainer import train
 
 TIMING = ("time/", "throughput/")
@@ -143,7 +143,7 @@ def test_sigkill_anywhere_then_resume_equals_unbroken_run(tmp_path):
     # Later lives: resume, kill after a random delay, until a run finishes.
     for _ in range(6):
         proc = subprocess.Popen(
-            run_args(out, model) + ["--resume"], env=env, stdout=subprocess.DEVNULL
+            [*run_args(out, model), "--resume"], env=env, stdout=subprocess.DEVNULL
         )
         try:
             proc.wait(timeout=rng.uniform(4.0, 9.0))
@@ -157,7 +157,7 @@ def test_sigkill_anywhere_then_resume_equals_unbroken_run(tmp_path):
         break
     else:
         proc = subprocess.run(
-            run_args(out, model) + ["--resume"], env=env, stdout=subprocess.DEVNULL, timeout=300
+            [*run_args(out, model), "--resume"], env=env, stdout=subprocess.DEVNULL, timeout=300
         )
         assert proc.returncode == 0
 

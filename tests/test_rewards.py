@@ -117,6 +117,10 @@ def test_format_reward_default_and_named_patterns() -> None:
     assert format_reward("the answer is 42") == 0.0
     assert format_reward(r"\boxed{ }") == 0.0
     assert format_reward("####\n") == 0.0
+    # A hashes line without an answer is not the format (a policy learned to emit only that).
+    assert format_reward("####\n##### MULTACYL") == 0.0
+    assert format_reward("#### MULT") == 0.0
+    assert format_reward("#### -3.5") == 1.0
     assert format_reward("x #### 42") == 0.0  # must start a line
     assert format_reward("#### 42", pattern="boxed") == 0.0
     assert format_reward(r"\boxed{42}", pattern="hashes") == 0.0

@@ -167,8 +167,8 @@ def _demo(args: argparse.Namespace) -> int:
     before, after = evals[0], evals[-1]
     plot = plot_run(result.history, out / "demo.png", title=f"{rl_cfg.algo} on 2-digit addition (seed {args.seed})")
 
-    print("\nheld-out set: %d problems never seen in training" % int(before["eval/problems"]))
-    print("| | after SFT (RL step 0) | after RL (step %d) |" % after["step"])
+    print(f"\nheld-out set: {int(before['eval/problems'])} problems never seen in training")
+    print(f"| | after SFT (RL step 0) | after RL (step {after['step']}) |")
     print("|---|---|---|")
     for key, label in (("eval/greedy_accuracy", "greedy accuracy"), ("eval/pass@1", "sampled pass@1")):
         se = key + "_se"

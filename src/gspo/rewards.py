@@ -227,7 +227,11 @@ def _has_boxed(text: str) -> bool:
 
 
 def _has_hashes_line(text: str) -> bool:
-    return re.search(r"(?m)^[ \t]*####[ \t]*\S", text) is not None
+    # The answer after "####" must hold a digit: a bare "#####" or "#### MULT" line earned the
+    # format bonus without an answer, and a policy learned to emit only that (reward hacking).
+    return re.search(r"(?m)^[ \t]*####[ \t]*[^\s#][^\n]*", text) is not None and any(
+        ch.isdigit() for ch in (extract_hashes(text) or "")
+    )
 
 
 FORMATS: dict[str, Callable[[str], bool]] = {
@@ -236,7 +240,7 @@ FORMATS: dict[str, Callable[[str], bool]] = {
     "hashes": _has_hashes_line,
 }
 """Named answer formats for :func:`format_reward`: a non-empty ``\\boxed{...}``, a line
-starting with ``#### <answer>``, or either."""
+starting with ``#### <answer>`` whose answer holds a digit, or either."""
 
 
 def format_reward(
