@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     report = {
         "benchmark": "ceiling",
+        "command": " ".join(["python benchmarks/ceiling.py", *(argv or sys.argv[1:])]),
         "threads": args.threads,
         "matmul_flops_per_s": {
             "2048": peak[2048],

@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> None:
 
     report = {
         "benchmark": "vs_trl",
-        "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+        "command": " ".join(["python benchmarks/vs_trl.py", *(argv or sys.argv[1:])]),
         "settings": {
             "workloads": {w: WORKLOADS[w] for w in workloads},
             "systems": systems,

@@ -296,6 +296,11 @@ def run_cli(args: Any, overrides_of: Any) -> int:
     """Run ``gspo compare`` or ``gspo report`` from parsed arguments; returns the exit code."""
     from .report import build_report
 
+    if args.command == "compare":
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # checkpoint writes would print a bar each
+        hf_logging.set_verbosity_error()
     if args.command == "report":
         report = build_report(
             args.run_dirs,
