@@ -157,6 +157,7 @@ def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path) -> Non
     assert gspo["response length (end)"]["mean"] == pytest.approx(3.5)
     assert gspo["response length (end)"]["se"] == pytest.approx(0.5)
     assert gspo["ratio spread (end)"]["per_seed"] == pytest.approx([0.2, 0.4])
+    assert grpo["response length (start)"]["mean"] == pytest.approx(5.0)
     # KL skips the NaN of step 1; wall time = 10 steps x 0.75 s.
     assert grpo["KL old/new (end)"]["mean"] == pytest.approx(1e-4)
     assert grpo["wall time s"]["per_seed"] == pytest.approx([7.5, 7.5, 7.5])

@@ -358,8 +358,8 @@ class Column:
     name: str
     key: str
     how: str
-    """'tail' (end-of-training mean), 'all' (whole-run mean), 'last_eval', 'first_eval',
-    'final' (the last value, e.g. of time/elapsed_s)."""
+    """'tail' (end-of-training mean), 'head' (the same over the first steps), 'all' (whole-run
+    mean), 'last_eval', 'first_eval', 'final' (the last value, e.g. of time/elapsed_s)."""
 
 
 COLUMNS: tuple[Column, ...] = (
@@ -367,6 +367,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("held-out acc. (end)", "eval/greedy_accuracy", "last_eval"),
     Column("reward (end)", "reward/mean", "tail"),
     Column("reward (whole run)", "reward/mean", "all"),
+    Column("response length (start)", "response_length/mean", "head"),
     Column("response length (end)", "response_length/mean", "tail"),
     Column("clip fraction (end)", "clip/fraction", "tail"),
     Column("clip fraction (whole run)", "clip/fraction", "all"),
@@ -387,6 +388,8 @@ def run_scalar(run: Run, column: Column, tail: float) -> float:
     _, values = series(run, column.key)
     if column.how == "tail":
         return tail_mean(values, tail)
+    if column.how == "head":
+        return tail_mean(values[::-1], tail)
     if column.how == "all":
         return _nanmean(values)
     if column.how == "final":
@@ -647,24 +650,36 @@ def plot_comparison(
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, panel in enumerate(panels):
         ax = axes[i // n_cols][i % n_cols]
-        drawn = False
+        curves = []
         for j, (label, runs) in enumerate(groups.items()):
             steps, values, clocks = _aligned(runs, panel.key, panel.eval, window)
             if not steps or all(math.isnan(v) for row in values for v in row):
                 continue
             mean, low, high = _band(values)
             xs = steps if x == "step" else _band(clocks)[0]
-            if panel.log:
-                floor = 1e-12
-                mean = [max(v, floor) if not math.isnan(v) else v for v in mean]
-                low = [max(v, floor) if not math.isnan(v) else v for v in low]
-                high = [max(v, floor) if not math.isnan(v) else v for v in high]
+            curves.append((j, label, len(runs), xs, mean, low, high))
+        if panel.log and curves:
+            # Zeros (a step where nothing was clipped) have no place on a log axis: show them,
+            # and band edges below them, at half the smallest positive mean of the panel.
+            positive = [v for c in curves for v in c[4] if not math.isnan(v) and v > 0]
+            floor = min(positive) / 2 if positive else 1e-12
+            curves = [
+                (
+                    j,
+                    label,
+                    n,
+                    xs,
+                    *([v if math.isnan(v) else max(v, floor) for v in seq] for seq in (m, lo, hi)),
+                )
+                for j, label, n, xs, m, lo, hi in curves
+            ]
+        for j, label, n, xs, mean, low, high in curves:
             color = colors[j % len(colors)]
             style = "o-" if panel.eval else "-"
-            ax.plot(xs, mean, style, color=color, label=f"{label} (n={len(runs)})", ms=3)
-            if len(runs) > 1:
+            ax.plot(xs, mean, style, color=color, label=f"{label} (n={n})", ms=3)
+            if n > 1:
                 ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
-            drawn = True
+        drawn = bool(curves)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("RL step" if x == "step" else "training wall time (s)")
         if drawn and panel.log:
@@ -823,8 +838,9 @@ def build_report(
         "",
         "## Definitions",
         "",
-        f"- *(end)*: mean over the last {tail_pct} of a run's training steps (at least one); "
-        "held-out accuracy *(end)* is the last evaluation, *(start)* the first (step 0, before RL).",
+        f"- *(end)*: mean over the last {tail_pct} of a run's training steps (at least one), "
+        f"*(start)* over the first {tail_pct}; held-out accuracy *(end)* is the last evaluation, "
+        "*(start)* the first (step 0, before RL).",
         "- *(whole run)*: mean over all training steps; for reward this is the area under the "
         "curve per step, a sample-efficiency figure.",
         "- clip fraction: share of response tokens whose gradient clipping zeroed (a clipped GSPO "
