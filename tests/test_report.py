@@ -211,6 +211,17 @@ def test_conditions_beyond_algo_get_their_own_group(tmp_path: Path) -> None:
     groups = group_runs([load_run(p) for p in discover_runs([tmp_path])])
     assert sorted(groups) == ["gspo clip_low=0.001", "gspo clip_low=default"]
     assert all([r.seed for r in g] == [0, 1] for g in groups.values())
+    # The same cold start made in two folders would split groups by `model` unless ignored.
+    runs = [load_run(p) for p in discover_runs([tmp_path])]
+    for run in runs:
+        run.config["model"] = f"{'a' if run.config['clip_low'] else 'b'}/sft/seed{run.seed}"
+    assert sorted(group_runs(runs)) == [
+        "gspo clip_low=0.001 model=a/sft/seed0",
+        "gspo clip_low=0.001 model=a/sft/seed1",
+        "gspo clip_low=default model=b/sft/seed0",
+        "gspo clip_low=default model=b/sft/seed1",
+    ]
+    assert sorted(group_runs(runs, ignore=["model"])) == sorted(groups)
 
 
 def test_config_from_checkpoint_state_and_clear_errors(tmp_path: Path) -> None:

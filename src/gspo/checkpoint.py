@@ -59,6 +59,19 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def replace_dir(src: Path, dst: Path) -> None:
+    """Rename the complete folder ``src`` to ``dst``; an existing ``dst`` is moved aside first
+    and removed only afterwards, so a crash at any point leaves one complete copy."""
+    if dst.exists():
+        aside = dst.parent / f".tmp-old-{dst.name}"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(dst, aside)
+        os.rename(src, dst)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(src, dst)
+
+
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -93,14 +106,7 @@ def save_checkpoint(
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-        if final.exists():
-            # Re-saving a step: move the old copy aside first, so a crash leaves one of the two.
-            aside = root / f".tmp-old-{final.name}"
-            os.rename(final, aside)
-            os.rename(tmp, final)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -289,6 +289,12 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
     r.add_argument("--tail", type=float, default=0.1, help="share of final steps for 'end' [0.1]")
     r.add_argument("--title", default="", help="title of the report")
     r.add_argument("--reference", default=None, help="condition for the paired table [first]")
+    r.add_argument(
+        "--ignore",
+        default="",
+        help="comma list of config keys that do not split conditions (e.g. model, when the "
+        "same cold start was made in two folders)",
+    )
     r.formatter_class = argparse.ArgumentDefaultsHelpFormatter
 
 
@@ -308,6 +314,7 @@ def run_cli(args: Any, overrides_of: Any) -> int:
             tail=args.tail,
             title=args.title,
             reference=args.reference,
+            ignore=[k.strip() for k in args.ignore.split(",") if k.strip()],
         )
         _print_report(report.markdown)
         return 0

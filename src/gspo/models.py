@@ -198,7 +198,6 @@ def save_model(
     A model with LoRA adapters is saved merged (a plain Hugging Face model that
     ``transformers`` loads without peft), with the adapter itself in ``path/adapter``.
     """
-    import os
     import shutil
     import tempfile
 
@@ -218,14 +217,9 @@ def save_model(
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        if p.exists():
-            aside = p.parent / f".tmp-old-{p.name}"
-            shutil.rmtree(aside, ignore_errors=True)
-            os.rename(p, aside)
-            os.rename(tmp, p)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.rename(tmp, p)
+        from .checkpoint import replace_dir
+
+        replace_dir(tmp, p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

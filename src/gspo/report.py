@@ -259,15 +259,16 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
-def condition_keys(runs: Sequence[Run]) -> list[str]:
+def condition_keys(runs: Sequence[Run], ignore: Iterable[str] = ()) -> list[str]:
     """Config keys (besides algo) that tell conditions apart: keys whose values differ between
     runs of the same seed. Keys that only follow the seed (a per-seed cold-start ``model``) and
-    :data:`IGNORED_KEYS` are not conditions."""
+    :data:`IGNORED_KEYS` and ``ignore`` are not conditions."""
     keys: set[str] = set()
     by_seed: dict[int, list[Run]] = {}
     for run in runs:
         by_seed.setdefault(run.seed, []).append(run)
-    all_keys = sorted({k for run in runs for k in run.config} - IGNORED_KEYS - {"algo"})
+    skip = IGNORED_KEYS | set(ignore) | {"algo"}
+    all_keys = sorted({k for run in runs for k in run.config} - skip)
     for key in all_keys:
         for group in by_seed.values():
             values = {json.dumps(r.config.get(key), sort_keys=True) for r in group}
@@ -277,14 +278,16 @@ def condition_keys(runs: Sequence[Run]) -> list[str]:
     return sorted(keys)
 
 
-def group_runs(runs: Sequence[Run]) -> dict[str, list[Run]]:
+def group_runs(runs: Sequence[Run], ignore: Iterable[str] = ()) -> dict[str, list[Run]]:
     """Runs grouped by condition, in first-seen order; each group sorted by seed.
 
-    Raises ValueError when two runs of one condition share a seed (one would hide the other).
+    ``ignore`` names config keys that must not split groups (for example ``model`` when the
+    same cold start was made twice in different folders). Raises ValueError when two runs of one
+    condition share a seed (one would hide the other).
     """
     if not runs:
         raise ValueError("no runs to group")
-    keys = condition_keys(runs)
+    keys = condition_keys(runs, ignore)
     groups: dict[str, list[Run]] = {}
     for run in runs:
         parts = [run.algo] + [f"{k}={_fmt_value(run.config.get(k))}" for k in keys]
@@ -764,6 +767,7 @@ def build_report(
     tail: float = 0.1,
     title: str = "",
     reference: str | None = None,
+    ignore: Sequence[str] = (),
 ) -> Report:
     """Write the comparison report of ``run_dirs`` into ``output_dir``.
 
@@ -771,11 +775,12 @@ def build_report(
     mean ± standard-error table, the per-run table, the definitions), ``summary.json`` (the same
     numbers at full precision) and ``raw/<condition>_seed<k>.jsonl`` with
     ``raw/<condition>_seed<k>.config.json`` (each run's metrics and config, copied).
-    ``reference`` names the condition the paired table compares against (default: the first).
+    ``reference`` names the condition the paired table compares against (default: the first);
+    ``ignore`` lists config keys that do not split conditions (see :func:`group_runs`).
     """
     paths = discover_runs(run_dirs)
     runs = [load_run(p) for p in paths]
-    groups = group_runs(runs)
+    groups = group_runs(runs, ignore)
     summary = summarize(groups, tail=tail)
     reference = next(iter(groups)) if reference is None else reference
     if reference not in groups:
