@@ -245,7 +245,6 @@ def run_compare(
 
 def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
     """Add the ``compare`` and ``report`` subcommands to the ``gspo`` parser's subparsers."""
-    import argparse
 
     p = sub.add_parser(
         "compare",
@@ -295,7 +294,6 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
         help="comma list of config keys that do not split conditions (e.g. model, when the "
         "same cold start was made in two folders)",
     )
-    r.formatter_class = argparse.ArgumentDefaultsHelpFormatter
 
 
 def run_cli(args: Any, overrides_of: Any) -> int:

@@ -261,8 +261,8 @@ def _fmt_value(value: Any) -> str:
 
 def condition_keys(runs: Sequence[Run], ignore: Iterable[str] = ()) -> list[str]:
     """Config keys (besides algo) that tell conditions apart: keys whose values differ between
-    runs of the same seed. Keys that only follow the seed (a per-seed cold-start ``model``) and
-    :data:`IGNORED_KEYS` and ``ignore`` are not conditions."""
+    runs of the same seed (among the runs that saved the key). Keys that only follow the seed (a
+    per-seed cold-start ``model``), :data:`IGNORED_KEYS` and ``ignore`` are not conditions."""
     keys: set[str] = set()
     by_seed: dict[int, list[Run]] = {}
     for run in runs:
@@ -271,7 +271,9 @@ def condition_keys(runs: Sequence[Run], ignore: Iterable[str] = ()) -> list[str]
     all_keys = sorted({k for run in runs for k in run.config} - skip)
     for key in all_keys:
         for group in by_seed.values():
-            values = {json.dumps(r.config.get(key), sort_keys=True) for r in group}
+            # A key missing from a run's config (saved by an older version) is unknown there,
+            # not different: only runs that saved it are compared.
+            values = {json.dumps(r.config[key], sort_keys=True) for r in group if key in r.config}
             if len(values) > 1:
                 keys.add(key)
                 break
