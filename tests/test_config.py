@@ -41,6 +41,14 @@ def test_unknown_key_in_json_file_is_named(tmp_path):
         build(TrainConfig, file=path)
 
 
+def test_sft_may_skip_its_final_eval_but_rl_may_not():
+    assert build(SFTConfig, overrides={"n_test": 0}).n_test == 0
+    with pytest.raises(ConfigError, match="n_test must be >= 0, got -1"):
+        build(SFTConfig, overrides={"n_test": -1})
+    with pytest.raises(ConfigError, match="n_test must be positive, got 0"):
+        build(TrainConfig, overrides={"n_test": 0})
+
+
 def test_sft_rejects_rl_only_keys():
     with pytest.raises(ConfigError, match="'clip_low'"):
         build(SFTConfig, overrides={"clip_low": 0.2})

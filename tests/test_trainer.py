@@ -238,3 +238,129 @@ def test_metrics_jsonl_and_truncation_on_resume(tmp_path):
     # Step 3 is replayed with the values the crashed run had logged.
     replayed = train_records(rows)[2]
     assert without_timing(replayed) == without_timing(train_records(first.history)[2])
+
+
+# --------------------------------------------------------------------------------------------
+# Minibatch layout and per-micro-batch padding trim
+
+
+def test_shuffled_minibatches_are_a_permutation_cut_evenly():
+    g = torch.Generator().manual_seed(0)
+    parts = trainer_module.minibatch_rows(24, 4, 3, "shuffled", g)
+    assert [len(p) for p in parts] == [8, 8, 8]
+    assert sorted(torch.cat(parts).tolist()) == list(range(24))
+    # The same draw as a plain randperm of the rows (the layout runs before this option had).
+    expected = torch.randperm(24, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(torch.cat(parts), expected)
+
+
+def test_group_minibatches_keep_every_group_whole():
+    g = torch.Generator().manual_seed(3)
+    parts = trainer_module.minibatch_rows(24, 4, 3, "groups", g)  # 6 groups, 2 per minibatch
+    assert sorted(torch.cat(parts).tolist()) == list(range(24))
+    for part in parts:
+        groups = sorted({int(r) // 4 for r in part})
+        assert len(groups) == 2
+        assert sorted(part.tolist()) == [g * 4 + j for g in groups for j in range(4)]
+    # Groups are shuffled, not taken in order.
+    firsts = [int(p[0]) // 4 for p in parts]
+    many = [
+        [
+            int(p[0]) // 4
+            for p in trainer_module.minibatch_rows(
+                24, 4, 3, "groups", torch.Generator().manual_seed(s)
+            )
+        ]
+        for s in range(10)
+    ]
+    assert firsts in many and len({tuple(m) for m in many}) > 1
+
+
+def test_group_minibatches_reject_uneven_splits():
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="split evenly into 4 minibatches"):
+        trainer_module.minibatch_rows(24, 4, 4, "groups", g)  # 6 groups into 4
+    with pytest.raises(ValueError, match="one of 'shuffled', 'groups'"):
+        trainer_module.minibatch_rows(24, 4, 3, "random", g)
+
+
+def test_config_rejects_groups_that_do_not_split(tmp_path):
+    from gspo.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match="prompts_per_step=6 must be divisible by num_minibatches=4"
+    ):
+        make_cfg(
+            tmp_path,
+            prompts_per_step=6,
+            group_size=2,
+            num_minibatches=4,
+            minibatch_grouping="groups",
+        )
+    with pytest.raises(ConfigError, match="minibatch_grouping must be"):
+        make_cfg(tmp_path, minibatch_grouping="random")
+
+
+def test_group_minibatches_train_and_run_each_prompt_once(tmp_path, monkeypatch):
+    seen: list[int] = []  # distinct prompts per training forward
+    inner = trainer_module.token_logprobs
+
+    def spy(model, *args, prompt_index=None, **kw):
+        if torch.is_grad_enabled():
+            seen.append(len(set(prompt_index.tolist())))
+        return inner(model, *args, prompt_index=prompt_index, **kw)
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    cfg = make_cfg(tmp_path, minibatch_grouping="groups", steps=2, lr=1e-3, warmup_steps=0)
+    result = train(cfg)
+    per_minibatch = cfg.prompts_per_step // cfg.num_minibatches
+    assert seen == [per_minibatch] * (2 * cfg.num_minibatches)
+    before = initial_state(cfg)
+    assert not states_equal(before, result.model.state_dict())
+    assert all(math.isfinite(r["loss"]) for r in train_records(result.history))
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gspo", "luspo"])
+def test_padding_trim_changes_nothing_but_the_work(tmp_path, monkeypatch, algo):
+    # float64 and a large lr: any difference in the gradient shows in the weights.
+    common = {
+        "algo": algo,
+        "steps": 1,
+        "dtype": "float64",
+        "lr": 1e-2,
+        "warmup_steps": 0,
+        "micro_batch_size": 2,
+        "kl_coef": 0.1,  # the reference pass is trimmed too
+    }
+    # Prompts of 2 to 13 characters: micro-batches are narrower than the rollout's longest.
+    examples = [Example(prompt="7" * (1 + i) + "=", answer="") for i in range(12)]
+    task = Task("even", train=examples, test=examples[:2], reward=even_share)
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: task)
+    common.update(prompts_per_step=4, group_size=2)
+    widths: list[tuple[int, int, int, int]] = []
+    inner_rows = trainer_module._rows
+
+    def spy(rollout, part, trim):
+        rows = inner_rows(rollout, part, trim)
+        widths.append(
+            (
+                *rows.prompt_ids.shape[1:],
+                *rows.completion_ids.shape[1:],
+                *rollout.prompt_ids.shape[1:],
+                *rollout.completion_ids.shape[1:],
+            )
+        )
+        return rows
+
+    monkeypatch.setattr(trainer_module, "_rows", spy)
+    trimmed = train(make_cfg(tmp_path / "trim", **common))
+    # Some micro-batch was narrower than the rollout, in its prompts or its completions.
+    assert any(p < full_p or c < full_c for p, c, full_p, full_c in widths)
+    monkeypatch.setattr(trainer_module, "_rows", lambda r, part, trim: inner_rows(r, part, False))
+    full = train(make_cfg(tmp_path / "full", **common))
+    st, sf = trimmed.model.state_dict(), full.model.state_dict()
+    for k in sf:
+        torch.testing.assert_close(st[k], sf[k], rtol=1e-10, atol=1e-12, msg=k)
+    rec_t, rec_f = train_records(trimmed.history)[0], train_records(full.history)[0]
+    for key, value in without_timing(rec_f).items():
+        assert math.isclose(rec_t[key], value, rel_tol=1e-9, abs_tol=1e-12), key

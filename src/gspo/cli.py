@@ -24,7 +24,13 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
-        group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar="V", help=f"{docs[f.name]} [{default}]")
+        group.add_argument(
+            flag,
+            dest=f.name,
+            default=argparse.SUPPRESS,
+            metavar="V",
+            help=f"{docs[f.name]} [{default}]",
+        )
     parser.add_argument("--config", help="YAML or JSON file of config fields")
     parser.add_argument("--preset", help=f"named preset: {', '.join(PRESETS)}")
 
@@ -35,24 +41,32 @@ def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gspo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="gspo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_train = sub.add_parser("train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)")
     _add_config_flags(p_train, TrainConfig)
-    p_train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    p_train.add_argument(
+        "--resume", action="store_true", help="continue from the latest checkpoint in output_dir"
+    )
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
 
     p_sft = sub.add_parser("sft", help="supervised cold start on a task's demonstrations")
     _add_config_flags(p_sft, SFTConfig)
 
-    p_demo = sub.add_parser("demo", help="cold-start SFT then RL on 2-digit addition, with a summary and a plot")
+    p_demo = sub.add_parser(
+        "demo", help="cold-start SFT then RL on 2-digit addition, with a summary and a plot"
+    )
     p_demo.add_argument("--algo", default="gspo", help="grpo, gspo, gspo_token or luspo [gspo]")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.add_argument("--output-dir", default="runs/demo")
     p_demo.add_argument("--sft-steps", type=int, default=300, help="cold-start SFT steps [300]")
     p_demo.add_argument("--steps", type=int, default=800, help="RL steps [800]")
-    p_demo.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p_demo.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
+    )
     p_demo.add_argument("--no-progress", action="store_true")
 
     from .compare import add_cli_parsers  # gspo compare, gspo report
@@ -106,7 +120,9 @@ def _quiet_transformers() -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=_overrides(args, TrainConfig))
+    cfg = build(
+        TrainConfig, preset=args.preset, file=args.config, overrides=_overrides(args, TrainConfig)
+    )
     _quiet_transformers()
     from .report import curve_table, plot_run
     from .trainer import train
@@ -122,7 +138,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    cfg = build(SFTConfig, preset=args.preset, file=args.config, overrides=_overrides(args, SFTConfig))
+    cfg = build(
+        SFTConfig, preset=args.preset, file=args.config, overrides=_overrides(args, SFTConfig)
+    )
     _quiet_transformers()
     from .sft import run_sft
 
@@ -147,16 +165,31 @@ def _demo(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
     progress = not args.no_progress
     t0 = time.perf_counter()
-    common = dict(seed=args.seed, threads=args.threads, device="cpu", task="addition", progress=progress)
-    sft_cfg = build(SFTConfig, overrides=dict(output_dir=str(out / "sft"), steps=args.sft_steps, max_new_tokens=6, **common))
+    common = dict(
+        seed=args.seed, threads=args.threads, device="cpu", task="addition", progress=progress
+    )
+    sft_cfg = build(
+        SFTConfig,
+        overrides=dict(
+            output_dir=str(out / "sft"), steps=args.sft_steps, max_new_tokens=6, **common
+        ),
+    )
     print(f"[1/2] cold-start SFT: {sft_cfg.steps} steps on 2-digit addition demonstrations")
     sft = run_sft(sft_cfg)
-    print(f"      done in {sft.seconds:.0f} s, held-out greedy accuracy {sft.eval['greedy_accuracy']:.3f}")
+    print(
+        f"      done in {sft.seconds:.0f} s, held-out greedy accuracy {sft.eval['greedy_accuracy']:.3f}"
+    )
 
     rl_cfg = build(
         TrainConfig,
         preset="demo",
-        overrides=dict(output_dir=str(out / "rl"), model=str(out / "sft"), algo=args.algo, steps=args.steps, **common),
+        overrides=dict(
+            output_dir=str(out / "rl"),
+            model=str(out / "sft"),
+            algo=args.algo,
+            steps=args.steps,
+            **common,
+        ),
     )
     print(
         f"[2/2] {rl_cfg.algo.upper()}: {rl_cfg.steps} steps x {rl_cfg.prompts_per_step} prompts x "
@@ -165,17 +198,28 @@ def _demo(args: argparse.Namespace) -> int:
     result = train(rl_cfg)
     evals = eval_records(result.history)
     before, after = evals[0], evals[-1]
-    plot = plot_run(result.history, out / "demo.png", title=f"{rl_cfg.algo} on 2-digit addition (seed {args.seed})")
+    plot = plot_run(
+        result.history,
+        out / "demo.png",
+        title=f"{rl_cfg.algo} on 2-digit addition (seed {args.seed})",
+    )
 
     print(f"\nheld-out set: {int(before['eval/problems'])} problems never seen in training")
     print(f"| | after SFT (RL step 0) | after RL (step {after['step']}) |")
     print("|---|---|---|")
-    for key, label in (("eval/greedy_accuracy", "greedy accuracy"), ("eval/pass@1", "sampled pass@1")):
+    for key, label in (
+        ("eval/greedy_accuracy", "greedy accuracy"),
+        ("eval/pass@1", "sampled pass@1"),
+    ):
         se = key + "_se"
-        print(f"| {label} | {before[key]:.3f} ± {before[se]:.3f} | {after[key]:.3f} ± {after[se]:.3f} |")
+        print(
+            f"| {label} | {before[key]:.3f} ± {before[se]:.3f} | {after[key]:.3f} ± {after[se]:.3f} |"
+        )
     print("\ntraining curve:")
     print(curve_table(result.history))
-    print(f"\nwall time {time.perf_counter() - t0:.0f} s; plot: {plot}; metrics: {out / 'rl' / 'metrics.jsonl'}")
+    print(
+        f"\nwall time {time.perf_counter() - t0:.0f} s; plot: {plot}; metrics: {out / 'rl' / 'metrics.jsonl'}"
+    )
     summary = {
         "seed": args.seed,
         "algo": rl_cfg.algo,

@@ -181,6 +181,13 @@ class TrainConfig:
     num_minibatches: int = _doc(
         "Optimizer steps per rollout batch; the first is on-policy, the rest off-policy.", 4
     )
+    minibatch_grouping: str = _doc(
+        "How a rollout is cut into minibatches: 'shuffled' (rows shuffled across groups) or "
+        "'groups' (whole groups per minibatch, as verl's prompt-counted minibatches: each "
+        "prompt then runs once per minibatch in the training pass; needs prompts_per_step "
+        "divisible by num_minibatches).",
+        "shuffled",
+    )
     micro_batch_size: int = _doc(
         "Sequences per forward/backward inside a minibatch (gradient accumulation); 0: whole minibatch.",
         0,
@@ -261,7 +268,7 @@ class SFTConfig:
     task: str = _doc("Built-in task or 'file'.", "addition")
     difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
     n_train: int = _doc("Training problems drawn.", 5000)
-    n_test: int = _doc("Held-out problems for the accuracy printed at the end.", 200)
+    n_test: int = _doc("Held-out problems for the accuracy printed at the end; 0: skip it.", 200)
     train_file: str | None = _doc("Data file with demonstrations (task='file').", None)
     test_file: str | None = _doc("Held-out data file (task='file').", None)
     prompt_key: str = _doc("Prompt column.", "prompt")
@@ -479,7 +486,7 @@ def validate(cfg: Any) -> None:
         return
     positive = [
         "n_train",
-        "n_test",
+        *([] if isinstance(cfg, SFTConfig) else ["n_test"]),  # SFT: 0 skips its final eval
         "steps",
         "max_new_tokens",
         "hidden_size",
@@ -493,6 +500,7 @@ def validate(cfg: Any) -> None:
         positive += ["batch_size"]
     for name in positive:
         need(getattr(cfg, name) > 0, f"{name} must be positive, got {getattr(cfg, name)}")
+    need(cfg.n_test >= 0, f"n_test must be >= 0, got {cfg.n_test}")
     need(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
     need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     need(cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
@@ -611,6 +619,16 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         need(
             batch % cfg.num_minibatches == 0,
             f"prompts_per_step x group_size = {batch} must be divisible by num_minibatches={cfg.num_minibatches}",
+        )
+    need(
+        cfg.minibatch_grouping in ("shuffled", "groups"),
+        f"minibatch_grouping must be 'shuffled' or 'groups', got {cfg.minibatch_grouping!r}",
+    )
+    if cfg.minibatch_grouping == "groups" and cfg.num_minibatches > 0:
+        need(
+            cfg.prompts_per_step % cfg.num_minibatches == 0,
+            f"minibatch_grouping='groups' keeps groups whole: prompts_per_step={cfg.prompts_per_step} "
+            f"must be divisible by num_minibatches={cfg.num_minibatches}",
         )
     need(cfg.micro_batch_size >= 0, "micro_batch_size must be >= 0")
     need(cfg.max_grad_norm >= 0, "max_grad_norm must be >= 0")

@@ -718,6 +718,7 @@ SETTINGS_SHOWN = (
     "group_size",
     "max_new_tokens",
     "num_minibatches",
+    "minibatch_grouping",
     "lr",
     "temperature",
     "clip_low",

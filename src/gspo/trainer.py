@@ -331,7 +331,8 @@ def update_policy(
     advantages: torch.Tensor,
     step: int,
 ) -> dict[str, float]:
-    """Split the rollout batch into ``num_minibatches`` shuffled minibatches, one optimizer step each.
+    """Split the rollout batch into ``num_minibatches`` minibatches (``minibatch_rows``), one
+    optimizer step each.
 
     Inside a minibatch, micro-batches accumulate gradients; each gets the minibatch's global
     sequence and token counts as denominators, so the gradient equals one pass over the minibatch.
@@ -339,9 +340,12 @@ def update_policy(
     model.train()
     n = rollout.num_samples
     gen = step_generator(cfg.seed, step, stream=1, device=torch.device("cpu"))
-    order = torch.randperm(n, generator=gen)
-    minibatches = order.chunk(cfg.num_minibatches)
+    minibatches = minibatch_rows(
+        n, cfg.group_size, cfg.num_minibatches, cfg.minibatch_grouping, gen
+    )
     micro = cfg.micro_batch_size or n
+    # MoE routing records (replay, aux loss) are laid out over the rollout's full width.
+    trim = not moe.is_moe(model)
     acc = _Accumulator()
     constant = cfg.loss_constant or float(cfg.max_new_tokens)
     # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
@@ -352,25 +356,23 @@ def update_policy(
         n_tok = int(mask.sum())
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
         for part in mb.split(micro):
+            rows = _rows(rollout, part, trim)  # this micro-batch's rows, padding columns cut
             # MoE: replay/capture the routing of this forward (a no-op block for dense models).
             with moe.training_forward(model, replay, part, aux=True) as routes:
                 logprobs, entropy = token_logprobs(
                     model,
-                    rollout.prompt_ids[part],
-                    rollout.prompt_mask[part],
-                    rollout.completion_ids[part],
-                    rollout.completion_mask[part],
+                    *rows.tensors,
                     temperature=cfg.temperature,
                     with_entropy=True,
                     prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
-                )  # [n_micro, L] each
-            ref = _ref_logprobs(cfg, ref_model, rollout, part)
+                )  # [n_micro, L'] each
+            ref = _ref_logprobs(cfg, ref_model, rows, rollout.prompt_index[part])
             loss, metrics = policy_loss(
                 cfg.algo,
                 logprobs,
-                old_logprobs[part].to(logprobs.dtype),
+                old_logprobs[part][:, rows.completion_cols].to(logprobs.dtype),
                 advantages[part].to(logprobs.dtype),
-                rollout.completion_mask[part],
+                rows.completion_mask,
                 clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high,
                 aggregation=cfg.aggregation,
@@ -392,7 +394,7 @@ def update_policy(
                 loss = loss + aux  # load-balancing loss (router_aux_loss_coef > 0)
             metrics.update(moe_metrics)
             loss.backward()
-            m = rollout.completion_mask[part]
+            m = rows.completion_mask  # [n_micro, L']
             tokens = int(m.sum())
             metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
             mb_loss += float(loss.detach())
@@ -444,18 +446,75 @@ def _old_logprobs(
     return recomputed, stats
 
 
-def _ref_logprobs(cfg: TrainConfig, ref_model, rollout: Rollout, part: torch.Tensor):
+def minibatch_rows(
+    n_rows: int, group_size: int, num_minibatches: int, grouping: str, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """Row indices of each minibatch of a rollout laid out group after group.
+
+    ``shuffled``: rows shuffled across groups, then cut into ``num_minibatches`` equal parts.
+    ``groups``: groups shuffled, each kept whole, so a minibatch holds
+    ``n_rows / group_size / num_minibatches`` complete groups (needs that to divide evenly);
+    the training pass then runs each of its prompts once for all of the group's samples.
+    """
+    if grouping == "shuffled":
+        return list(torch.randperm(n_rows, generator=generator).chunk(num_minibatches))
+    if grouping != "groups":
+        raise ValueError(f"unknown minibatch_grouping {grouping!r}; one of 'shuffled', 'groups'")
+    n_groups = n_rows // group_size
+    if n_groups * group_size != n_rows or n_groups % num_minibatches != 0:
+        raise ValueError(
+            f"minibatch_grouping='groups' needs {n_rows} rows in whole groups of {group_size} "
+            f"that split evenly into {num_minibatches} minibatches"
+        )
+    groups = torch.randperm(n_groups, generator=generator)  # [n_groups]
+    rows = (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)  # [N]
+    return list(rows.chunk(num_minibatches))
+
+
+@dataclass
+class _Rows:
+    """One micro-batch's slice of a rollout, without the columns that are padding in all of its
+    rows: prompts are left-padded to the rollout's longest prompt and completions right-padded
+    to its longest completion, and a micro-batch only needs its own widths (padding columns
+    change no value, only cost FLOPs)."""
+
+    prompt_ids: torch.Tensor  # [n, P']
+    prompt_mask: torch.Tensor  # [n, P']
+    completion_ids: torch.Tensor  # [n, L']
+    completion_mask: torch.Tensor  # [n, L']
+    completion_cols: slice  # which of the rollout's L columns L' is
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+
+def _rows(rollout: Rollout, part: torch.Tensor, trim: bool) -> _Rows:
+    prompt_mask = rollout.prompt_mask[part]  # [n, P]
+    completion_mask = rollout.completion_mask[part]  # [n, L]
+    p_cols, c_cols = slice(None), slice(None)
+    if trim:
+        p_used = prompt_mask.any(dim=0).nonzero()  # [P', 1]
+        c_used = completion_mask.any(dim=0).nonzero()  # [L', 1]
+        # At least one column each: token_logprobs needs a prompt token, and an all-empty
+        # micro-batch keeps one (masked) completion column.
+        p_cols = slice(int(p_used[0]) if len(p_used) else prompt_mask.shape[1] - 1, None)
+        c_cols = slice(0, int(c_used[-1]) + 1 if len(c_used) else 1)
+    return _Rows(
+        prompt_ids=rollout.prompt_ids[part][:, p_cols],
+        prompt_mask=prompt_mask[:, p_cols],
+        completion_ids=rollout.completion_ids[part][:, c_cols],
+        completion_mask=completion_mask[:, c_cols],
+        completion_cols=c_cols,
+    )
+
+
+def _ref_logprobs(cfg: TrainConfig, ref_model, rows: _Rows, prompt_index: torch.Tensor):
     if ref_model is None:
         return None
     with torch.no_grad():
         ref, _ = token_logprobs(
-            ref_model,
-            rollout.prompt_ids[part],
-            rollout.prompt_mask[part],
-            rollout.completion_ids[part],
-            rollout.completion_mask[part],
-            temperature=cfg.temperature,
-            prompt_index=rollout.prompt_index[part],
+            ref_model, *rows.tensors, temperature=cfg.temperature, prompt_index=prompt_index
         )
     return ref
 
@@ -513,7 +572,9 @@ class _Accumulator:
             self.sums[key] = self.sums.get(key, 0.0) + value * weight
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
-    def add(self, metrics: dict[str, float], tokens: int, sequences: int, *, off_policy: bool) -> None:
+    def add(
+        self, metrics: dict[str, float], tokens: int, sequences: int, *, off_policy: bool
+    ) -> None:
         # Each metric is pooled over what it averages: ratio/mean over its ratios (sequences for
         # the GSPO family, tokens for GRPO), clip/seq_fraction over sequences, the rest tokens.
         weights = {"ratio/mean": metrics.pop("ratio/count", tokens), "clip/seq_fraction": sequences}
