@@ -52,6 +52,9 @@ Differences that remain (also in docs/performance.md):
    metrics logger's record per step; TRL: ``on_step_end`` every 4th optimizer step), so it
    includes rewards, advantages and metric bookkeeping in both; the first step is a warm-up and
    is not counted.
+8. Minibatch composition (``gspo-groups`` only): whole groups per minibatch
+   (``minibatch_grouping=groups``), where TRL shuffles rows across groups; ``gspo`` keeps
+   TRL's shuffled layout.
 
 Columns: ``s/step`` median wall seconds per step; ``gen tok/s`` generated (completion) tokens
 per second of whole step; ``train tok/s`` prompt+completion tokens that went through the 4
@@ -111,22 +114,34 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "sft_steps": 120,
         "sft_lr": 2e-3,
     },
-    # A real pretrained model (SmolLM2-135M-Instruct, chat template), tiny batch.
+    # A real pretrained model (SmolLM2-135M-Instruct, chat template), tiny batch: one-step word
+    # problems after a 10-step SFT cold start on the task's demonstrations (held-out greedy
+    # accuracy about 0.5, so rewards and advantages are not all 0).
     "smollm2": {
         "model": "smollm2-135m-instruct",
         "size": {},
-        "task": "addition",
-        "difficulty": None,
-        "max_new_tokens": 24,
+        "task": "word_problems",
+        "difficulty": 1,
+        "max_new_tokens": 32,
         "prompts_per_step": 4,
         "group_size": 4,
         "lr": 1e-6,
-        "sft_steps": 0,
-        "sft_lr": 0.0,
+        "sft_steps": 10,
+        "sft_batch_size": 8,
+        "sft_lr": 1e-5,
+        "sft_n_test": 32,
     },
 }
-SYSTEMS = ("gspo", "gspo-recompute", "gspo-before", "trl")
-OPTIMIZATIONS = ("fast-decoder", "shared-prefill", "shared-train-prompts", "fused-adam")
+SYSTEMS = ("gspo", "gspo-groups", "gspo-recompute", "gspo-before", "trl")
+"""``gspo-groups`` is gspo with ``minibatch_grouping=groups`` (each minibatch holds whole groups,
+so the training pass runs each of its prompts once; TRL shuffles rows across groups)."""
+OPTIMIZATIONS = (
+    "fast-decoder",
+    "shared-prefill",
+    "shared-train-prompts",
+    "fused-adam",
+    "padding-trim",
+)
 """What this issue added to gspo's step; ``gspo-before`` turns all of them off (the step as it
 was), ``gspo-no-<name>`` (``--ablate``) only that one."""
 CLIP_LOW, CLIP_HIGH = 3e-4, 4e-4
@@ -154,7 +169,9 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _train_config(spec: dict[str, Any], output_dir: str, *, recompute: bool = False):
+def _train_config(
+    spec: dict[str, Any], output_dir: str, *, recompute: bool = False, grouping: str = "shuffled"
+):
     """The gspo TrainConfig of a workload (also used by the TRL runner for task and prompts)."""
     from gspo.config import TrainConfig, build
 
@@ -174,6 +191,7 @@ def _train_config(spec: dict[str, Any], output_dir: str, *, recompute: bool = Fa
         "kl_coef": 0.0,
         "advantage_scale": "sample_std",
         "num_minibatches": NUM_MINIBATCHES,
+        "minibatch_grouping": grouping,
         "warmup_steps": WARMUP_OPT_STEPS,
         "weight_decay": 0.0,
         "max_grad_norm": 1.0,
@@ -278,6 +296,11 @@ def _ablate(names: list[str]) -> None:
         te.has_forward_hooks = lambda model: True
     if "shared-train-prompts" in names:  # token_logprobs ignores prompt_index: plain HF pass
         ff.supports = lambda model: False
+    if "padding-trim" in names:  # micro-batches keep the whole rollout's padded width
+        import gspo.trainer as tr
+
+        rows = tr._rows
+        tr._rows = lambda rollout, part, trim: rows(rollout, part, False)
     if "fused-adam" in names:  # torch's default (foreach) AdamW
         base = torch.optim.AdamW
 
@@ -318,7 +341,12 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
 
     trainer_mod.MetricsLogger = TimedLogger
     with tempfile.TemporaryDirectory(prefix="vs-trl-gspo-") as tmp:
-        cfg = _train_config(spec, tmp, recompute=spec["system"] == "gspo-recompute")
+        cfg = _train_config(
+            spec,
+            tmp,
+            recompute=system == "gspo-recompute",
+            grouping="groups" if system == "gspo-groups" else "shuffled",
+        )
         base_rss = _rss_mb()
         result = trainer_mod.train(cfg)
     steps = [r for r in result.history if "time/train_s" in r]
@@ -538,9 +566,12 @@ def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[st
     )
     overrides = {
         **w["size"],
+        "model": w["model"],
         "task": w["task"],
         "difficulty": w["difficulty"],
         "steps": w["sft_steps"],
+        "batch_size": w.get("sft_batch_size", 256),
+        "n_test": w.get("sft_n_test", 200),
         "lr": w["sft_lr"],
         "max_new_tokens": w["max_new_tokens"],
         "output_dir": str(folder),
