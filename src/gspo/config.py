@@ -17,6 +17,7 @@ from typing import Any
 
 ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
 OLD_LOGPROBS = ("engine", "recompute")
+MINIBATCH_GROUPINGS = ("shuffled", "groups")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -500,7 +501,8 @@ def validate(cfg: Any) -> None:
         positive += ["batch_size"]
     for name in positive:
         need(getattr(cfg, name) > 0, f"{name} must be positive, got {getattr(cfg, name)}")
-    need(cfg.n_test >= 0, f"n_test must be >= 0, got {cfg.n_test}")
+    if isinstance(cfg, SFTConfig):
+        need(cfg.n_test >= 0, f"n_test must be >= 0, got {cfg.n_test}")
     need(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
     need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     need(cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
@@ -621,8 +623,9 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
             f"prompts_per_step x group_size = {batch} must be divisible by num_minibatches={cfg.num_minibatches}",
         )
     need(
-        cfg.minibatch_grouping in ("shuffled", "groups"),
-        f"minibatch_grouping must be 'shuffled' or 'groups', got {cfg.minibatch_grouping!r}",
+        cfg.minibatch_grouping in MINIBATCH_GROUPINGS,
+        f"minibatch_grouping must be one of {', '.join(MINIBATCH_GROUPINGS)}, "
+        f"got {cfg.minibatch_grouping!r}",
     )
     if cfg.minibatch_grouping == "groups" and cfg.num_minibatches > 0:
         need(

@@ -41,7 +41,7 @@ from .build import (
     resolve_device,
     set_threads,
 )
-from .config import TrainConfig, to_dict
+from .config import MINIBATCH_GROUPINGS, TrainConfig, to_dict
 from .evaluation import evaluate
 from .logging import MetricsLogger, progress_postfix
 from .losses import policy_loss
@@ -458,8 +458,10 @@ def minibatch_rows(
     """
     if grouping == "shuffled":
         return list(torch.randperm(n_rows, generator=generator).chunk(num_minibatches))
-    if grouping != "groups":
-        raise ValueError(f"unknown minibatch_grouping {grouping!r}; one of 'shuffled', 'groups'")
+    if grouping not in MINIBATCH_GROUPINGS:
+        raise ValueError(
+            f"unknown minibatch_grouping {grouping!r}; one of {', '.join(map(repr, MINIBATCH_GROUPINGS))}"
+        )
     n_groups = n_rows // group_size
     if n_groups * group_size != n_rows or n_groups % num_minibatches != 0:
         raise ValueError(
