@@ -8,7 +8,7 @@ import torch
 
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams, TorchEngine
-from gspo.rollout.torch_engine import sample_next
+from gspo.rollout.torch_engine import inverse_cdf_sample, sample_next
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99=", "ab cd"]
 
@@ -272,6 +272,46 @@ def test_tiny_top_p_equals_greedy(model64, prompts):
     assert torch.equal(greedy.completion_ids, nucleus.completion_ids)
     # Top-p does not change the recorded log-prob (untruncated T=1 distribution here).
     torch.testing.assert_close(greedy.logprobs, nucleus.logprobs, atol=1e-12, rtol=0)
+
+
+def test_inverse_cdf_sample_hand_computed():
+    # Dyadic masses, so every cumulative boundary is exact: cdf = [0.5, 0.5, 0.75, 1.0].
+    probs = torch.tensor([0.5, 0.0, 0.25, 0.25])
+    u = torch.tensor([0.0, 0.4999, 0.5, 0.7499, 0.75, 0.9999], dtype=torch.float64)
+    want = torch.tensor([0, 0, 2, 2, 3, 3])
+    rows = probs.repeat(len(u), 1)  # [6, 4]
+    assert torch.equal(inverse_cdf_sample(rows, u), want)
+    # Unnormalised rows give the same draws (the uniform is scaled by the row's total).
+    assert torch.equal(inverse_cdf_sample(rows * 4.0, u), want)
+    # A leading zero-mass token is never drawn, even at u = 0.
+    assert inverse_cdf_sample(torch.tensor([[0.0, 0.0, 1.0]]), torch.zeros(1)).item() == 2
+    # u * total rounding up to the total lands on the last token with mass, not on the
+    # zero-mass tail (nor one past the end).
+    tail = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    assert inverse_cdf_sample(tail, torch.ones(1, dtype=torch.float64)).item() == 1
+
+
+def test_inverse_cdf_sample_keeps_tiny_tail_mass():
+    # A 1e-12 token between two 0.5 tokens: in a float32 running sum 0.5 + 1e-12 == 0.5, so it
+    # could never be drawn. The float64 cumulative sum keeps its own interval.
+    probs = torch.tensor([[0.5, 1e-12, 0.5]], dtype=torch.float32)
+    total = probs.double().sum()
+    inside = (0.5 + 0.5 * float(probs[0, 1])) / total  # lands inside the tiny token's interval
+    assert inverse_cdf_sample(probs, inside.reshape(1)).item() == 1
+
+
+def test_sample_next_frequencies_follow_softmax():
+    # 100k draws over 50 tokens: a chi-square statistic with 49 degrees of freedom has mean 49
+    # and sd 10; 110 is a 1e-6 tail, so only a biased sampler fails.
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(50, generator=g, dtype=torch.float64) * 1.5  # [V]
+    n = 100_000
+    tokens, lp = sample_next(logits.repeat(n, 1), 1.0, 1.0, g)
+    p = torch.softmax(logits, -1)
+    counts = torch.bincount(tokens, minlength=50).double()
+    chi2 = ((counts - n * p) ** 2 / (n * p)).sum().item()
+    assert chi2 < 110, chi2
+    torch.testing.assert_close(lp, p.log()[tokens], atol=1e-12, rtol=0)
 
 
 def test_sample_next_top_p_support_and_logprobs():

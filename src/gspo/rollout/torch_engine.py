@@ -61,6 +61,22 @@ def _float_logits(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
 
+def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token per row of ``probs`` [N, V] (non-negative, any row sum > 0) for uniforms ``u`` [N]
+    in [0, 1): the first index whose cumulative mass exceeds ``u`` times the row's total.
+
+    The cumulative sum is float64 so tail tokens keep their own mass against a running total
+    near 1 (in float32 a 1e-9 token added to 0.5 would round to 0 or to twice its mass).
+    Zero-mass tokens are never returned: the cumulative sum does not grow across them.
+    """
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # [N, V]
+    total = cdf[:, -1:].contiguous()  # [N, 1]
+    idx = torch.searchsorted(cdf, u.to(torch.float64).unsqueeze(-1) * total, right=True)  # [N, 1]
+    # u * total can round up to total itself, past every entry: take the last token with mass.
+    last = torch.searchsorted(cdf, total, right=False)  # [N, 1]
+    return torch.minimum(idx, last).squeeze(-1)  # [N]
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float,
@@ -92,12 +108,12 @@ def sample_next(
             probs = logp.masked_fill(drop, float("-inf")).softmax(dim=-1)  # [N, V]
         else:
             probs = logp.exp()  # [N, V]
-        if generator is not None and generator.device != probs.device:
-            # A CPU generator with a GPU model: draw on CPU so the caller's seed still rules.
-            tokens = torch.multinomial(probs.cpu(), 1, generator=generator)  # [N, 1]
-            tokens = tokens.to(probs.device).squeeze(-1)  # [N]
-        else:
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [N]
+        # One uniform per row (drawn where the generator lives, so a CPU seed still rules a GPU
+        # model), then the inverse CDF. torch.multinomial draws an exponential per vocabulary
+        # entry instead: 66 ms against 4 ms for 32 rows x 49k on 2 CPU threads.
+        gen_device = generator.device if generator is not None else probs.device
+        u = torch.rand(probs.shape[0], dtype=torch.float64, generator=generator, device=gen_device)
+        tokens = inverse_cdf_sample(probs, u.to(probs.device))  # [N]
     token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [N]
     return tokens, token_logp
 
