@@ -55,12 +55,19 @@ Differences that remain (also in docs/performance.md):
 8. Minibatch composition (``gspo-groups`` only): whole groups per minibatch
    (``minibatch_grouping=groups``), where TRL shuffles rows across groups; ``gspo`` keeps
    TRL's shuffled layout.
+9. Zero-advantage rows: gspo runs a row whose advantage is 0 (its group's rewards all agree)
+   through a no-grad forward for its metrics only, since its loss term and gradient are exactly
+   0; TRL back-propagates through it. The saving scales with the share of such rows, which the
+   task and the model's accuracy set (``zero-adv rows`` column; ``gspo-no-zero-advantage-skip``
+   ablates it).
 
 Columns: ``s/step`` median wall seconds per step; ``gen tok/s`` generated (completion) tokens
 per second of whole step; ``train tok/s`` prompt+completion tokens that went through the 4
 training forward/backward passes per second of step; ``rollout s`` median time inside the
 generate call; ``peak RSS`` the subprocess's ``ru_maxrss`` (imports included; ``base RSS`` is
-the RSS after imports and model load, before training); ``reward`` mean train reward over the
+the RSS after imports and model load, before training); ``zero-adv rows`` mean share of rows
+whose group's rewards all agree (gspo's ``advantage/zero_fraction``, TRL's
+``frac_reward_zero_std``); ``reward`` mean train reward over the
 last ``--reward-window`` steps; ``held-out`` greedy exact-match accuracy after training on the
 task's test split (the same evaluation code for both). Speed figures are medians over
 repetitions; reward and held-out are mean ± standard error over repetitions (use
@@ -141,6 +148,7 @@ OPTIMIZATIONS = (
     "shared-train-prompts",
     "fused-adam",
     "padding-trim",
+    "zero-advantage-skip",
 )
 """What this issue added to gspo's step; ``gspo-before`` turns all of them off (the step as it
 was), ``gspo-no-<name>`` (``--ablate``) only that one."""
@@ -301,6 +309,12 @@ def _ablate(names: list[str]) -> None:
 
         rows = tr._rows
         tr._rows = lambda rollout, part, trim: rows(rollout, part, False)
+    if "zero-advantage-skip" in names:  # zero-advantage rows keep their backward
+        import gspo.trainer as tr
+
+        tr.zero_gradient_rows = lambda cfg, model, adv: torch.zeros(
+            adv.shape[0], dtype=torch.bool, device=adv.device
+        )
     if "fused-adam" in names:  # torch's default (foreach) AdamW
         base = torch.optim.AdamW
 
@@ -369,6 +383,9 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
         {
             "recompute_s": statistics.median(r["time/recompute_s"] for r in steps[1:] or steps),
             "clip_fraction": statistics.fmean(r.get("clip/fraction", 0.0) for r in steps),
+            "zero_adv_fraction": statistics.fmean(
+                r.get("advantage/zero_fraction", 0.0) for r in steps
+            ),
             "held_out_greedy": held,
             "base_rss_mb": base_rss,
             "params": sum(p.numel() for p in result.model.parameters()),
@@ -523,6 +540,11 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             for r in trainer.state.log_history
             if "clip_ratio/region_mean" in r
         ]
+        zero_std = [
+            r["frac_reward_zero_std"]
+            for r in trainer.state.log_history
+            if "frac_reward_zero_std" in r
+        ]
     return _summarize(
         spec,
         ends,
@@ -533,6 +555,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
         {
             "recompute_s": None,
             "clip_fraction": statistics.fmean(clip) if clip else None,
+            "zero_adv_fraction": statistics.fmean(zero_std) if zero_std else None,
             "held_out_greedy": held,
             "base_rss_mb": base_rss,
             "params": sum(p.numel() for p in trained.parameters()),
@@ -621,6 +644,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "held_out_greedy",
         "gen_tokens_per_step",
         "clip_fraction",
+        "zero_adv_fraction",
     )
 
     def mean_se(key: str) -> dict[str, float | None]:
@@ -658,6 +682,7 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
         "base RSS MB",
         "reward (last)",
         "held-out",
+        "zero-adv rows",
         "speed vs TRL",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
@@ -681,6 +706,7 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
                         _f(a["base_rss_mb"], ".0f"),
                         _pm(a, "reward_last"),
                         _pm(a, "held_out_greedy"),
+                        _f(a.get("zero_adv_fraction"), ".2f"),
                         ratio,
                     ]
                 )

@@ -364,3 +364,89 @@ def test_padding_trim_changes_nothing_but_the_work(tmp_path, monkeypatch, algo):
     rec_t, rec_f = train_records(trimmed.history)[0], train_records(full.history)[0]
     for key, value in without_timing(rec_f).items():
         assert math.isclose(rec_t[key], value, rel_tol=1e-9, abs_tol=1e-12), key
+
+
+# --------------------------------------------------------------------------------------------
+# Zero-advantage rows: a no-grad forward for their metrics, no backward
+
+
+def half_constant_task() -> Task:
+    """Prompts "a..." earn a constant reward (a group of all-equal rewards: advantage 0 for all
+    of its rows); prompts "b..." earn the varied even-share reward."""
+    examples = [Example(prompt=f"{'ab'[i % 2]}{i}=", answer="") for i in range(12)]
+
+    def reward(text: str, example: Example) -> float:
+        return 0.5 if example.prompt.startswith("a") else even_share(text, example)
+
+    return Task("half", train=examples, test=examples[:2], reward=reward)
+
+
+@pytest.mark.parametrize("grouping", ["shuffled", "groups"])
+@pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+def test_zero_advantage_rows_skip_backward_and_change_nothing(
+    tmp_path, monkeypatch, algo, grouping
+):
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: half_constant_task())
+    # float64 and a large lr over 3 steps: any difference in a gradient (or in whether Adam
+    # stepped on an all-zero minibatch) shows in the weights.
+    common = {
+        "algo": algo,
+        "steps": 3,
+        "dtype": "float64",
+        "lr": 1e-2,
+        "warmup_steps": 0,
+        "prompts_per_step": 4,
+        "group_size": 2,
+        "num_minibatches": 4 if grouping == "groups" else 2,
+        "minibatch_grouping": grouping,
+        "micro_batch_size": 2,
+    }
+    grad_forwards, nograd_forwards, zeroed = [], [], []
+    inner_logprobs, inner_zero = trainer_module.token_logprobs, trainer_module._zero_grads
+
+    def spy(model, *args, prompt_index=None, **kw):
+        (grad_forwards if torch.is_grad_enabled() else nograd_forwards).append(len(prompt_index))
+        return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
+
+    def spy_zero(model):
+        zeroed.append(1)
+        inner_zero(model)
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    monkeypatch.setattr(trainer_module, "_zero_grads", spy_zero)
+    skipping = train(make_cfg(tmp_path / "skip", **common))
+    assert nograd_forwards, "some rows must have run without a backward"
+    if grouping == "groups":  # a minibatch of one constant group has no row with a gradient
+        assert zeroed
+    n_rows = 3 * common["prompts_per_step"] * common["group_size"]
+    assert sum(grad_forwards) + sum(nograd_forwards) == n_rows  # every row ran exactly once
+
+    grad_forwards.clear()
+    nograd_forwards.clear()
+    monkeypatch.setattr(
+        trainer_module,
+        "zero_gradient_rows",
+        lambda cfg, model, adv: torch.zeros(adv.shape[0], dtype=torch.bool),
+    )
+    full = train(make_cfg(tmp_path / "full", **common))
+    assert not nograd_forwards and sum(grad_forwards) == n_rows
+    st, sf = skipping.model.state_dict(), full.model.state_dict()
+    for k in sf:
+        torch.testing.assert_close(st[k], sf[k], rtol=1e-10, atol=1e-12, msg=k)
+    records = zip(train_records(skipping.history), train_records(full.history), strict=True)
+    for rec_s, rec_f in records:
+        assert 0 < rec_f["advantage/zero_fraction"] < 1
+        for key, value in without_timing(rec_f).items():
+            assert math.isclose(rec_s[key], value, rel_tol=1e-9, abs_tol=1e-12), key
+
+
+def test_zero_gradient_rows_only_without_kl(tmp_path):
+    cfg = make_cfg(tmp_path)
+    model, _ = build_policy(cfg, torch.device("cpu"))
+    adv = torch.tensor([0.0, 1.0, -0.0, -1.0], dtype=torch.float64)  # [N]
+    want = torch.tensor([True, False, True, False])
+    assert torch.equal(trainer_module.zero_gradient_rows(cfg, model, adv), want)
+    per_token = torch.tensor([[0.0, 0.0], [0.0, 2.0], [0.0, 0.0], [1.0, 0.0]])  # [N, T]
+    assert torch.equal(trainer_module.zero_gradient_rows(cfg, model, per_token), want)
+    with_kl = make_cfg(tmp_path, kl_coef=0.1)  # the KL term has a gradient in every row
+    assert not trainer_module.zero_gradient_rows(with_kl, model, adv).any()

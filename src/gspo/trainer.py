@@ -350,15 +350,28 @@ def update_policy(
     constant = cfg.loss_constant or float(cfg.max_new_tokens)
     # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
     replay = moe.replay_source(cfg.routing_replay, rollout, model)
+    idle = zero_gradient_rows(cfg, model, advantages)  # [N] rows that only need metrics
+    acc.add_scalar(
+        "advantage/zero_fraction", float((advantages == 0).reshape(n, -1).all(1).float().mean())
+    )
     for k, mb in enumerate(minibatches):
         mask = rollout.completion_mask[mb]  # [n_mb, L]
         n_seq = int((mask.sum(dim=1) > 0).sum())
         n_tok = int(mask.sum())
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
-        for part in mb.split(micro):
+        # Rows with a gradient first; the idle ones run a no-grad forward for their metrics.
+        live, rest = mb[~idle[mb]], mb[idle[mb]]
+        parts = [(p, True) for p in live.split(micro) if len(p)]
+        parts += [(p, False) for p in rest.split(micro) if len(p)]  # (an empty split is [[]])
+        if len(live) == 0:
+            _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
+        for part, needs_grad in parts:
             rows = _rows(rollout, part, trim)  # this micro-batch's rows, padding columns cut
             # MoE: replay/capture the routing of this forward (a no-op block for dense models).
-            with moe.training_forward(model, replay, part, aux=True) as routes:
+            with (
+                torch.set_grad_enabled(needs_grad),
+                moe.training_forward(model, replay, part, aux=True) as routes,
+            ):
                 logprobs, entropy = token_logprobs(
                     model,
                     *rows.tensors,
@@ -393,7 +406,8 @@ def update_policy(
             if aux is not None:
                 loss = loss + aux  # load-balancing loss (router_aux_loss_coef > 0)
             metrics.update(moe_metrics)
-            loss.backward()
+            if needs_grad:
+                loss.backward()
             m = rows.completion_mask  # [n_micro, L']
             tokens = int(m.sum())
             metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
@@ -416,6 +430,27 @@ def update_policy(
         optimizer.zero_grad(set_to_none=True)
     model.eval()
     return acc.result()
+
+
+def zero_gradient_rows(cfg: TrainConfig, model, advantages: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows whose loss term and gradient are exactly 0, so they need no backward.
+
+    A row whose advantage is 0 at every token adds 0 * ratio to the objective (clipped or not),
+    so its gradient is 0 (group-normalized advantages are 0 for every row of a group whose
+    rewards all agree: common on a mostly solved or mostly failed task). Not so with a KL
+    penalty (its gradient reaches every row) or for MoE models (the load-balancing loss and the
+    routing records span the whole forward), where every row keeps its backward.
+    """
+    n = advantages.shape[0]
+    if cfg.kl_coef != 0.0 or moe.is_moe(model):
+        return torch.zeros(n, dtype=torch.bool, device=advantages.device)  # [N]
+    return (advantages == 0).reshape(n, -1).all(dim=1)  # [N]
+
+
+def _zero_grads(model) -> None:
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
 
 
 def _old_logprobs(
