@@ -67,7 +67,31 @@ def test_sft_then_train_from_it(tmp_path, capsys):
     sft_dir = tmp_path / "sft"
     assert (
         main(
-            ["sft", "--device", "cpu", "--output-dir", str(sft_dir), "--steps", "3", "--batch-size", "8", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--num-kv-heads", "1", "--n-train", "64", "--n-test", "8", "--progress", "false"]
+            [
+                "sft",
+                "--device",
+                "cpu",
+                "--output-dir",
+                str(sft_dir),
+                "--steps",
+                "3",
+                "--batch-size",
+                "8",
+                "--hidden-size",
+                "32",
+                "--num-layers",
+                "1",
+                "--num-heads",
+                "2",
+                "--num-kv-heads",
+                "1",
+                "--n-train",
+                "64",
+                "--n-test",
+                "8",
+                "--progress",
+                "false",
+            ]
         )
         == 0
     )
