@@ -351,9 +351,7 @@ def update_policy(
     # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
     replay = moe.replay_source(cfg.routing_replay, rollout, model)
     idle = zero_gradient_rows(cfg, model, advantages)  # [N] rows that only need metrics
-    acc.add_scalar(
-        "advantage/zero_fraction", float((advantages == 0).reshape(n, -1).all(1).float().mean())
-    )
+    acc.add_scalar("advantage/zero_fraction", float(_zero_advantage(advantages).float().mean()))
     for k, mb in enumerate(minibatches):
         mask = rollout.completion_mask[mb]  # [n_mb, L]
         n_seq = int((mask.sum(dim=1) > 0).sum())
@@ -441,10 +439,14 @@ def zero_gradient_rows(cfg: TrainConfig, model, advantages: torch.Tensor) -> tor
     penalty (its gradient reaches every row) or for MoE models (the load-balancing loss and the
     routing records span the whole forward), where every row keeps its backward.
     """
-    n = advantages.shape[0]
     if cfg.kl_coef != 0.0 or moe.is_moe(model):
-        return torch.zeros(n, dtype=torch.bool, device=advantages.device)  # [N]
-    return (advantages == 0).reshape(n, -1).all(dim=1)  # [N]
+        return torch.zeros(advantages.shape[0], dtype=torch.bool, device=advantages.device)  # [N]
+    return _zero_advantage(advantages)  # [N]
+
+
+def _zero_advantage(advantages: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows whose advantage ([N] or [N, T]) is 0 at every token."""
+    return (advantages == 0).reshape(advantages.shape[0], -1).all(dim=1)  # [N]
 
 
 def _zero_grads(model) -> None:
