@@ -394,6 +394,23 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def run_init_eval(spec: dict[str, Any]) -> dict[str, Any]:
+    """Held-out greedy accuracy of the starting checkpoint, on the same test problems (same
+    seed, same count) the trained models are scored on: the baseline both systems start from."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from gspo.build import build_policy, build_prompt_format, build_task
+
+    with tempfile.TemporaryDirectory(prefix="vs-trl-init-") as tmp:
+        cfg = _train_config(spec, tmp)
+        model, tokenizer = build_policy(cfg, torch.device("cpu"))
+        model.eval()
+        task = build_task(cfg)
+        fmt = build_prompt_format(cfg, tokenizer, model)
+        return {"held_out_greedy": _held_out(model, tokenizer, cfg, task, fmt)}
+
+
 # ------------------------------------------------------------------------------------------
 # TRL
 # ------------------------------------------------------------------------------------------
@@ -770,7 +787,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.one:
         spec = json.loads(args.one)
-        runner = run_trl if spec["system"] == "trl" else run_gspo
+        runners = {"trl": run_trl, "init": run_init_eval}
+        runner = runners.get(spec["system"], run_gspo)
         print(json.dumps(runner(spec)))
         return
 
@@ -793,6 +811,28 @@ def main(argv: list[str] | None = None) -> None:
     for workload in workloads:
         init, sft_metrics = prepare_init(workload, args.threads, cache)
         inits[workload] = {"init": init, "sft_eval": sft_metrics}
+        if not args.no_eval:
+            # The starting point on the runs' own held-out problems (they depend on the seed).
+            seeds = sorted({args.seed + (r if args.vary_seed else 0) for r in range(args.reps)})
+            start = {}
+            for seed in seeds:
+                spec = {
+                    "workload": workload,
+                    "system": "init",
+                    "init": init,
+                    "steps": args.steps,
+                    "threads": args.threads,
+                    "n_test": args.n_test,
+                    "seed": seed,
+                }
+                start[str(seed)] = run_in_subprocess(spec)["held_out_greedy"]
+                print(
+                    f"    {workload} start checkpoint, seed {seed}: held-out greedy "
+                    f"{start[str(seed)]:.3f} ({args.n_test} problems)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            inits[workload]["held_out_greedy_by_seed"] = start
         for rep in range(args.reps):
             # Alternate who goes first, so a drift in machine load hits both alike.
             order = systems if rep % 2 == 0 else systems[::-1]
@@ -859,6 +899,9 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(summary))
+    for workload, init in inits.items():
+        for seed, acc in init.get("held_out_greedy_by_seed", {}).items():
+            print(f"{workload} start checkpoint (seed {seed}): held-out greedy {acc:.3f}")
     for workload, by in report["ratios"].items():
         for system, r in by.items():
             print(
