@@ -59,7 +59,8 @@ Differences that remain (also in docs/performance.md):
    through a no-grad forward for its metrics only, since its loss term and gradient are exactly
    0; TRL back-propagates through it. The saving scales with the share of such rows, which the
    task and the model's accuracy set (``zero-adv rows`` column; ``gspo-no-zero-advantage-skip``
-   ablates it).
+   ablates it). ``gspo-lean`` also drops that forward (metrics then cover only rows with a
+   gradient; TRL's cover every row).
 
 Columns: ``s/step`` median wall seconds per step; ``gen tok/s`` generated (completion) tokens
 per second of whole step; ``train tok/s`` prompt+completion tokens that went through the 4
@@ -140,9 +141,12 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "sft_n_test": 32,
     },
 }
-SYSTEMS = ("gspo", "gspo-groups", "gspo-recompute", "gspo-before", "trl")
+SYSTEMS = ("gspo", "gspo-groups", "gspo-lean", "gspo-recompute", "gspo-before", "trl")
 """``gspo-groups`` is gspo with ``minibatch_grouping=groups`` (each minibatch holds whole groups,
-so the training pass runs each of its prompts once; TRL shuffles rows across groups)."""
+so the training pass runs each of its prompts once; TRL shuffles rows across groups).
+``gspo-lean`` is gspo (shuffled, like TRL) with ``zero_advantage_metrics=False``: rows whose
+advantage is 0 get no forward at all, so entropy and clip metrics cover only rows with a
+gradient (the update is the same)."""
 OPTIMIZATIONS = (
     "fast-decoder",
     "shared-prefill",
@@ -179,7 +183,12 @@ def _peak_rss_mb() -> float:
 
 
 def _train_config(
-    spec: dict[str, Any], output_dir: str, *, recompute: bool = False, grouping: str = "shuffled"
+    spec: dict[str, Any],
+    output_dir: str,
+    *,
+    recompute: bool = False,
+    grouping: str = "shuffled",
+    idle_metrics: bool = True,
 ):
     """The gspo TrainConfig of a workload (also used by the TRL runner for task and prompts)."""
     from gspo.config import TrainConfig, build
@@ -201,6 +210,7 @@ def _train_config(
         "advantage_scale": "sample_std",
         "num_minibatches": NUM_MINIBATCHES,
         "minibatch_grouping": grouping,
+        "zero_advantage_metrics": idle_metrics,
         "warmup_steps": WARMUP_OPT_STEPS,
         "weight_decay": 0.0,
         "max_grad_norm": 1.0,
@@ -361,6 +371,7 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
             tmp,
             recompute=system == "gspo-recompute",
             grouping="groups" if system == "gspo-groups" else "shuffled",
+            idle_metrics=system != "gspo-lean",
         )
         base_rss = _rss_mb()
         result = trainer_mod.train(cfg)

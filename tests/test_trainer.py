@@ -450,3 +450,44 @@ def test_zero_gradient_rows_only_without_kl(tmp_path):
     assert torch.equal(trainer_module.zero_gradient_rows(cfg, model, per_token), want)
     with_kl = make_cfg(tmp_path, kl_coef=0.1)  # the KL term has a gradient in every row
     assert not trainer_module.zero_gradient_rows(with_kl, model, adv).any()
+
+
+@pytest.mark.parametrize("grouping", ["shuffled", "groups"])
+def test_zero_advantage_metrics_off_skips_the_forward_and_keeps_the_update(
+    tmp_path, monkeypatch, grouping
+):
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: half_constant_task())
+    common = {
+        "algo": "gspo",
+        "steps": 3,
+        "dtype": "float64",
+        "lr": 1e-2,
+        "warmup_steps": 0,
+        "prompts_per_step": 4,
+        "group_size": 2,
+        "num_minibatches": 4 if grouping == "groups" else 2,
+        "minibatch_grouping": grouping,
+        "micro_batch_size": 2,
+    }
+    grad_forwards, nograd_forwards = [], []
+    inner_logprobs = trainer_module.token_logprobs
+
+    def spy(model, *args, prompt_index=None, **kw):
+        (grad_forwards if torch.is_grad_enabled() else nograd_forwards).append(len(prompt_index))
+        return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    with_metrics = train(make_cfg(tmp_path / "all", **common))
+    live_rows = sum(grad_forwards)
+    grad_forwards.clear()
+    nograd_forwards.clear()
+    lean = train(make_cfg(tmp_path / "lean", zero_advantage_metrics=False, **common))
+    assert not nograd_forwards  # the zero-advantage rows ran no forward at all
+    assert sum(grad_forwards) == live_rows < 3 * 4 * 2
+    sl, sa = lean.model.state_dict(), with_metrics.model.state_dict()
+    for k in sa:
+        torch.testing.assert_close(sl[k], sa[k], rtol=1e-10, atol=1e-12, msg=k)
+    records = zip(train_records(lean.history), train_records(with_metrics.history), strict=True)
+    for rec_l, rec_a in records:
+        for key in ("loss", "grad_norm", "reward/mean", "advantage/zero_fraction"):
+            assert math.isclose(rec_l[key], rec_a[key], rel_tol=1e-9, abs_tol=1e-12), key

@@ -189,6 +189,13 @@ class TrainConfig:
         "divisible by num_minibatches).",
         "shuffled",
     )
+    zero_advantage_metrics: bool = _doc(
+        "Rows whose advantage is 0 (their group's rewards all agree) never get a backward; True "
+        "gives them a no-grad forward so entropy, clip and ratio metrics cover every row. False "
+        "skips that forward too: faster when many groups agree, and those metrics then cover "
+        "only the rows that carry a gradient (the loss and the update are the same either way).",
+        True,
+    )
     micro_batch_size: int = _doc(
         "Sequences per forward/backward inside a minibatch (gradient accumulation); 0: whole minibatch.",
         0,

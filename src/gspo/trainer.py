@@ -357,10 +357,12 @@ def update_policy(
         n_seq = int((mask.sum(dim=1) > 0).sum())
         n_tok = int(mask.sum())
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
-        # Rows with a gradient first; the idle ones run a no-grad forward for their metrics.
+        # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
+        # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
         live, rest = mb[~idle[mb]], mb[idle[mb]]
         parts = [(p, True) for p in live.split(micro) if len(p)]
-        parts += [(p, False) for p in rest.split(micro) if len(p)]  # (an empty split is [[]])
+        if cfg.zero_advantage_metrics:
+            parts += [(p, False) for p in rest.split(micro) if len(p)]  # (empty split: [[]])
         if len(live) == 0:
             _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
         for part, needs_grad in parts:
