@@ -400,6 +400,7 @@ def test_zero_advantage_rows_skip_backward_and_change_nothing(
         "num_minibatches": 4 if grouping == "groups" else 2,
         "minibatch_grouping": grouping,
         "micro_batch_size": 2,
+        "zero_advantage_split": 0.0,  # every zero-advantage row leaves the gradient pass
     }
     grad_forwards, nograd_forwards, zeroed = [], [], []
     inner_logprobs, inner_zero = trainer_module.token_logprobs, trainer_module._zero_grads
@@ -468,6 +469,7 @@ def test_zero_advantage_metrics_off_skips_the_forward_and_keeps_the_update(
         "num_minibatches": 4 if grouping == "groups" else 2,
         "minibatch_grouping": grouping,
         "micro_batch_size": 2,
+        "zero_advantage_split": 0.0,
     }
     grad_forwards, nograd_forwards = [], []
     inner_logprobs = trainer_module.token_logprobs
@@ -491,3 +493,45 @@ def test_zero_advantage_metrics_off_skips_the_forward_and_keeps_the_update(
     for rec_l, rec_a in records:
         for key in ("loss", "grad_norm", "reward/mean", "advantage/zero_fraction"):
             assert math.isclose(rec_l[key], rec_a[key], rel_tol=1e-9, abs_tol=1e-12), key
+
+
+def test_zero_advantage_split_share_keeps_few_idle_rows_in_the_gradient_pass(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: half_constant_task())
+    common = {
+        "algo": "gspo",
+        "steps": 3,
+        "dtype": "float64",
+        "lr": 1e-2,
+        "warmup_steps": 0,
+        "prompts_per_step": 4,
+        "group_size": 2,
+        "num_minibatches": 2,
+    }
+    grad_rows, nograd_rows = [], []
+    inner_logprobs = trainer_module.token_logprobs
+
+    def spy(model, *args, prompt_index=None, **kw):
+        (grad_rows if torch.is_grad_enabled() else nograd_rows).append(len(prompt_index))
+        return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    split = train(make_cfg(tmp_path / "split", zero_advantage_split=0.0, **common))
+    split_counts = (sum(grad_rows), sum(nograd_rows))
+    grad_rows.clear()
+    nograd_rows.clear()
+    # 1.0: only a minibatch whose rows are all at zero advantage leaves the gradient pass.
+    kept = train(make_cfg(tmp_path / "kept", zero_advantage_split=1.0, **common))
+    assert split_counts[1] > 0 and sum(nograd_rows) < split_counts[1]
+    assert sum(grad_rows) + sum(nograd_rows) == sum(split_counts) == 3 * 4 * 2
+    sk, ss = kept.model.state_dict(), split.model.state_dict()
+    for k in ss:
+        torch.testing.assert_close(sk[k], ss[k], rtol=1e-10, atol=1e-12, msg=k)
+    records = zip(train_records(kept.history), train_records(split.history), strict=True)
+    for rec_k, rec_s in records:
+        for key, value in without_timing(rec_s).items():
+            assert math.isclose(rec_k[key], value, rel_tol=1e-9, abs_tol=1e-12), key
+
+
+def test_zero_advantage_split_share_is_validated(tmp_path):
+    with pytest.raises(ValueError, match="zero_advantage_split"):
+        make_cfg(tmp_path, zero_advantage_split=1.5)

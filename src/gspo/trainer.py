@@ -359,7 +359,10 @@ def update_policy(
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
         # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
         # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
+        # A few idle rows stay in the gradient pass: a second forward costs more than they do.
         live, rest = mb[~idle[mb]], mb[idle[mb]]
+        if cfg.zero_advantage_metrics and len(rest) < cfg.zero_advantage_split * len(mb):
+            live, rest = mb, mb[:0]
         parts = [(p, True) for p in live.split(micro) if len(p)]
         if cfg.zero_advantage_metrics:
             parts += [(p, False) for p in rest.split(micro) if len(p)]  # (empty split: [[]])
