@@ -57,7 +57,8 @@ Differences that remain (also in docs/performance.md):
    TRL's shuffled layout.
 9. Zero-advantage rows: gspo runs a row whose advantage is 0 (its group's rewards all agree)
    through a no-grad forward for its metrics only, since its loss term and gradient are exactly
-   0; TRL back-propagates through it. The saving scales with the share of such rows, which the
+   0 (when such rows are at least ``zero_advantage_split`` = 0.25 of the minibatch); TRL
+   back-propagates through it. The saving scales with the share of such rows, which the
    task and the model's accuracy set (``zero-adv rows`` column; ``gspo-no-zero-advantage-skip``
    ablates it). ``gspo-lean`` also drops that forward (metrics then cover only rows with a
    gradient; TRL's cover every row).

@@ -199,10 +199,11 @@ class TrainConfig:
         0.25,
     )
     zero_advantage_metrics: bool = _doc(
-        "Rows whose advantage is 0 (their group's rewards all agree) never get a backward; True "
-        "gives them a no-grad forward so entropy, clip and ratio metrics cover every row. False "
-        "skips that forward too: faster when many groups agree, and those metrics then cover "
-        "only the rows that carry a gradient (the loss and the update are the same either way).",
+        "True: zero-advantage rows that leave the gradient pass (see zero_advantage_split) get "
+        "a no-grad forward, so entropy, clip and ratio metrics cover every row. False: every "
+        "zero-advantage row is dropped from the training pass, with no forward at all: faster "
+        "when many groups agree, and those metrics then cover only the rows that carry a "
+        "gradient (the loss and the update are the same either way).",
         True,
     )
     micro_batch_size: int = _doc(
