@@ -381,15 +381,12 @@ def half_constant_task() -> Task:
     return Task("half", train=examples, test=examples[:2], reward=reward)
 
 
-@pytest.mark.parametrize("grouping", ["shuffled", "groups"])
-@pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
-def test_zero_advantage_rows_skip_backward_and_change_nothing(
-    tmp_path, monkeypatch, algo, grouping
-):
+def half_constant_cfg(monkeypatch, algo: str = "gspo", grouping: str = "shuffled"):
+    """Settings for the zero-advantage tests on half_constant_task: float64 and a large lr over
+    3 steps, so any difference in a gradient (or in whether Adam stepped on an all-zero
+    minibatch) shows in the weights."""
     monkeypatch.setattr(trainer_module, "build_task", lambda cfg: half_constant_task())
-    # float64 and a large lr over 3 steps: any difference in a gradient (or in whether Adam
-    # stepped on an all-zero minibatch) shows in the weights.
-    common = {
+    return {
         "algo": algo,
         "steps": 3,
         "dtype": "float64",
@@ -399,21 +396,41 @@ def test_zero_advantage_rows_skip_backward_and_change_nothing(
         "group_size": 2,
         "num_minibatches": 4 if grouping == "groups" else 2,
         "minibatch_grouping": grouping,
+    }
+
+
+def count_forwards(monkeypatch) -> tuple[list[int], list[int]]:
+    """(rows per forward with grad, rows per no-grad forward) of the training pass, filled as
+    the trainer runs."""
+    grad_rows, nograd_rows = [], []
+    inner_logprobs = trainer_module.token_logprobs
+
+    def spy(model, *args, prompt_index=None, **kw):
+        (grad_rows if torch.is_grad_enabled() else nograd_rows).append(len(prompt_index))
+        return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    return grad_rows, nograd_rows
+
+
+@pytest.mark.parametrize("grouping", ["shuffled", "groups"])
+@pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+def test_zero_advantage_rows_skip_backward_and_change_nothing(
+    tmp_path, monkeypatch, algo, grouping
+):
+    common = {
+        **half_constant_cfg(monkeypatch, algo, grouping),
         "micro_batch_size": 2,
         "zero_advantage_split": 0.0,  # every zero-advantage row leaves the gradient pass
     }
-    grad_forwards, nograd_forwards, zeroed = [], [], []
-    inner_logprobs, inner_zero = trainer_module.token_logprobs, trainer_module._zero_grads
-
-    def spy(model, *args, prompt_index=None, **kw):
-        (grad_forwards if torch.is_grad_enabled() else nograd_forwards).append(len(prompt_index))
-        return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
+    grad_forwards, nograd_forwards = count_forwards(monkeypatch)
+    zeroed = []
+    inner_zero = trainer_module._zero_grads
 
     def spy_zero(model):
         zeroed.append(1)
         inner_zero(model)
 
-    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
     monkeypatch.setattr(trainer_module, "_zero_grads", spy_zero)
     skipping = train(make_cfg(tmp_path / "skip", **common))
     assert nograd_forwards, "some rows must have run without a backward"
@@ -457,28 +474,12 @@ def test_zero_gradient_rows_only_without_kl(tmp_path):
 def test_zero_advantage_metrics_off_skips_the_forward_and_keeps_the_update(
     tmp_path, monkeypatch, grouping
 ):
-    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: half_constant_task())
     common = {
-        "algo": "gspo",
-        "steps": 3,
-        "dtype": "float64",
-        "lr": 1e-2,
-        "warmup_steps": 0,
-        "prompts_per_step": 4,
-        "group_size": 2,
-        "num_minibatches": 4 if grouping == "groups" else 2,
-        "minibatch_grouping": grouping,
+        **half_constant_cfg(monkeypatch, grouping=grouping),
         "micro_batch_size": 2,
         "zero_advantage_split": 0.0,
     }
-    grad_forwards, nograd_forwards = [], []
-    inner_logprobs = trainer_module.token_logprobs
-
-    def spy(model, *args, prompt_index=None, **kw):
-        (grad_forwards if torch.is_grad_enabled() else nograd_forwards).append(len(prompt_index))
-        return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
-
-    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    grad_forwards, nograd_forwards = count_forwards(monkeypatch)
     with_metrics = train(make_cfg(tmp_path / "all", **common))
     live_rows = sum(grad_forwards)
     grad_forwards.clear()
@@ -496,25 +497,8 @@ def test_zero_advantage_metrics_off_skips_the_forward_and_keeps_the_update(
 
 
 def test_zero_advantage_split_share_keeps_few_idle_rows_in_the_gradient_pass(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: half_constant_task())
-    common = {
-        "algo": "gspo",
-        "steps": 3,
-        "dtype": "float64",
-        "lr": 1e-2,
-        "warmup_steps": 0,
-        "prompts_per_step": 4,
-        "group_size": 2,
-        "num_minibatches": 2,
-    }
-    grad_rows, nograd_rows = [], []
-    inner_logprobs = trainer_module.token_logprobs
-
-    def spy(model, *args, prompt_index=None, **kw):
-        (grad_rows if torch.is_grad_enabled() else nograd_rows).append(len(prompt_index))
-        return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
-
-    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    common = half_constant_cfg(monkeypatch)
+    grad_rows, nograd_rows = count_forwards(monkeypatch)
     split = train(make_cfg(tmp_path / "split", zero_advantage_split=0.0, **common))
     split_counts = (sum(grad_rows), sum(nograd_rows))
     grad_rows.clear()
