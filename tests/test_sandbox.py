@@ -516,7 +516,14 @@ def test_extract_code(completion: str, code: str) -> None:
     [
         ("3\n", "3", True),
         ("1  2\n3", "1 2\n3\n", True),
-        ("3.0000001", "3", True),
+        ("3.0000001", "3", False),  # an integer answer is exact
+        ("3.0000001", "3.0", True),  # a float answer within 1e-6
+        ("3.0", "3", True),  # equal in value (LiveCodeBench's Decimal comparison)
+        ("1000000999999", "1000000000000", False),  # near-miss large integer
+        ("1000000000000", "1000000000000", True),
+        ("1" * 5000, "1" * 4999 + "2", False),  # beyond int()'s digit limit: still exact
+        ("1e3", "1000", True),
+        ("1000.5", "1000", False),
         ("0.333333", "0.3333333333", True),
         ("3.1", "3", False),
         ("1 2", "1 2 3", False),

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from gspo.sandbox_cgroup import RunCgroup
 from gspo.sandbox_cgroup import detect as detect_cgroup
+from gspo.sandbox_compare import loads as _loads
+from gspo.sandbox_compare import outputs_match, parse_results, short_repr, values_match
 from gspo.sandbox_slots import SlotError, UidSlot, clear_keyrings, kill_uid
 
 if TYPE_CHECKING:
@@ -592,51 +594,6 @@ def extract_code(completion: str) -> str:
     return (python_blocks or [code for _, code in blocks])[-1].strip("\n")
 
 
-_NUMBER_TOLERANCE = 1e-6
-
-
-def _tokens_match(actual: str, expected: str) -> bool:
-    if actual == expected:
-        return True
-    try:
-        a, e = float(actual), float(expected)
-    except ValueError:
-        return False
-    if not (math.isfinite(a) and math.isfinite(e)):
-        return False
-    return math.isclose(a, e, rel_tol=_NUMBER_TOLERANCE, abs_tol=_NUMBER_TOLERANCE)
-
-
-def outputs_match(actual: str, expected: str) -> bool:
-    """Whether a program's stdout answers a stdin/stdout test.
-
-    Compared token by token (any whitespace, trailing newlines included, is a separator), and
-    numbers within 1e-6 (absolute or relative) count as equal, as competitive-programming
-    judges usually do: "3.0000001" matches "3", "1 2\\n" matches "1  2".
-    """
-    a, e = actual.split(), expected.split()
-    return len(a) == len(e) and all(_tokens_match(x, y) for x, y in zip(a, e, strict=True))
-
-
-def _values_match(actual: Any, expected: Any) -> bool:
-    """Equality of JSON values, with the numeric tolerance of :func:`outputs_match`."""
-    if isinstance(expected, bool) or isinstance(actual, bool):
-        return actual is expected
-    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
-        if isinstance(expected, int) and isinstance(actual, int):
-            return actual == expected
-        return math.isclose(actual, expected, rel_tol=_NUMBER_TOLERANCE, abs_tol=_NUMBER_TOLERANCE)
-    if isinstance(expected, list) and isinstance(actual, list):
-        return len(actual) == len(expected) and all(
-            _values_match(a, e) for a, e in zip(actual, expected, strict=True)
-        )
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        return actual.keys() == expected.keys() and all(
-            _values_match(actual[k], expected[k]) for k in expected
-        )
-    return bool(actual == expected)
-
-
 def _decode_test_cases(value: Any, field_name: str) -> list[dict[str, Any]]:
     """LiveCodeBench-style test cases: a list, a JSON string, or base64(zlib(pickle(JSON)))."""
     if isinstance(value, list):
@@ -763,11 +720,11 @@ class TestSuite:
             raise ValueError("functional test cases need meta['func_name'] (or metadata.func_name)")
         try:
             args = tuple(
-                [json.loads(line) for line in str(c["input"]).split("\n") if line.strip()]
+                [_loads(line) for line in str(c["input"]).split("\n") if line.strip()]
                 for c in cases
             )
-            expected = tuple(json.loads(str(c["output"])) for c in cases)
-        except json.JSONDecodeError as exc:
+            expected = tuple(_loads(str(c["output"])) for c in cases)
+        except (ValueError, RecursionError, ArithmeticError) as exc:
             raise ValueError(f"functional test case is not JSON: {exc}") from None
         return cls("call", args, expected, func_name)
 
@@ -800,6 +757,8 @@ _HARNESS = r"""
 import builtins, io, json, os, signal, sys, threading, time
 
 def main():
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # answers may be integers of any length
     out = os.fdopen(int(os.environ.pop("GSPO_RESULT_FD")), "w", encoding="utf-8")
     with open("tests.json", encoding="utf-8") as f:
         cfg = json.load(f)
@@ -962,21 +921,7 @@ def run_tests(
         config=config,
         result_channel=True,
     )
-    reports: dict[int, dict[str, Any]] = {}
-    for line in run.result.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        # First report per test wins: the harness writes it right after the test ran.
-        if (
-            isinstance(record, dict)
-            and record.get("nonce") == nonce
-            and isinstance(record.get("i"), int)
-            and 0 <= record["i"] < n
-            and record["i"] not in reports
-        ):
-            reports[record["i"]] = record
+    reports, problems = parse_results(run.result, nonce, n)
     passed: list[bool] = []
     errors: list[str | None] = []
     for i in range(n):
@@ -991,19 +936,24 @@ def run_tests(
                 reason = run.error
             elif run.returncode not in (0, None):
                 reason = f"harness exited with status {run.returncode}: {run.stderr[-300:]}"
+            if problems:
+                reason += "; malformed result records: " + "; ".join(problems)
             passed.append(False)
             errors.append(reason)
             continue
-        ok = record.get("ok") is True
+        ok = record["ok"]
         error = record.get("error")
+        value = record.get("value")
         if ok and suite.kind == "stdio":
-            ok = outputs_match(str(record.get("value")), suite.expected[i])
+            ok = isinstance(value, str) and outputs_match(value, suite.expected[i])
             error = None if ok else "wrong output"
         elif ok and suite.kind == "call":
-            ok = _values_match(record.get("value"), suite.expected[i])
-            error = None if ok else f"returned {str(record.get('value'))[:200]}"
+            ok = values_match(value, suite.expected[i])
+            error = None if ok else f"returned {short_repr(value)}"
         passed.append(ok)
-        errors.append(None if ok else str(error))
+        errors.append(
+            None if ok else short_repr(error, 500) if not isinstance(error, str) else error
+        )
     return TestReport(tuple(passed), tuple(errors), run)
 
 
