@@ -40,6 +40,8 @@ from gspo.sandbox_cgroup import RunCgroup
 from gspo.sandbox_cgroup import detect as detect_cgroup
 from gspo.sandbox_compare import loads as _loads
 from gspo.sandbox_compare import outputs_match, parse_results, short_repr, values_match
+from gspo.sandbox_python import SYSTEM_DIRS
+from gspo.sandbox_python import python_dirs as interpreter_dirs
 from gspo.sandbox_slots import SlotError, UidSlot, clear_keyrings, kill_uid
 
 if TYPE_CHECKING:
@@ -247,10 +249,6 @@ exec(_code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __
 """
 
 
-# Host directories the interpreter needs, bound read-only at the same path. /etc, /home, /root,
-# /tmp, /var, /work, /mnt, /opt, /srv... are not bound, so they do not exist inside.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
-
 # Imported from the package directory, so the boot stage uses its cached bytecode rather than
 # compiling a script on every run.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -258,36 +256,6 @@ _BOOT_COMMAND = (
     f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
     "from gspo._sandbox_boot import main; main()"
 )
-
-
-def _python_dirs(python: str, site_packages: bool) -> tuple[list[str], list[str]]:
-    """(directories to bind for the interpreter, site-packages dirs to hide)."""
-    import sysconfig
-
-    # <prefix>/bin/python -> <prefix>, both for the path as given (a venv) and its target.
-    candidates = {
-        os.path.dirname(os.path.dirname(os.path.realpath(python))),
-        os.path.dirname(os.path.dirname(os.path.abspath(python))),
-    }
-    ours = os.path.realpath(python) == os.path.realpath(sys.executable)
-    if ours:  # prefixes and site-packages are known only for the interpreter we run in
-        candidates |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    dirs: list[str] = []
-    for path in sorted(os.path.realpath(p) for p in candidates):
-        if not os.path.isdir(path):
-            continue
-        # Already visible through a system directory, or through a shorter prefix here?
-        if any(path == d or path.startswith(d.rstrip("/") + "/") for d in (*SYSTEM_DIRS, *dirs)):
-            continue
-        dirs.append(path)
-    hidden: list[str] = []
-    if ours and not site_packages:
-        paths = sysconfig.get_paths()
-        for key in ("purelib", "platlib"):
-            p = os.path.realpath(paths[key])
-            if os.path.isdir(p) and p not in hidden:
-                hidden.append(p)
-    return dirs, hidden
 
 
 _SAFE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -362,7 +330,10 @@ def run_python(
         if result_channel:
             result_r, result_w = os.pipe()
             pass_fds.append(result_w)
-        python_dirs, hidden_dirs = _python_dirs(python, config.site_packages)
+        try:
+            python_dirs, hidden_dirs = interpreter_dirs(python, config.site_packages)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            raise SandboxError(str(exc)) from None
         cwd = os.path.join(workspace, "work")  # used only without a mount namespace
         os.chmod(workspace, 0o711)  # the sandbox uid may traverse to its own cwd, no more
         flags = ["-I", "-B"] + ([] if config.site_packages else ["-S"])
