@@ -961,6 +961,9 @@ def code_reward(
     return (1.0 if report.all_passed else 0.0) if all_or_nothing else report.fraction
 
 
+code_reward.uses_sandbox = True  # type: ignore[attr-defined]  # gspo.rewards.reward_workers
+
+
 # --------------------------------------------------------------------------------------------
 # Bounded-time calls of any reward function
 # --------------------------------------------------------------------------------------------
