@@ -10,6 +10,7 @@ is skipped, never cleaned up by killing them.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import logging
@@ -28,8 +29,8 @@ LOCK_DIRS = ("/run/gspo-sandbox", "/var/lock/gspo-sandbox", "/tmp/gspo-sandbox-s
 WAIT_S = 300.0
 
 _lock_dir: str | None = None
-_used: set[int] = set()
-_used_lock = threading.Lock()
+_history: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=100_000)
+_history_lock = threading.Lock()
 
 
 class SlotError(RuntimeError):
@@ -77,10 +78,12 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
-def uids_used() -> set[int]:
-    """The uids this process's runs have held (for tests that check for leftovers)."""
-    with _used_lock:
-        return set(_used)
+def run_history() -> list[tuple[int, float, float]]:
+    """(uid, held from, held until) of this process's finished runs, in CLOCK_BOOTTIME
+    seconds (the clock of a process's start time in /proc), so that a check for leftover
+    processes can be limited to the runs it started."""
+    with _history_lock:
+        return list(_history)
 
 
 class UidSlot:
@@ -117,8 +120,7 @@ class UidSlot:
                     skipped[uid] = alive
                     continue
                 self._fd, self.uid = fd, uid
-                with _used_lock:
-                    _used.add(uid)
+                self._since = time.clock_gettime(time.CLOCK_BOOTTIME)
                 return
             if time.monotonic() > deadline:
                 raise SlotError(
@@ -130,6 +132,8 @@ class UidSlot:
 
     def release(self) -> None:
         if self._fd >= 0:
+            with _history_lock:
+                _history.append((self.uid, self._since, time.clock_gettime(time.CLOCK_BOOTTIME)))
             os.close(self._fd)  # closing releases the flock
             self._fd = -1
 
