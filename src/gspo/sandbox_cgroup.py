@@ -216,8 +216,14 @@ class RunCgroup:
                 with open(os.path.join(memory, "memory.events")) as f:
                     events = dict(line.split() for line in f if line.strip())
                 return int(events.get("max", 0)) > 0 or int(events.get("oom_kill", 0)) > 0
-            with open(os.path.join(memory, "memory.failcnt")) as f:
-                return int(f.read()) > 0
+            counts = []
+            for name in ("memory.failcnt", "memory.memsw.failcnt"):
+                with contextlib.suppress(FileNotFoundError), open(os.path.join(memory, name)) as f:
+                    counts.append(int(f.read()))
+            with open(os.path.join(memory, "memory.oom_control")) as f:
+                control = dict(line.split() for line in f if line.strip())
+            counts.append(int(control.get("oom_kill", 0)))
+            return any(counts)
         except (OSError, ValueError):
             return False
 

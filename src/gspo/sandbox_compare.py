@@ -80,6 +80,15 @@ def values_match(actual: Any, expected: Any) -> bool:
 def _values_match(actual: Any, expected: Any) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool) or expected is None:
         return actual is expected
+    if isinstance(expected, Decimal) or isinstance(actual, Decimal):  # integers too long for int
+        numbers = (int, float, Decimal)
+        return (
+            isinstance(expected, numbers)
+            and isinstance(actual, numbers)
+            and not isinstance(expected, float)
+            and (not isinstance(actual, float) or math.isfinite(actual))
+            and Decimal(actual) == Decimal(expected)
+        )
     if isinstance(expected, int):
         if isinstance(actual, int):
             return actual == expected
@@ -105,14 +114,19 @@ def _values_match(actual: Any, expected: Any) -> bool:
     return False
 
 
-def _big_int(text: str) -> int:
-    # Through Decimal: not subject to Python's limit on int('...') digits (ValueError).
-    return int(Decimal(text))
+_INT_DIGITS = 4000  # below Python's int('...') limit (4300): longer literals stay Decimal
+
+
+def _parse_int(text: str) -> int | Decimal:
+    # int('...') of a long literal raises (Python's digit limit), and converting a Decimal to
+    # int is quadratic (a million digits: about a minute). A Decimal is exact and linear.
+    return int(text) if len(text) <= _INT_DIGITS else Decimal(text)
 
 
 def loads(text: str) -> Any:
-    """``json.loads`` that reads integers of any length (may still raise, see parse)."""
-    return json.loads(text, parse_int=_big_int)
+    """``json.loads`` reading integers of any length (longer ones as exact Decimals), in time
+    linear in their length. May raise (deep nesting, bad JSON); :func:`parse_results` catches."""
+    return json.loads(text, parse_int=_parse_int)
 
 
 def short_repr(value: Any, limit: int = 200) -> str:
