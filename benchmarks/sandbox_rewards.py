@@ -61,7 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         row["ms_per_completion"] = 1000 * row["seconds"] / args.n
         row["speedup"] = base / row["seconds"]
-        label = f"{row['workers']} ({row['threads']})" if row["workers"] == "auto" else row["workers"]
+        label = (
+            f"{row['workers']} ({row['threads']})" if row["workers"] == "auto" else row["workers"]
+        )
         print(
             f"| {label} | {row['seconds']:.2f} | {row['ms_per_completion']:.0f} "
             f"| {row['speedup']:.2f}x | {cores} |"
