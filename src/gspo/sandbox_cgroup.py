@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass
+
+logger = logging.getLogger("gspo.sandbox")
 
 _MOUNTINFO = "/proc/self/mountinfo"
 _SELF_CGROUP = "/proc/self/cgroup"
@@ -255,5 +258,8 @@ class RunCgroup:
                     break
                 except FileNotFoundError:
                     break
-                except OSError:
+                except OSError as exc:
+                    error = exc
                     time.sleep(0.005)
+            else:
+                logger.warning("sandbox cgroup %s not removed: %s", path, error)
