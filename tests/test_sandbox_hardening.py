@@ -665,3 +665,44 @@ def test_base_site_packages_hidden_when_running_from_a_venv(tmp_path: Path) -> N
     report = json.loads(proc.stdout)
     seen = json.loads(report["stdout"])
     assert seen["listing"] == [] and not seen["imported"], (packages[0], report)
+
+
+def test_cgroup_v2_files_on_a_stand_in_hierarchy(tmp_path: Path, monkeypatch) -> None:
+    """The v2 backend's file protocol (this project's machines have controllers on v1 only,
+    so the real v2 path cannot run here): detection through mountinfo and /proc/self/cgroup,
+    enabling memory+pids for children, the limits written, and removal."""
+    from gspo import sandbox_cgroup
+
+    root = tmp_path / "cgroup2"
+    own = root / "trainer.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.subtree_control").write_text("cpu\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"41 31 0:38 / {root} rw,relatime - cgroup2 cgroup2 rw\n")
+    self_cgroup = tmp_path / "cgroup"
+    self_cgroup.write_text("0::/trainer.scope\n")
+    monkeypatch.setattr(sandbox_cgroup, "_MOUNTINFO", str(mountinfo))
+    monkeypatch.setattr(sandbox_cgroup, "_SELF_CGROUP", str(self_cgroup))
+    monkeypatch.setattr(sandbox_cgroup, "_detected", {})
+    backend, why = sandbox_cgroup.detect()
+    assert backend == sandbox_cgroup.Backend("v2", (str(own),)) and why == ""
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    run = sandbox_cgroup.RunCgroup(backend, 256 << 20, 10)
+    (child,) = run.dirs
+    assert Path(child).parent == own and Path(child).name.startswith("gspo-sandbox-")
+    assert (Path(child) / "memory.max").read_text() == str(256 << 20)
+    assert (Path(child) / "pids.max").read_text() == "10"
+    assert run.procs_files == [f"{child}/cgroup.procs"] and run.pids() == []
+    (Path(child) / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert run.memory_limit_hit()
+    for f in Path(child).iterdir():  # cgroupfs drops its files itself on rmdir
+        f.unlink()
+    run.remove()
+    assert not Path(child).exists()
+    # A parent without the controllers to give: no backend, and the reason.
+    (own / "cgroup.controllers").write_text("cpu\n")
+    monkeypatch.setattr(sandbox_cgroup, "_detected", {})
+    monkeypatch.setattr(sandbox_cgroup, "_own_paths", lambda: {"": "/trainer.scope"})
+    backend, why = sandbox_cgroup.detect()
+    assert backend is None and "not memory+pids" in why
