@@ -419,16 +419,45 @@ def test_run_memory_is_bounded_by_its_cgroup() -> None:
     assert roomy.ok and roomy.stdout.count("held") == 4 and not roomy.memory_limit, roomy.stderr
 
 
-def test_run_tasks_are_bounded_by_its_cgroup_without_rlimit_help() -> None:
-    """pids.max counts the run's tasks; checked where RLIMIT_NPROC is generous."""
+JOIN_AND_FORK = """
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+n = 0
+for _ in range(32):
+    try:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        n += 1
+    except OSError:
+        break
+print(n, flush=True)
+"""
+
+
+def test_run_cgroup_bounds_tasks_by_itself() -> None:
+    """pids.max of a run's cgroup, alone (in a run RLIMIT_NPROC applies as well): a root
+    process in a cgroup with pids.max 4 starts 3 children, then fork fails."""
     needs_cgroup()
-    code = (
-        "import os, time\nn = 0\nfor _ in range(64):\n"
-        "    try:\n        if os.fork() == 0:\n            time.sleep(5); os._exit(0)\n"
-        "        n += 1\n    except OSError:\n        break\nprint(n, flush=True)\nos._exit(0)"
-    )
-    result = run_python(code, config=SandboxConfig(timeout_s=10, max_processes=6))
-    assert result.ok and int(result.stdout) < 6
+    from gspo.sandbox_cgroup import RunCgroup
+
+    backend, _ = detect_cgroup()
+    cgroup = RunCgroup(backend, 256 << 20, 4)
+    try:
+        procs_file = cgroup.procs_files[-1]  # the pids hierarchy (v1) or the one cgroup (v2)
+        out = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", JOIN_AND_FORK, procs_file],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.stdout.strip() == "3", out.stderr
+    finally:
+        assert cgroup.kill_all()
+        cgroup.remove()
+    assert not any(os.path.exists(d) for d in cgroup.dirs)
 
 
 # --------------------------------------------------------------------------------------------
