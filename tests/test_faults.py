@@ -158,11 +158,28 @@ def test_unwritable_output_folder_fails_before_work(tmp_path):
         (dict(clip_low=1.5), "clip_low must be in"),
         (dict(algo="ppo"), "algo must be one of"),
         (dict(long_prompts="cut"), "long_prompts must be"),
+        (dict(reward_workers=-1), "reward_workers must be >= 0"),
     ],
 )
 def test_invalid_configs_rejected_up_front(overrides, message):
     with pytest.raises(ConfigError, match=message):
         build(TrainConfig, preset="smoke", overrides=overrides)
+
+
+def test_trainer_scores_rewards_with_reward_workers_at_once(tmp_path, monkeypatch):
+    """reward_workers reaches score(): the reward only succeeds when four calls meet."""
+    import threading
+
+    barrier = threading.Barrier(4, timeout=10)
+
+    def reward(text, example):
+        barrier.wait()  # BrokenBarrierError (a reward error) unless 4 calls run at once
+        return 1.0
+
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: varied_task(reward))
+    result = train(cfg_for(tmp_path, steps=1, reward_workers=4))
+    steps = [r for r in result.history if "reward/mean" in r]
+    assert steps[0]["reward/errors"] == 0 and steps[0]["reward/mean"] == 1.0
 
 
 def test_hanging_reward_times_out_and_is_counted(tmp_path, monkeypatch):

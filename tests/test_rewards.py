@@ -228,3 +228,58 @@ def test_registry() -> None:
     assert get_reward("numeric") is numeric_match
     with pytest.raises(ValueError, match="exact_match"):
         get_reward("nope")
+
+
+# --------------------------------------------------------------------------------------------
+# Parallel scoring
+# --------------------------------------------------------------------------------------------
+
+
+def test_score_workers_run_calls_at_once_bounded_and_in_order() -> None:
+    from gspo.rewards import reward_workers, score
+
+    lock = threading.Lock()
+    running = [0, 0]  # now, most at once
+    barrier = threading.Barrier(3, timeout=10)
+
+    def reward(completion: str, example: Example) -> float:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[1], running[0])
+        try:
+            if completion.startswith("meet"):
+                barrier.wait()  # only returns once three calls run at the same time
+            if completion == "raise":
+                raise ValueError("bad")
+            return float(len(completion))
+        finally:
+            with lock:
+                running[0] -= 1
+
+    completions = ["meet1", "meet22", "meet333", "raise", "a", "bb", "ccc", "dddd", "e"]
+    rewards, errors = score(reward, completions, [Example("", "")] * 9, workers=3)
+    assert rewards == [5.0, 6.0, 7.0, 0.0, 1.0, 2.0, 3.0, 4.0, 1.0] and errors == 1
+    assert running[1] == 3  # three at once, never more
+    sequential = score(reward, completions[3:], [Example("", "")] * 6)
+    assert sequential == ([0.0, 1.0, 2.0, 3.0, 4.0, 1.0], 1)
+    with pytest.raises(ValueError, match="workers"):
+        score(reward, ["a"], [Example("", "")], workers=0)
+    assert reward_workers(reward) == 1 and reward_workers(reward, 5) == 5
+
+
+def test_reward_workers_finds_the_sandbox_inside_wrappers() -> None:
+    import os
+
+    from gspo.rewards import MAX_AUTO_REWARD_WORKERS, combine, format_reward, reward_workers
+    from gspo.sandbox import code_reward, with_timeout
+
+    auto = max(1, min(MAX_AUTO_REWARD_WORKERS, os.cpu_count() or 1))
+    for fn in (
+        code_reward,
+        functools.partial(code_reward, all_or_nothing=True),
+        combine((code_reward, 1.0), (format_reward, 0.1)),
+        with_timeout(code_reward, 5.0),
+    ):
+        assert reward_workers(fn) == auto, fn
+    assert reward_workers(exact_match) == 1
+    assert reward_workers(combine((exact_match, 1.0), (format_reward, 0.1))) == 1

@@ -24,6 +24,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from sandbox_checks import (
+    ROOT,
+    SYSTEM_PYTHON,
+    history_mark,
+    leftovers,
+    needs,
+    needs_root,
+    needs_system_python,
+)
 
 from gspo.rewards import get_reward, score
 from gspo.sandbox import (
@@ -53,42 +62,48 @@ def ex(**meta: object) -> Example:
     return Example(prompt="", answer="", meta=dict(meta))
 
 
-def sandbox_uids() -> list[int]:
-    """Live processes running as any sandbox uid (there should be none between runs)."""
-    config = SandboxConfig()
-    uids = range(config.base_uid, config.base_uid + config.uid_slots)
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                status = Path(f"/proc/{entry}/status").read_text()
-            except OSError:
-                continue
-            uid = int(
-                next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1]
-            )
-            if uid in uids:
-                found.append(int(entry))
-    return found
+# What a root caller on Linux must get (CI runs as root): with it, each test's conditional
+# assertions below ("if iso.network_blocked") always run, so a missing mechanism fails them.
+FULL_ISOLATION = {
+    "uid",
+    "nproc",
+    "no_new_privs",
+    "mountns",
+    "netns",
+    "pidns",
+    "ipcns",
+    "utsns",
+    "seccomp",
+    "keyring",
+}
 
 
 @pytest.fixture(scope="module")
 def iso():
-    return isolation()
+    found = isolation()
+    if ROOT:
+        needs(
+            found.mechanisms >= FULL_ISOLATION,
+            f"needs namespaces and seccomp as root (a container without CAP_SYS_ADMIN lacks "
+            f"them); missing: {found.missing}",
+        )
+    return found
 
 
 @pytest.fixture(autouse=True)
 def no_leftovers():
+    # Scoped to the runs this test started: other suites may run sandboxes meanwhile.
+    mark = history_mark()
     yield
-    assert sandbox_uids() == [], "a sandboxed process outlived its run"
+    assert leftovers(mark) == [], "a sandboxed process outlived its run"
 
 
 def test_isolation_on_this_machine(iso) -> None:
     print("active:", sorted(iso.mechanisms), "missing:", iso.missing)
-    if os.geteuid() == 0:
-        assert {"uid", "nproc", "no_new_privs"} <= iso.mechanisms
     # Either a real network namespace or the documented weak fallback.
     assert "netns" in iso.mechanisms or "audit_hook" in iso.mechanisms
+    needs_root()
+    assert iso.mechanisms >= FULL_ISOLATION  # (the fixture made sure; stated here for the log)
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,13 +210,12 @@ while True:
 
 
 def test_fork_bomb_is_contained(iso) -> None:
-    before = len(os.listdir("/proc"))
+    mark = history_mark()
     result = run_python(FORK_BOMB, config=FAST)
     assert result.timed_out and not result.ok
-    # Every descendant is gone (the autouse fixture checks the sandbox uids too) and the
-    # caller can still start processes.
+    # Every descendant is gone and the caller can still start processes.
+    assert leftovers(mark) == []
     assert subprocess.run(["true"], check=False).returncode == 0
-    assert len(os.listdir("/proc")) < before + 20
     if iso.processes_bounded:
         # The process count was capped while it ran: count them from inside.
         probe = run_python(
@@ -391,17 +405,16 @@ def test_site_packages_hidden_unless_asked(iso) -> None:
 
 
 def test_another_interpreter(iso) -> None:
-    python = "/usr/bin/python3"
-    if not os.path.exists(python) or not iso.files_hidden:
-        pytest.skip("needs a system interpreter and a mount namespace")
+    python = SYSTEM_PYTHON
+    needs_system_python()
+    needs(iso.files_hidden, f"needs a mount namespace (missing: {iso.missing})")
     result = run_python("import sys\nprint(sys.executable)", config=SandboxConfig(python=python))
     assert result.ok and result.stdout.strip() == python
 
 
 def test_fallback_without_namespaces_blocks_sockets_with_the_audit_hook() -> None:
-    python = "/usr/bin/python3"
-    if not os.path.exists(python):
-        pytest.skip("no system interpreter to run without a mount namespace")
+    python = SYSTEM_PYTHON
+    needs_system_python()  # the caller's may be unreachable for the sandbox uid (/root)
     config = SandboxConfig(timeout_s=5, namespaces=False, python=python)
     try:
         result = run_python(
@@ -410,7 +423,7 @@ def test_fallback_without_namespaces_blocks_sockets_with_the_audit_hook() -> Non
             config=config,
         )
     except SandboxError as exc:  # e.g. the interpreter is unreachable for the sandbox uid
-        pytest.skip(f"fallback not runnable here: {exc}")
+        needs(False, f"the fallback cannot run here: {exc}")
     assert (
         "audit_hook" in result.isolation.mechanisms and "netns" not in result.isolation.mechanisms
     )
@@ -516,7 +529,15 @@ def test_extract_code(completion: str, code: str) -> None:
     [
         ("3\n", "3", True),
         ("1  2\n3", "1 2\n3\n", True),
-        ("3.0000001", "3", True),
+        ("3.0000001", "3", False),  # an integer answer is exact
+        ("3.0000001", "3.0", True),  # a float answer within 1e-6
+        ("3.0", "3", True),  # equal in value (LiveCodeBench's Decimal comparison)
+        ("1000000999999", "1000000000000", False),  # near-miss large integer
+        ("1000000000000", "1000000000000", True),
+        # beyond int()'s digit limit: still exact
+        pytest.param("1" * 5000, "1" * 4999 + "2", False, id="5000-digit-near-miss"),
+        ("1e3", "1000", True),
+        ("1000.5", "1000", False),
         ("0.333333", "0.3333333333", True),
         ("3.1", "3", False),
         ("1 2", "1 2 3", False),
@@ -627,10 +648,10 @@ print(json.dumps({"mechanisms": sorted(result.isolation.mechanisms), "stdout": r
 
 def test_unprivileged_caller_gets_user_namespaces() -> None:
     """A non-root trainer: a user namespace stands in for the dedicated uid."""
-    python = "/usr/bin/python3"
+    python = SYSTEM_PYTHON
     src = str(Path(__file__).resolve().parents[1] / "src")
-    if os.geteuid() != 0 or not os.path.exists(python):
-        pytest.skip("needs root (to become nobody) and a system interpreter")
+    needs_root()  # to become nobody
+    needs_system_python()
     proc = subprocess.run(
         [python, "-I", "-c", UNPRIVILEGED_CALLER, src],
         user=65534,
@@ -643,11 +664,9 @@ def test_unprivileged_caller_gets_user_namespaces() -> None:
         timeout=60,
         check=False,
     )
-    if proc.returncode != 0:
-        pytest.skip(f"cannot run as nobody here: {proc.stderr[-300:]}")
+    needs(proc.returncode == 0, f"cannot run as nobody here: {proc.stderr[-300:]}")
     report = json.loads(proc.stdout)
-    if "userns" not in report["mechanisms"]:
-        pytest.skip(f"no unprivileged user namespaces: {report}")
+    needs("userns" in report["mechanisms"], f"needs unprivileged user namespaces: {report}")
     assert {"mountns", "netns", "pidns", "nproc"} <= set(report["mechanisms"])
     inside = json.loads(report["stdout"])
     assert inside["uid"] == 65534 and int(inside["caps"], 16) == 0  # no capabilities left

@@ -17,6 +17,8 @@ import resource
 import sys
 from typing import Any
 
+from gspo import sandbox_seccomp
+
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
 _CLONE_NEWIPC = 0x08000000
@@ -37,6 +39,10 @@ _MS_RELATIME = 1 << 21
 _MNT_DETACH = 2
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+_KEYCTL_CLEAR = 7
+_KEY_SPEC_USER_KEYRING = -4
+_KEY_SPEC_USER_SESSION_KEYRING = -5
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
 
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
@@ -76,6 +82,26 @@ class _Libc:
         c = self._ctypes
         result = self.lib.prctl(option, c.c_ulong(arg), c.c_ulong(0), c.c_ulong(0), c.c_ulong(0))
         self._check(result, f"prctl({option})")
+
+    def keyctl(self, operation: int, arg: int) -> None:
+        """keyctl(2) through syscall(2): glibc has no wrapper (libkeyutils does)."""
+        machine = os.uname().machine
+        column = {"x86_64": 0, "aarch64": 1}.get(machine)
+        if column is None:
+            raise OSError(0, f"keyctl: unknown syscall number on {machine}")
+        c = self._ctypes
+        number = sandbox_seccomp.DENIED_EPERM["keyctl"][column]
+        result = self.lib.syscall(c.c_long(number), c.c_long(operation), c.c_long(arg))
+        self._check(0 if result >= 0 else result, f"keyctl({operation})")
+
+    def fresh_session_keyring(self) -> None:
+        """Join a new anonymous session keyring: the caller's keys are out of reach."""
+        self.keyctl(_KEYCTL_JOIN_SESSION_KEYRING, 0)
+
+    def clear_user_keyrings(self) -> None:
+        """Empty the user and user-session keyrings of the current uid."""
+        self.keyctl(_KEYCTL_CLEAR, _KEY_SPEC_USER_KEYRING)
+        self.keyctl(_KEYCTL_CLEAR, _KEY_SPEC_USER_SESSION_KEYRING)
 
     def sethostname(self, name: str) -> None:
         data = name.encode()
@@ -231,6 +257,12 @@ def _exec_program(libc: _Libc, spec: dict[str, Any], status_fd: int, nproc: bool
             os.setgroups([])
             os.setresgid(spec["gid"], spec["gid"], spec["gid"])
             os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+        if "keyring" in spec["applied"]:
+            # A session keyring of the program's own (boot's belongs to root), and nothing
+            # left in the uid's keyrings by an earlier run.
+            libc.fresh_session_keyring()
+            if spec["uid"] is not None:
+                libc.clear_user_keyrings()
         # Setuid binaries reachable under /usr can no longer raise privileges.
         libc.prctl(_PR_SET_NO_NEW_PRIVS, 1)
         # Set after setuid: changing credentials clears the parent-death signal.
@@ -254,6 +286,9 @@ def _exec_program(libc: _Libc, spec: dict[str, Any], status_fd: int, nproc: bool
         if spec["result_fd"] is not None:
             env["GSPO_RESULT_FD"] = str(spec["result_fd"])
         os.chdir(spec["cwd"])
+        if "seccomp" in spec["applied"]:
+            # Last, so that nothing above needs a denied call; it survives the exec.
+            sandbox_seccomp.install(libc.lib, os.uname().machine)
         os.execve(spec["python"], spec["argv"], env)
     except BaseException as exc:
         message = f"{type(exc).__name__}: {exc}"
@@ -298,8 +333,15 @@ def _init_stage(libc: _Libc, spec: dict[str, Any], status_fd: int, applied: list
         else:
             missing.append("nproc: no dedicated uid or user namespace (it would count the caller)")
         applied.append("no_new_privs")
+        if not spec["seccomp"]:
+            missing.append("seccomp: disabled (SandboxConfig.seccomp=False)")
+        elif sandbox_seccomp.build_filter(os.uname().machine) is None:
+            missing.append(f"seccomp: no filter for {os.uname().machine}")
+        else:
+            applied.append("seccomp")
         if spec["audit_hook"]:
             applied.append("audit_hook")
+        spec["applied"] = applied
         _write_status(status_fd, {"started": True, "isolation": applied, "missing": missing})
         child = os.fork()
         if child == 0:
@@ -345,7 +387,26 @@ def main(spec_path: str | None = None) -> None:
     status_fd = spec["status_fd"]
     libc = _Libc()
     applied: list[str] = []
-    missing: list[str] = []
+    missing: list[str] = list(spec["missing_before"])
+    # If the caller dies, so does the run (init and the program follow boot).
+    libc.prctl(_PR_SET_PDEATHSIG, 9)
+    if os.getppid() != spec["caller_pid"]:
+        os._exit(1)
+    try:
+        # Join the run's cgroup before anything else: every process of the run is then in it.
+        for path in spec["cgroup_procs"]:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+    except OSError as exc:
+        _write_status(status_fd, {"error": f"joining the run's cgroup failed: {exc}"})
+        os._exit(125)
+    if spec["cgroup_procs"]:
+        applied.append("cgroup")
+    try:
+        libc.fresh_session_keyring()  # the caller's session keyring stays with the caller
+        applied.append("keyring")
+    except OSError as exc:
+        missing.append(f"keyring: {exc}")
     if spec["uid"] is not None:
         applied.append("uid")
     wanted = [
@@ -403,10 +464,22 @@ def main(spec_path: str | None = None) -> None:
     pid = os.fork()
     if pid == 0:
         _init_stage(libc, spec, status_fd, applied)
+    _wait(pid)
+    if spec["uid"] is not None and "keyring" in applied:
+        # Teardown: leave nothing in the uid's keyrings (a killed run is cleared by the caller).
+        # Boot itself becomes the uid (it exits next): after the pid namespace's init has
+        # exited, this process can no longer fork.
+        with contextlib.suppress(OSError):
+            os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+            libc.clear_user_keyrings()
+    os._exit(0)
+
+
+def _wait(pid: int) -> None:
     while True:
         try:
             os.waitpid(pid, 0)
-            break
+            return
         except InterruptedError:
             continue
-    os._exit(0)

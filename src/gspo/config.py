@@ -132,6 +132,11 @@ class TrainConfig:
         "Seconds a reward call may take before it scores 0 and counts in reward/errors; 0: no limit.",
         0.0,
     )
+    reward_workers: int = _doc(
+        "Reward calls scored at once (threads); 0: one per core, at most 8, for sandboxed code "
+        "rewards and 1 for others (gspo.rewards.reward_workers).",
+        0,
+    )
     max_prompt_tokens: int = _doc("Longest prompt in tokens accepted for training; 0: no limit.", 0)
     long_prompts: str = _doc(
         "Prompts over max_prompt_tokens: 'error', 'truncate' (keep the last tokens) or 'skip'; "
@@ -673,6 +678,7 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         f"bad_rows must be 'error' or 'skip', got {cfg.bad_rows!r}",
     )
     need(cfg.reward_timeout_s >= 0, f"reward_timeout_s must be >= 0, got {cfg.reward_timeout_s}")
+    need(cfg.reward_workers >= 0, f"reward_workers must be >= 0, got {cfg.reward_workers}")
     need(cfg.max_prompt_tokens >= 0, f"max_prompt_tokens must be >= 0, got {cfg.max_prompt_tokens}")
     need(
         cfg.long_prompts in ("error", "truncate", "skip"),

@@ -16,7 +16,7 @@ import torch
 from .build import decode_completions
 from .chat import PromptFormat
 from .chat import prompt_format as prompt_format_for
-from .rewards import score
+from .rewards import reward_workers, score
 from .rollout.base import SamplingParams
 from .tasks.base import Example, RewardFn
 
@@ -67,7 +67,7 @@ def _generate_scored(engine, fmt, examples, reward_fn, params, n, generator, bat
         rollout = engine.generate(fmt.encode([e.prompt for e in chunk]), n, params, generator)
         texts = decode_completions(fmt.tokenizer, rollout.completion_ids, rollout.completion_mask)
         repeated = [e for e in chunk for _ in range(n)]
-        r, err = score(reward_fn, texts, repeated)
+        r, err = score(reward_fn, texts, repeated, workers=reward_workers(reward_fn))
         errors += err
         rewards += [r[i * n : (i + 1) * n] for i in range(len(chunk))]
         texts_out += [texts[i * n : (i + 1) * n] for i in range(len(chunk))]

@@ -9,9 +9,11 @@ counts it, so a buggy user reward cannot crash a training run.
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import math
 import numbers
+import os
 import re
 import threading
 from collections import Counter
@@ -43,7 +45,9 @@ __all__ = [
     "math_verify_match",
     "numeric_match",
     "overlong_penalty",
+    "reward_workers",
     "score",
+    "uses_sandbox",
 ]
 
 
@@ -309,6 +313,7 @@ def combine(*weighted: tuple[RewardFn, float]) -> RewardFn:
     def combined(completion: str, example: Example) -> float:
         return sum(weight * float(fn(completion, example)) for fn, weight in parts)
 
+    combined.parts = parts  # type: ignore[attr-defined]  # read by uses_sandbox
     combined.__doc__ = "Weighted sum of " + ", ".join(
         f"{weight:g}*{getattr(fn, '__name__', repr(fn))}" for fn, weight in parts
     )
@@ -336,6 +341,7 @@ def score(
     examples: Sequence[Example],
     *,
     timeout_s: float | None = None,
+    workers: int = 1,
 ) -> tuple[list[float], int]:
     """Apply ``reward_fn`` to each (completion, example) pair; return (rewards, n_errors).
 
@@ -346,27 +352,73 @@ def score(
     counts as an error (:func:`gspo.sandbox.with_timeout`, thread mode: the late call is left
     running in the background; wrap the reward with ``mode="process"`` yourself to have it
     killed). Without it a hanging reward blocks the caller.
+
+    ``workers`` > 1 scores that many calls at once in threads (same results, same order):
+    worth it for rewards that wait on a process, such as the code sandbox
+    (:func:`reward_workers` picks a count), not for pure-Python ones (the GIL).
     """
     if len(completions) != len(examples):
         raise ValueError(
             f"{len(completions)} completions but {len(examples)} examples; they must pair up"
         )
+    if not (isinstance(workers, int) and workers >= 1):
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
     if timeout_s is not None:
         reward_fn = with_timeout(reward_fn, timeout_s)
-    rewards: list[float] = []
-    n_errors = 0
-    for completion, example in zip(completions, examples, strict=True):
+
+    def one(pair: tuple[str, Example]) -> float | None:
         try:
-            value = _as_reward(reward_fn(completion, example))
+            return _as_reward(reward_fn(*pair))
         # SystemExit too: a user reward calling sys.exit() must not end the training run.
         except (Exception, SystemExit):
             logger.debug("reward %r raised", reward_fn, exc_info=True)
-            value = None
-        if value is None:
-            n_errors += 1
-            value = 0.0
-        rewards.append(value)
-    return rewards, n_errors
+            return None
+
+    pairs = list(zip(completions, examples, strict=True))
+    if workers > 1 and len(pairs) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(workers, len(pairs)), thread_name_prefix="reward") as pool:
+            values = list(pool.map(one, pairs))
+    else:
+        values = [one(pair) for pair in pairs]
+    n_errors = sum(value is None for value in values)
+    return [0.0 if value is None else value for value in values], n_errors
+
+
+MAX_AUTO_REWARD_WORKERS = 8
+"""Upper bound of :func:`reward_workers`' automatic choice (each worker may hold a sandboxed
+run with its own memory bound, ``SandboxConfig.run_memory_mb``)."""
+
+
+def uses_sandbox(reward_fn: RewardFn) -> bool:
+    """Whether ``reward_fn`` runs programs in the code sandbox: :func:`code_reward`, a
+    ``functools.partial`` of it, a :func:`combine` or thread-mode timeout containing it."""
+    stack: list[Any] = [reward_fn]
+    for _ in range(100):  # bounded: a wrapper pointing at itself must not loop
+        if not stack:
+            return False
+        fn = stack.pop()
+        if getattr(fn, "uses_sandbox", False) is True:
+            return True
+        if isinstance(fn, functools.partial):
+            stack.append(fn.func)
+        stack.extend(part for part, _ in getattr(fn, "parts", ()))
+        if callable(getattr(fn, "fn", None)):
+            stack.append(fn.fn)
+    return False
+
+
+def reward_workers(reward_fn: RewardFn, requested: int = 0) -> int:
+    """How many reward calls :func:`score` runs at once: ``requested`` if positive; else one
+    per CPU core (at most :data:`MAX_AUTO_REWARD_WORKERS`) for sandboxed rewards, 1 for the
+    rest (pure-Python rewards gain nothing from threads and math-verify's own timeout needs
+    the main thread)."""
+    if requested > 0:
+        return requested
+    if uses_sandbox(reward_fn):
+        return max(1, min(MAX_AUTO_REWARD_WORKERS, os.cpu_count() or 1))
+    return 1
 
 
 # --------------------------------------------------------------------------------------------

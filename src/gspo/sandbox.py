@@ -36,6 +36,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gspo.sandbox_cgroup import RunCgroup
+from gspo.sandbox_cgroup import detect as detect_cgroup
+from gspo.sandbox_compare import loads as _loads
+from gspo.sandbox_compare import outputs_match, parse_results, short_repr, values_match
+from gspo.sandbox_python import SYSTEM_DIRS
+from gspo.sandbox_python import python_dirs as interpreter_dirs
+from gspo.sandbox_slots import SlotError, UidSlot, clear_keyrings, kill_uid
+
 if TYPE_CHECKING:
     from gspo.tasks.base import Example, RewardFn
 
@@ -103,6 +111,15 @@ class SandboxConfig:
     namespaces: bool = True
     """Use Linux namespaces. Off only to exercise the fallbacks (tests) or where unsharing is
     known to misbehave; the program then sees the host filesystem (as the sandbox uid)."""
+    seccomp: bool = True
+    """Install the seccomp filter of :mod:`gspo.sandbox_seccomp` (x86_64 and aarch64)."""
+    cgroup: bool = True
+    """Put each run in its own cgroup (v2, else v1 memory + pids) where the host allows it."""
+    cgroup_parent: str | None = None
+    """A delegated cgroup v2 directory to create run cgroups in; None: the caller's own."""
+    run_memory_mb: int = 1024
+    """Memory of the whole run with a cgroup: all its processes, its tmpfs files, shared
+    memory and page cache together (memory.max, or memory.limit_in_bytes on v1)."""
 
     def validate(self) -> None:
         """Raise ValueError listing every bad field."""
@@ -117,6 +134,7 @@ class SandboxConfig:
             "tmpfs_mb",
             "max_open_files",
             "uid_slots",
+            "run_memory_mb",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -125,6 +143,8 @@ class SandboxConfig:
             problems.append(
                 f"memory_mb must be at least 64 (Python needs it), got {self.memory_mb}"
             )
+        if self.run_memory_mb < 64:
+            problems.append(f"run_memory_mb must be at least 64, got {self.run_memory_mb}")
         if self.max_open_files < 16:
             problems.append(f"max_open_files must be at least 16, got {self.max_open_files}")
         if not 1000 <= self.base_uid <= 2**31 - 1 - self.uid_slots:
@@ -144,7 +164,9 @@ class Isolation:
     """Subset of: ``uid`` (dedicated unprivileged uid), ``userns`` (user namespace, non-root),
     ``mountns`` (private tmpfs root; caller's files invisible), ``netns`` (no network),
     ``pidns`` (own pid namespace; all descendants die with it), ``ipcns``, ``utsns``,
-    ``nproc`` (RLIMIT_NPROC applied), ``no_new_privs``, ``audit_hook`` (the weak fallback
+    ``nproc`` (RLIMIT_NPROC applied), ``no_new_privs``, ``seccomp`` (the system-call filter),
+    ``keyring`` (fresh session keyring; user keyrings cleared), ``cgroup`` (a per-run cgroup
+    bounding the memory and tasks of the whole run), ``audit_hook`` (the weak fallback
     that blocks sockets and subprocesses from inside Python when there is no netns)."""
     missing: tuple[str, ...] = ()
     """Why each wanted mechanism is absent, as ``"name: reason"``."""
@@ -159,7 +181,21 @@ class Isolation:
 
     @property
     def processes_bounded(self) -> bool:
-        return "nproc" in self.mechanisms
+        return "nproc" in self.mechanisms or "cgroup" in self.mechanisms
+
+    @property
+    def run_memory_bounded(self) -> bool:
+        return "cgroup" in self.mechanisms
+
+    def summary(self) -> str:
+        """One line saying which guarantees hold (logged once per process)."""
+        memory = (
+            "whole-run memory bounded by a cgroup (tmpfs, shared memory and page cache count)"
+            if self.run_memory_bounded
+            else "memory bounded per process only (RLIMIT_AS; no cgroup)"
+        )
+        line = f"sandbox: active {', '.join(sorted(self.mechanisms)) or 'nothing'}; {memory}"
+        return line + (f"; missing: {'; '.join(self.missing)}" if self.missing else "")
 
 
 @dataclass(frozen=True)
@@ -180,6 +216,8 @@ class RunResult:
     error: str | None = None
     """Set when the sandbox ended without reporting the program's exit status (init killed
     from outside, e.g. by the kernel's OOM killer). Setup failures raise SandboxError."""
+    memory_limit: bool = False
+    """The run reached its cgroup memory bound (``run_memory_mb``)."""
 
     @property
     def ok(self) -> bool:
@@ -211,10 +249,6 @@ exec(_code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __
 """
 
 
-# Host directories the interpreter needs, bound read-only at the same path. /etc, /home, /root,
-# /tmp, /var, /work, /mnt, /opt, /srv... are not bound, so they do not exist inside.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
-
 # Imported from the package directory, so the boot stage uses its cached bytecode rather than
 # compiling a script on every run.
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -222,137 +256,6 @@ _BOOT_COMMAND = (
     f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); "
     "from gspo._sandbox_boot import main; main()"
 )
-
-
-def _python_dirs(python: str, site_packages: bool) -> tuple[list[str], list[str]]:
-    """(directories to bind for the interpreter, site-packages dirs to hide)."""
-    import sysconfig
-
-    # <prefix>/bin/python -> <prefix>, both for the path as given (a venv) and its target.
-    candidates = {
-        os.path.dirname(os.path.dirname(os.path.realpath(python))),
-        os.path.dirname(os.path.dirname(os.path.abspath(python))),
-    }
-    ours = os.path.realpath(python) == os.path.realpath(sys.executable)
-    if ours:  # prefixes and site-packages are known only for the interpreter we run in
-        candidates |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    dirs: list[str] = []
-    for path in sorted(os.path.realpath(p) for p in candidates):
-        if not os.path.isdir(path):
-            continue
-        # Already visible through a system directory, or through a shorter prefix here?
-        if any(path == d or path.startswith(d.rstrip("/") + "/") for d in (*SYSTEM_DIRS, *dirs)):
-            continue
-        dirs.append(path)
-    hidden: list[str] = []
-    if ours and not site_packages:
-        paths = sysconfig.get_paths()
-        for key in ("purelib", "platlib"):
-            p = os.path.realpath(paths[key])
-            if os.path.isdir(p) and p not in hidden:
-                hidden.append(p)
-    return dirs, hidden
-
-
-_slot_lock_dir: str | None = None
-
-
-class _UidSlot:
-    """A dedicated sandbox uid for the duration of one run (an exclusive flock per uid).
-
-    RLIMIT_NPROC counts every process of a uid system-wide, so concurrent runs (threads or
-    processes of the caller) must not share one: a fork bomb in one would starve the others.
-    """
-
-    def __init__(self, config: SandboxConfig) -> None:
-        import fcntl
-
-        global _slot_lock_dir
-        if _slot_lock_dir is None:
-            import tempfile
-
-            path = os.path.join(tempfile.gettempdir(), f"gspo-sandbox-slots-{os.geteuid()}")
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            st = os.lstat(path)
-            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                raise SandboxError(f"{path} must be a directory owned by us with mode 0700")
-            _slot_lock_dir = path
-        start = os.getpid() % config.uid_slots  # processes start at different slots
-        self._fd = -1
-        for attempt in range(2):
-            for i in range(config.uid_slots):
-                slot = (start + i) % config.uid_slots
-                fd = os.open(
-                    os.path.join(_slot_lock_dir, f"{config.base_uid + slot}.lock"),
-                    os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                    0o600,
-                )
-                flags = fcntl.LOCK_EX if attempt and i == 0 else fcntl.LOCK_EX | fcntl.LOCK_NB
-                try:
-                    fcntl.flock(fd, flags)  # second pass: all busy, wait for the first one
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                self._fd = fd
-                self.uid = config.base_uid + slot
-                return
-        raise SandboxError("no free sandbox uid slot")  # pragma: no cover - blocking pass
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing releases the flock
-            self._fd = -1
-
-
-def _processes_of(uid: int) -> list[int]:
-    """Pids whose real uid is ``uid`` (from /proc)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry))
-                        break
-        except (OSError, ValueError):
-            continue  # exited meanwhile
-    return pids
-
-
-def _kill_uid(uid: int) -> None:
-    """Kill every process of the sandbox uid, including any that escaped the process group."""
-    import signal
-    import time
-
-    for attempt in range(50):
-        pids = _processes_of(uid)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if attempt >= 2 and os.path.exists("/bin/sh"):
-            # Something keeps forking: kill(-1) as that uid kills all its processes in one
-            # pass that fork cannot race (the kernel holds the task list lock).
-            import subprocess
-
-            subprocess.run(
-                ["/bin/sh", "-c", "kill -9 -1"],
-                user=uid,
-                group=uid,
-                extra_groups=[],
-                env={},
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                check=False,
-            )
-        time.sleep(0.01)
-    logger.warning("sandbox uid %d still has processes after cleanup: %s", uid, pids)
 
 
 _SAFE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -398,16 +301,19 @@ def run_python(
         raise SandboxError(f"interpreter not found: {python}")
     is_root = os.geteuid() == 0
 
-    slot = _UidSlot(config) if is_root else None
+    try:
+        slot = UidSlot(config.base_uid, config.uid_slots) if is_root else None
+    except SlotError as exc:
+        raise SandboxError(str(exc)) from None
     uid = slot.uid if slot is not None else None
+    cgroup, cgroup_missing = _make_cgroup(config)
     workspace = tempfile.mkdtemp(prefix="gspo-sandbox-")
     status_r = status_w = result_r = result_w = -1
     stdout_fd = stderr_fd = -1
     streams: dict[int, bytearray] = {}
     proc: subprocess.Popen[bytes] | None = None
+    memory_limit = False
     try:
-        if uid is not None:
-            _kill_uid(uid)  # leftovers of a crashed earlier run would count against NPROC
         files_dir = os.path.join(workspace, "files")
         # Root-only (0700): without a mount namespace the program could otherwise read the
         # originals of its inputs, the harness's nonce among them, through ../files.
@@ -424,7 +330,10 @@ def run_python(
         if result_channel:
             result_r, result_w = os.pipe()
             pass_fds.append(result_w)
-        python_dirs, hidden_dirs = _python_dirs(python, config.site_packages)
+        try:
+            python_dirs, hidden_dirs = interpreter_dirs(python, config.site_packages)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            raise SandboxError(str(exc)) from None
         cwd = os.path.join(workspace, "work")  # used only without a mount namespace
         os.chmod(workspace, 0o711)  # the sandbox uid may traverse to its own cwd, no more
         flags = ["-I", "-B"] + ([] if config.site_packages else ["-S"])
@@ -433,6 +342,10 @@ def run_python(
         audit_argv = [python, *flags, "-c", _AUDIT_PRELUDE, "main.py", *args]
         cpu_s = math.ceil(config.timeout_s) + 1
         spec = {
+            "caller_pid": os.getpid(),
+            "cgroup_procs": cgroup.procs_files if cgroup is not None else [],
+            "missing_before": cgroup_missing,
+            "seccomp": config.seccomp,
             "status_fd": status_w,
             "result_fd": result_w if result_channel else None,
             "uid": uid,
@@ -530,6 +443,7 @@ def run_python(
         selector.close()
         duration = time.monotonic() - start
     finally:
+        boot_finished = proc is not None and proc.poll() is not None
         if proc is not None:
             # The group id is boot's pid, which stays ours until we reap it below.
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -538,8 +452,14 @@ def run_python(
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
+        if cgroup is not None:
+            cgroup.kill_all()
+            memory_limit = cgroup.memory_limit_hit()
+            cgroup.remove()
         if uid is not None:
-            _kill_uid(uid)
+            kill_uid(uid)
+            if not boot_finished:  # killed before boot's teardown cleared the uid's keyrings
+                clear_keyrings(uid)
         for fd in (status_r, status_w, result_r, result_w):
             if fd >= 0:
                 os.close(fd)
@@ -566,6 +486,7 @@ def run_python(
         raise SandboxError(f"sandbox setup failed: {error}; boot stderr: {bytes(stderr[-2000:])!r}")
     if not started:
         raise SandboxError(f"sandbox failed to start; boot stderr: {bytes(stderr[-2000:])!r}")
+    _log_summary_once(isolation_info)
     if returncode is None and not (timed_out or output_limit):
         error = "the sandbox ended without reporting the program's exit status"
     return RunResult(
@@ -578,7 +499,33 @@ def run_python(
         isolation=isolation_info,
         result=bytes(streams[result_r]) if result_r in streams else b"",
         error=error,
+        memory_limit=memory_limit,
     )
+
+
+_summary_logged = False
+
+
+def _log_summary_once(info: Isolation) -> None:
+    """The startup line: which guarantees hold here (a warning when some are missing)."""
+    global _summary_logged
+    if not _summary_logged:
+        _summary_logged = True
+        (logger.warning if info.missing else logger.info)("%s", info.summary())
+
+
+def _make_cgroup(config: SandboxConfig) -> tuple[RunCgroup | None, list[str]]:
+    """The run's cgroup, or None and the reason for ``Isolation.missing``."""
+    if not config.cgroup:
+        return None, ["cgroup: disabled (SandboxConfig.cgroup=False)"]
+    backend, why = detect_cgroup(config.cgroup_parent)
+    if backend is None:
+        return None, [f"cgroup: {why}"]
+    try:
+        # Boot and init are in it too, so the task bound has room for them.
+        return RunCgroup(backend, config.run_memory_mb << 20, config.max_processes + 2), []
+    except OSError as exc:
+        return None, [f"cgroup: creating the run's cgroup failed: {exc}"]
 
 
 _isolation_cache: dict[SandboxConfig, Isolation] = {}
@@ -616,51 +563,6 @@ def extract_code(completion: str) -> str:
         return completion.strip("\n")
     python_blocks = [code for lang, code in blocks if lang in ("python", "py", "python3")]
     return (python_blocks or [code for _, code in blocks])[-1].strip("\n")
-
-
-_NUMBER_TOLERANCE = 1e-6
-
-
-def _tokens_match(actual: str, expected: str) -> bool:
-    if actual == expected:
-        return True
-    try:
-        a, e = float(actual), float(expected)
-    except ValueError:
-        return False
-    if not (math.isfinite(a) and math.isfinite(e)):
-        return False
-    return math.isclose(a, e, rel_tol=_NUMBER_TOLERANCE, abs_tol=_NUMBER_TOLERANCE)
-
-
-def outputs_match(actual: str, expected: str) -> bool:
-    """Whether a program's stdout answers a stdin/stdout test.
-
-    Compared token by token (any whitespace, trailing newlines included, is a separator), and
-    numbers within 1e-6 (absolute or relative) count as equal, as competitive-programming
-    judges usually do: "3.0000001" matches "3", "1 2\\n" matches "1  2".
-    """
-    a, e = actual.split(), expected.split()
-    return len(a) == len(e) and all(_tokens_match(x, y) for x, y in zip(a, e, strict=True))
-
-
-def _values_match(actual: Any, expected: Any) -> bool:
-    """Equality of JSON values, with the numeric tolerance of :func:`outputs_match`."""
-    if isinstance(expected, bool) or isinstance(actual, bool):
-        return actual is expected
-    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
-        if isinstance(expected, int) and isinstance(actual, int):
-            return actual == expected
-        return math.isclose(actual, expected, rel_tol=_NUMBER_TOLERANCE, abs_tol=_NUMBER_TOLERANCE)
-    if isinstance(expected, list) and isinstance(actual, list):
-        return len(actual) == len(expected) and all(
-            _values_match(a, e) for a, e in zip(actual, expected, strict=True)
-        )
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        return actual.keys() == expected.keys() and all(
-            _values_match(actual[k], expected[k]) for k in expected
-        )
-    return bool(actual == expected)
 
 
 def _decode_test_cases(value: Any, field_name: str) -> list[dict[str, Any]]:
@@ -789,11 +691,11 @@ class TestSuite:
             raise ValueError("functional test cases need meta['func_name'] (or metadata.func_name)")
         try:
             args = tuple(
-                [json.loads(line) for line in str(c["input"]).split("\n") if line.strip()]
+                [_loads(line) for line in str(c["input"]).split("\n") if line.strip()]
                 for c in cases
             )
-            expected = tuple(json.loads(str(c["output"])) for c in cases)
-        except json.JSONDecodeError as exc:
+            expected = tuple(_loads(str(c["output"])) for c in cases)
+        except (ValueError, RecursionError, ArithmeticError) as exc:
             raise ValueError(f"functional test case is not JSON: {exc}") from None
         return cls("call", args, expected, func_name)
 
@@ -826,6 +728,8 @@ _HARNESS = r"""
 import builtins, io, json, os, signal, sys, threading, time
 
 def main():
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # answers may be integers of any length
     out = os.fdopen(int(os.environ.pop("GSPO_RESULT_FD")), "w", encoding="utf-8")
     with open("tests.json", encoding="utf-8") as f:
         cfg = json.load(f)
@@ -988,21 +892,7 @@ def run_tests(
         config=config,
         result_channel=True,
     )
-    reports: dict[int, dict[str, Any]] = {}
-    for line in run.result.decode("utf-8", "replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        # First report per test wins: the harness writes it right after the test ran.
-        if (
-            isinstance(record, dict)
-            and record.get("nonce") == nonce
-            and isinstance(record.get("i"), int)
-            and 0 <= record["i"] < n
-            and record["i"] not in reports
-        ):
-            reports[record["i"]] = record
+    reports, problems = parse_results(run.result, nonce, n)
     passed: list[bool] = []
     errors: list[str | None] = []
     for i in range(n):
@@ -1017,19 +907,24 @@ def run_tests(
                 reason = run.error
             elif run.returncode not in (0, None):
                 reason = f"harness exited with status {run.returncode}: {run.stderr[-300:]}"
+            if problems:
+                reason += "; malformed result records: " + "; ".join(problems)
             passed.append(False)
             errors.append(reason)
             continue
-        ok = record.get("ok") is True
+        ok = record["ok"]
         error = record.get("error")
+        value = record.get("value")
         if ok and suite.kind == "stdio":
-            ok = outputs_match(str(record.get("value")), suite.expected[i])
+            ok = isinstance(value, str) and outputs_match(value, suite.expected[i])
             error = None if ok else "wrong output"
         elif ok and suite.kind == "call":
-            ok = _values_match(record.get("value"), suite.expected[i])
-            error = None if ok else f"returned {str(record.get('value'))[:200]}"
+            ok = values_match(value, suite.expected[i])
+            error = None if ok else f"returned {short_repr(value)}"
         passed.append(ok)
-        errors.append(None if ok else str(error))
+        errors.append(
+            None if ok else short_repr(error, 500) if not isinstance(error, str) else error
+        )
     return TestReport(tuple(passed), tuple(errors), run)
 
 
@@ -1064,6 +959,9 @@ def code_reward(
     if report.run.error is not None:
         logger.warning("code_reward: sandbox problem: %s", report.run.error)
     return (1.0 if report.all_passed else 0.0) if all_or_nothing else report.fraction
+
+
+code_reward.uses_sandbox = True  # type: ignore[attr-defined]  # gspo.rewards.reward_workers
 
 
 # --------------------------------------------------------------------------------------------

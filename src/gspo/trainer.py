@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ from .evaluation import evaluate
 from .logging import MetricsLogger, progress_postfix
 from .losses import policy_loss
 from .models import save_model, token_logprobs
-from .rewards import overlong_penalty, score
+from .rewards import overlong_penalty, reward_workers, score, uses_sandbox
 from .rollout.base import Rollout, SamplingParams
 from .rollout.torch_engine import TorchEngine
 
@@ -120,6 +121,11 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
     fmt = build_prompt_format(cfg, tokenizer, model)
     train_reward = build_train_reward(cfg, task)
+    workers = reward_workers(train_reward, cfg.reward_workers)
+    if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
+        from .sandbox import isolation
+
+        print(isolation().summary(), file=sys.stderr, flush=True)
     engine = TorchEngine(
         model,
         pad_id=tokenizer.pad_token_id,
@@ -223,12 +229,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
         repeated = [examples[i] for i in rollout.prompt_index.tolist()]
         rewards_list, reward_errors = score(
-            train_reward, texts, repeated, timeout_s=cfg.reward_timeout_s or None
+            train_reward, texts, repeated, timeout_s=cfg.reward_timeout_s or None, workers=workers
         )
         rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
         extra_rewards: dict[str, float] = {}
         if train_reward is not task.reward:  # a format bonus is on: log the task reward alone
-            task_rewards, _ = score(task.reward, texts, repeated)
+            task_rewards, _ = score(task.reward, texts, repeated, workers=workers)
             extra_rewards["reward/task"] = sum(task_rewards) / len(task_rewards)
         lengths = rollout.completion_lengths()  # [N]
         if cfg.overlong_buffer > 0:

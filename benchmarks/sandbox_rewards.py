@@ -1,0 +1,86 @@
+"""Time to score one training batch of code completions in the sandbox, by worker count.
+
+    python benchmarks/sandbox_rewards.py                  # 128 completions, workers 1, 2, 4, auto
+    python benchmarks/sandbox_rewards.py --n 32 --workers 1,4
+
+The batch is the built-in code task's problems (five assert tests each), half answered with
+the reference solution and half with a wrong one, scored by ``gspo.rewards.score`` with the
+code reward exactly as the trainer does. ``workers=1`` is how the trainer scored before
+rewards ran in parallel; ``auto`` is what it uses now (``gspo.rewards.reward_workers``: one
+per core, at most 8). Every configuration must give the same rewards; the script checks.
+
+Columns: ``seconds`` for the whole batch (one pass; the sandbox's first run and the
+interpreter query are warmed up before), ``ms / completion``, ``speed-up`` against
+``workers=1``, ``cores`` of this machine. Prints a Markdown table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from gspo.rewards import reward_workers, score
+from gspo.sandbox import code_reward, isolation
+from gspo.tasks import make_task
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WRONG = "```python\ndef f(x):\n    return x + 1\n```"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=128, help="completions in the batch")
+    parser.add_argument("--workers", default="1,2,4,auto", help="comma-separated counts")
+    parser.add_argument("--out", default=str(RESULTS / "sandbox_rewards.json"))
+    args = parser.parse_args(argv)
+
+    task = make_task("code", n_train=args.n, n_test=1, difficulty=2)
+    examples = [task.train[i % len(task.train)] for i in range(args.n)]
+    completions = [e.demo if i % 2 == 0 else WRONG for i, e in enumerate(examples)]
+    print(isolation().summary())  # also warms up the sandbox
+    rows = []
+    reference = None
+    for spec in args.workers.split(","):
+        workers = reward_workers(code_reward) if spec == "auto" else int(spec)
+        start = time.perf_counter()
+        rewards, errors = score(code_reward, completions, examples, workers=workers)
+        seconds = time.perf_counter() - start
+        reference = reference if reference is not None else rewards
+        if rewards != reference or errors:
+            raise SystemExit(f"workers={workers}: rewards differ from workers=1 ({errors} errors)")
+        rows.append({"workers": spec, "threads": workers, "seconds": seconds})
+    base = rows[0]["seconds"]
+    cores = os.cpu_count()
+    print(f"\n{args.n} completions, mean reward {sum(reference) / len(reference):.3f}\n")
+    print("| workers | seconds | ms / completion | speed-up | cores |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        row["ms_per_completion"] = 1000 * row["seconds"] / args.n
+        row["speedup"] = base / row["seconds"]
+        label = (
+            f"{row['workers']} ({row['threads']})" if row["workers"] == "auto" else row["workers"]
+        )
+        print(
+            f"| {label} | {row['seconds']:.2f} | {row['ms_per_completion']:.0f} "
+            f"| {row['speedup']:.2f}x | {cores} |"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": "sandbox_rewards",
+        "n": args.n,
+        "machine": platform.machine(),
+        "cores": cores,
+        "isolation": sorted(isolation().mechanisms),
+        "rows": rows,
+    }
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
