@@ -772,7 +772,7 @@ def ratios(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--workloads", default="d64-add,d128-rev", help=f"of {', '.join(WORKLOADS)}")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
     ap.add_argument(

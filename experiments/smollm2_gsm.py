@@ -43,7 +43,9 @@ ROOT = Path(__file__).resolve().parent
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--sft-steps", type=int, default=10, help="cold-start SFT steps; 0: none [10]")
     p.add_argument("--sft-batch-size", type=int, default=8, help="SFT sequences per step [8]")

@@ -513,7 +513,7 @@ def validate(cfg: Any) -> None:
     ]
     positive += ["num_kv_heads"]
     if isinstance(cfg, TrainConfig):
-        positive += ["prompts_per_step", "group_size", "num_minibatches"]
+        positive += ["prompts_per_step", "num_minibatches"]  # group_size: its own >= 2 check
     else:
         positive += ["batch_size"]
     for name in positive:

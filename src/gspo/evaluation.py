@@ -256,21 +256,10 @@ def run_eval(cfg: Any) -> dict[str, Any]:
 
 
 def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
-    """Add ``gspo eval`` to the ``gspo`` parser's subparsers (its flags are EvalConfig's)."""
-    from .config import EvalConfig
+    """Add ``gspo eval`` (kept in :mod:`gspo.cli_parsers`, which imports nothing heavy)."""
+    from .cli_parsers import add_eval_parser as add
 
-    p = sub.add_parser(
-        "eval",
-        help="score a model: greedy accuracy, avg@k and pass@k with standard errors, JSON report",
-        description=(
-            "Score --model on --data FILE (GSM8K: --prompt-key question --answer-format gsm8k; "
-            "MATH: --prompt-key problem --answer-key solution --answer-format boxed) or on the "
-            "held-out split of --task. Reports greedy accuracy, avg@k and pass@k (k = --samples) "
-            "with standard errors over problems, mean response length and the truncated share, "
-            "and writes them with per-problem records to --output."
-        ),
-    )
-    add_config_flags(p, EvalConfig)
+    add(sub, add_config_flags)
 
 
 def run_eval_cli(args: Any, overrides: Any) -> int:

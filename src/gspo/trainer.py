@@ -109,6 +109,11 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     out = Path(cfg.output_dir)
+    if resume:  # before any work: the checkpoint must belong to this run (gspo.resume)
+        from .resume import check_changes, saved_config
+
+        saved, _, found = saved_config(out)
+        check_changes(saved, to_dict(cfg), str(found))
     ensure_writable(out)
     # The run's config at its root, so `gspo report` can group runs by algo and seed.
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -141,11 +146,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
 
     start = 0
+    bad_streak = 0  # consecutive steps whose every update was skipped as non-finite
     if resume:
-        found = ckpt.latest_checkpoint(out)
-        if found is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoint_root(out)}")
-        start = ckpt.restore(found, model=model, optimizer=optimizer, scheduler=scheduler)["step"]
+        state = ckpt.restore(found, model=model, optimizer=optimizer, scheduler=scheduler)
+        start, bad_streak = state["step"], state.get("bad_streak", 0)
         engine.update_weights(model)
         # ref_model (kl_coef > 0) was copied above from the freshly built initial policy, before
         # the restore, so it already holds the reference weights an unbroken run would use.
@@ -204,7 +208,6 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         final_eval = run_eval(0)
 
     bar = _progress(cfg, start, last)
-    bad_streak = 0  # consecutive steps whose every update was skipped as non-finite
     for step in range(start, last):
         # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
         t0 = time.perf_counter()
@@ -308,6 +311,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
                 scheduler=scheduler,
                 config=to_dict(cfg),
                 keep=cfg.keep_checkpoints,
+                extra={"bad_streak": bad_streak},  # a resumed run continues the count
             )
         if bar is not None:
             bar.update(1)
@@ -423,13 +427,13 @@ def update_policy(
         if math.isfinite(float(grad_norm)) and math.isfinite(mb_loss):
             acc.add_scalar("grad_norm", float(grad_norm))
             optimizer.step()
+            scheduler.step()  # the schedule counts updates made, so a skip does not advance it
             skipped = 0.0
         else:
             # A non-finite loss or gradient would poison the weights and Adam's moments for
-            # good: drop this update (the schedule still advances) and count it.
+            # good: drop this update and count it.
             skipped = 1.0
         acc.add_scalar("faults/skipped_updates", skipped, reduce="sum")
-        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     model.eval()
     return acc.result()
