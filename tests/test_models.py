@@ -49,9 +49,17 @@ def test_tokenizer_round_trip(tok, text):
 
 
 def test_tokenizer_vocab_and_special_ids(tok):
-    assert len(tok) == 3 + 95
+    assert len(tok) == 3 + 95 + 1 + 1  # specials, printable ASCII, newline, <unk>
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (PAD_ID, BOS_ID, EOS_ID)
-    assert tok.convert_ids_to_tokens([0, 1, 2, 3, 97]) == ["<pad>", "<bos>", "<eos>", " ", "~"]
+    assert tok.convert_ids_to_tokens([0, 1, 2, 3, 97, 98, 99]) == [
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        " ",
+        "~",
+        "\n",
+        "<unk>",
+    ]
     # Character c has id ord(c) - 32 + 3.
     assert tok("a~", add_special_tokens=False)["input_ids"] == [ord("a") - 29, ord("~") - 29]
     # Decoding with the EOS included keeps it visible unless skipped.
@@ -66,7 +74,7 @@ def test_tokenizer_pads_left(tok):
     assert enc["input_ids"][0][2] == BOS_ID
 
 
-@pytest.mark.parametrize("text", ["café", "a\nb", "tab\there", "π=3"])
+@pytest.mark.parametrize("text", ["café", "tab\there", "π=3", "5 €", "hi 🙂"])
 def test_encode_strict_rejects_unknown_chars(tok, text):
     with pytest.raises(ValueError, match="not in the tokenizer vocabulary"):
         encode_strict(tok, text)

@@ -132,10 +132,16 @@ class TrainConfig:
         "Seconds a reward call may take before it scores 0 and counts in reward/errors; 0: no limit.",
         0.0,
     )
-    max_prompt_tokens: int = _doc("Longest prompt in tokens accepted for training; 0: no limit.", 0)
+    max_prompt_tokens: int = _doc(
+        "Longest prompt in tokens; 0: what the model's context length (max_position_embeddings; "
+        "256 for the tiny models) leaves after max_new_tokens. A larger value is an error.",
+        0,
+    )
     long_prompts: str = _doc(
         "Prompts over max_prompt_tokens: 'error', 'truncate' (keep the last tokens) or 'skip'; "
-        "counts are logged as data/prompts_truncated and data/prompts_skipped.",
+        "counts are logged as data/prompts_truncated and data/prompts_skipped. Held-out "
+        "prompts are never truncated: 'error' stops, otherwise they are left out "
+        "(data/test_prompts_skipped).",
         "error",
     )
 

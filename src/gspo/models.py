@@ -23,10 +23,12 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-PAD_TOKEN, BOS_TOKEN, EOS_TOKEN = "<pad>", "<bos>", "<eos>"
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-CHARSET = "".join(chr(c) for c in range(32, 127))
-"""Characters the char tokenizer knows: printable ASCII 32..126 (space included, no newline)."""
+CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n"
+"""Characters the char tokenizer knows: printable ASCII 32..126 (space included), then newline."""
+UNK_ID = 3 + len(CHARSET)
+"""``<unk>``: every other character (tab, accented letters, €, emoji ...), one per code point."""
 
 _DTYPES = {
     "float32": torch.float32,
@@ -46,19 +48,23 @@ _DTYPES = {
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer: ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, then one token per
-    printable ASCII character 32..126 in code-point order (vocab size 98).
+    printable ASCII character 32..126 in code-point order, newline (97 + 1), and ``<unk>``
+    last (vocab size 100).
 
     Encoding with ``add_special_tokens=True`` (the default) prepends ``<bos>``; padding is on the
-    left. There is deliberately no ``<unk>`` token: a character outside the charset is an error,
-    not a silent unk (``encode_strict`` raises a ``ValueError`` naming it; the plain tokenizer
-    call raises the ``tokenizers`` library's own exception).
+    left. Any other character (a tab, an accented letter, €, an emoji) encodes as one ``<unk>``
+    per code point, so user prompts never crash the tokenizer; ``<unk>`` is a special token, so
+    decoding with ``skip_special_tokens`` drops it. The trainer counts such prompts
+    (``data/prompts_with_unknown_chars``) and ``encode_strict`` still rejects them.
     """
     vocab = {PAD_TOKEN: PAD_ID, BOS_TOKEN: BOS_ID, EOS_TOKEN: EOS_ID}
     for ch in CHARSET:
         vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-    # Every character is its own pre-token, spaces included ("isolated" keeps the matches).
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex("."), behavior="isolated")
+    vocab[UNK_TOKEN] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # Every code point is its own pre-token, spaces and newlines included ("isolated" keeps
+    # the matches; "." would not match a newline).
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"[\s\S]"), behavior="isolated")
     # Fuse concatenates the tokens with nothing in between, so spaces round-trip exactly.
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(
@@ -71,6 +77,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD_TOKEN,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
         padding_side="left",
         # No "cleanup" that would drop the space in e.g. "a ." on decode.
         clean_up_tokenization_spaces=False,
@@ -86,8 +93,8 @@ def encode_strict(
     tokenizer that has an unk token, if an unk id shows up in the encoding.
     """
     vocab = tokenizer.get_vocab()
-    if tokenizer.unk_token_id is None and all(ch in vocab for ch in CHARSET):
-        # Char-level vocab without unk: check characters up front for a useful message.
+    if all(ch in vocab for ch in CHARSET):
+        # The char-level vocab: check characters up front, for a message naming them.
         bad = sorted({ch for ch in text if ch not in vocab})
         if bad:
             raise ValueError(f"characters not in the tokenizer vocabulary: {bad!r} in {text!r}")

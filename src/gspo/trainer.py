@@ -36,8 +36,11 @@ from .build import (
     build_prompt_format,
     build_task,
     build_train_reward,
+    context_length,
+    count_unknown,
     decode_completions,
     limit_prompts,
+    prompt_token_limit,
     resolve_device,
     set_threads,
 )
@@ -158,21 +161,36 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     )
     history: list[dict[str, Any]] = []
     encoded = fmt.encode([e.prompt for e in task.train])
+    # A prompt and its completion must fit the model's context (max_prompt_tokens 0: all of it).
+    limit, named = prompt_token_limit(
+        cfg.max_prompt_tokens, cfg.max_new_tokens, context_length(model)
+    )
     kept, replaced, n_truncated, n_skipped = limit_prompts(
-        encoded, cfg.max_prompt_tokens, cfg.long_prompts
+        encoded, limit, cfg.long_prompts, limit=named
     )
     if not kept:
-        raise ValueError(
-            f"no training problem has a prompt within max_prompt_tokens={cfg.max_prompt_tokens}"
-        )
+        raise ValueError(f"no training problem has a prompt within {named}")
     train_set = [task.train[i] for i in kept]
     prompt_cache = [replaced.get(i, encoded[i]) for i in kept]
+    # Held-out problems are scored whole: one over the limit stops the run ('error') or is left
+    # out of the evaluation (counted).
+    test_encoded = fmt.encode([e.prompt for e in task.test]) if task.test else []
+    test_kept, *_ = limit_prompts(
+        test_encoded,
+        limit,
+        "skip" if cfg.long_prompts != "error" else "error",
+        limit=named,
+        what="held-out problem",
+    )
+    test_set = [task.test[i] for i in test_kept]
     if start == 0:
         data = {
             "data/train_problems": len(train_set),
-            "data/test_problems": len(task.test),
+            "data/test_problems": len(test_set),
             "data/prompts_truncated": n_truncated,
             "data/prompts_skipped": n_skipped,
+            "data/test_prompts_skipped": len(task.test) - len(test_set),
+            "data/prompts_with_unknown_chars": count_unknown(tokenizer, encoded),
             "data/skipped_rows": len(task.skipped_rows),
         }
         logger.log(0, data)
@@ -190,7 +208,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         metrics = evaluate(
             engine,
             tokenizer,
-            task.test,
+            test_set,
             task.reward,
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
@@ -204,7 +222,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         return record
 
     final_eval: dict[str, float] = {}
-    if start == 0 and cfg.eval_every > 0 and task.test:
+    if start == 0 and cfg.eval_every > 0 and test_set:
         final_eval = run_eval(0)
 
     bar = _progress(cfg, start, last)
@@ -294,7 +312,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
 
         if (
             cfg.eval_every > 0
-            and task.test
+            and test_set
             and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps)
         ):
             final_eval = run_eval(step + 1)
