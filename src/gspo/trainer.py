@@ -52,6 +52,7 @@ from .models import save_model, token_logprobs
 from .rewards import overlong_penalty, score
 from .rollout.base import Rollout, SamplingParams
 from .rollout.torch_engine import TorchEngine
+from .signals import SignalWatch
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -226,6 +227,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         final_eval = run_eval(0)
 
     bar = _progress(cfg, start, last)
+    # One warning per run when most responses hit max_new_tokens or most advantages are 0.
+    watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
     for step in range(start, last):
         # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
         t0 = time.perf_counter()
@@ -301,6 +304,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         }
         logger.log(step + 1, metrics)
         history.append({"step": step + 1, **metrics})
+        watch.update(
+            step + 1,
+            metrics["response/truncated_fraction"],
+            metrics.get("advantage/zero_fraction", 0.0),
+            metrics["reward/mean"],
+        )
         if bad_streak >= cfg.max_bad_steps:
             logger.close()
             raise NonFiniteTrainingError(
@@ -609,6 +618,15 @@ def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
         )
     }
     return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
+
+
+def _echo(bar):
+    """Print to stderr, above the progress bar when there is one."""
+    import sys
+
+    if bar is None:
+        return lambda message: print(message, file=sys.stderr, flush=True)
+    return lambda message: bar.write(message, file=sys.stderr)
 
 
 def _progress(cfg: TrainConfig, start: int, last: int):
