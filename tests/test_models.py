@@ -252,3 +252,18 @@ def test_token_logprobs_is_differentiable(tok):
 def test_positions_from_mask():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
     assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3]]
+
+
+def test_one_tiny_builder_for_dense_and_moe_models():
+    from gspo.moe import build_tiny_moe_model, is_moe
+
+    dense = build_tiny_model(99, hidden_size=32, num_layers=1, seed=4)
+    moe = build_tiny_model(99, hidden_size=32, num_layers=1, seed=4, num_experts=4, top_k=2)
+    assert not is_moe(dense) and is_moe(moe)
+    assert type(moe).__name__ == "Qwen3MoeForCausalLM"
+    # The MoE builder is that one builder with experts: same weights for the same arguments.
+    same = build_tiny_moe_model(99, hidden_size=32, num_layers=1, seed=4, num_experts=4, top_k=2)
+    a, b = moe.state_dict(), same.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="num_experts"):
+        build_tiny_moe_model(99, num_experts=0)

@@ -31,8 +31,16 @@ def set_threads(threads: int) -> None:
 def build_policy(cfg, device: torch.device):
     """(model, tokenizer): a random-init tiny dense or MoE model, or a local Hugging Face
     checkpoint."""
-    if cfg.model == "tiny":
+    if cfg.model in ("tiny", "tiny-moe"):
         tokenizer = build_char_tokenizer()
+        experts = {}
+        if cfg.model == "tiny-moe":
+            experts = dict(
+                num_experts=cfg.num_experts,
+                top_k=cfg.experts_top_k,
+                moe_intermediate_size=cfg.moe_intermediate_size,
+                shared_expert=cfg.shared_expert,
+            )
         model = build_tiny_model(
             len(tokenizer),
             hidden_size=cfg.hidden_size,
@@ -40,22 +48,7 @@ def build_policy(cfg, device: torch.device):
             num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads,
             seed=cfg.seed,
-        )
-    elif cfg.model == "tiny-moe":
-        from .moe import build_tiny_moe_model
-
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_moe_model(
-            len(tokenizer),
-            hidden_size=cfg.hidden_size,
-            num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            num_experts=cfg.num_experts,
-            top_k=cfg.experts_top_k,
-            moe_intermediate_size=cfg.moe_intermediate_size,
-            shared_expert=cfg.shared_expert,
-            seed=cfg.seed,
+            **experts,
         )
     else:
         # A named model (e.g. smollm2-135m-instruct, materialized once into the cache) or a
