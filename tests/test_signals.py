@@ -56,3 +56,10 @@ def test_training_run_prints_the_warning_once(tmp_path, monkeypatch, capsys):
     assert err.count("gspo: warning: little learning signal") == 1
     assert f"up to step {PATIENCE}:" in err
     assert "max_new_tokens=4" in err and "zero advantage" in err
+
+
+def test_watch_stays_quiet_in_a_run_that_learns():
+    # Late in a working run, about half the groups are solved by every sample: no warning.
+    watch = SignalWatch(6, echo=lambda m: None)
+    for step in range(1, 4 * PATIENCE):
+        assert watch.update(step, 0.0, 0.6, 0.92) is None

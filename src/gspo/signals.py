@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 
 PATIENCE = 5
 """Consecutive steps a condition must hold before the warning (a few unlucky steps are normal)."""
-SHARE = 0.5
-"""'Most': the share of responses (truncated) or rows (zero advantage) above which a step counts."""
+TRUNCATED_SHARE = 0.5
+"""A step counts when more than this share of its responses hit max_new_tokens."""
+ZERO_SHARE = 0.8
+"""A step counts when more than this share of its samples have zero advantage. Higher than the
+truncation share: late in a run that works, half the groups agreeing (all solved) is normal."""
 
 
 def _stderr(message: str) -> None:
@@ -34,7 +37,8 @@ class SignalWatch:
     max_new_tokens: int
     echo: Callable[[str], None] = _stderr
     patience: int = PATIENCE
-    share: float = SHARE
+    truncated_share: float = TRUNCATED_SHARE
+    zero_share: float = ZERO_SHARE
     warned: bool = False
     _truncated: list[float] = field(default_factory=list)
     _zero: list[float] = field(default_factory=list)
@@ -48,13 +52,13 @@ class SignalWatch:
         self._truncated = [*self._truncated, truncated_fraction][-self.patience :]
         self._zero = [*self._zero, zero_fraction][-self.patience :]
         reasons = []
-        if len(self._truncated) == self.patience and min(self._truncated) > self.share:
+        if len(self._truncated) == self.patience and min(self._truncated) > self.truncated_share:
             mean = sum(self._truncated) / self.patience
             reasons.append(
                 f"{mean:.0%} of responses were cut off at max_new_tokens={self.max_new_tokens}: "
                 "raise --max-new-tokens so that answers can end"
             )
-        if len(self._zero) == self.patience and min(self._zero) > self.share:
+        if len(self._zero) == self.patience and min(self._zero) > self.zero_share:
             mean = sum(self._zero) / self.patience
             if reward_mean >= 0.5:
                 fix = "the task looks solved: use harder data (--difficulty, other problems)"
