@@ -146,7 +146,7 @@ def measure(size: str, reps: int, prompts: int, group: int, new_tokens: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--sizes", default="d64L2,d128L4,d256L4", help="comma list (dHLn)")
     ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M (4 x 4, 8 tok)")
     ap.add_argument("--threads", type=int, default=1)

@@ -58,7 +58,7 @@ def measure(rows: int, vocab: int, reps: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--rows", default="16,32,128", help="rows per call (samples decoded at once)")
     ap.add_argument("--vocabs", default="smollm2,qwen3", help=f"of {', '.join(VOCABS)}")
     ap.add_argument("--reps", type=int, default=30)

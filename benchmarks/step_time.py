@@ -155,7 +155,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--steps", type=int, default=5, help="measured steps (after 1 warm-up)")
     ap.add_argument("--sizes", default="d64L2,d128L4", help="comma list like d64L2,d128L4H8")
     ap.add_argument(

@@ -240,14 +240,12 @@ def _step_prompts(cfg, n_train: int) -> list[list[int]]:
 
 def _held_out(model, tokenizer, cfg, task, fmt) -> float:
     """Greedy exact-match accuracy on the task's test split (the same code for both systems)."""
-    from gspo.evaluation import evaluate
-    from gspo.rollout.torch_engine import TorchEngine
+    from gspo.evaluation import evaluate_model
 
     if not cfg.n_test or not task.test:
         return float("nan")
-    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id)
-    metrics = evaluate(
-        engine,
+    metrics = evaluate_model(
+        model,
         tokenizer,
         task.test,
         task.reward,
@@ -772,7 +770,7 @@ def ratios(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--workloads", default="d64-add,d128-rev", help=f"of {', '.join(WORKLOADS)}")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
     ap.add_argument(

@@ -33,8 +33,7 @@ import torch
 
 from gspo.build import build_policy, build_prompt_format, build_task, set_threads
 from gspo.config import SFTConfig, TrainConfig, build, to_dict
-from gspo.evaluation import CORRECT, evaluate, mean_and_se
-from gspo.rollout.torch_engine import TorchEngine
+from gspo.evaluation import CORRECT, evaluate_model, mean_and_se
 from gspo.sft import run_sft
 from gspo.trainer import step_generator, train
 
@@ -43,7 +42,9 @@ ROOT = Path(__file__).resolve().parent
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--sft-steps", type=int, default=10, help="cold-start SFT steps; 0: none [10]")
     p.add_argument("--sft-batch-size", type=int, default=8, help="SFT sequences per step [8]")
@@ -76,9 +77,8 @@ def held_out(
 ) -> dict[str, float]:
     """Greedy accuracy and avg@k / pass@k of ``samples`` completions at the RL temperature."""
     fmt = build_prompt_format(cfg, tokenizer, model)
-    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id)
-    return evaluate(
-        engine,
+    return evaluate_model(
+        model,
         tokenizer,
         task.test,
         task.reward,
@@ -86,7 +86,7 @@ def held_out(
         samples=samples,
         temperature=cfg.temperature,
         # The same stream at every point, so the three evaluations differ only by the model.
-        generator=step_generator(cfg.seed, 0, stream=3, device=engine.device),
+        generator=step_generator(cfg.seed, 0, stream=3, device=next(model.parameters()).device),
         batch_size=64,
         prompt_format=fmt,
         details=details,

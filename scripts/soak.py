@@ -87,7 +87,9 @@ def records(run_dir: Path) -> list[dict]:
 
 def main() -> int:
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--kill-every", type=float, default=20.0, help="mean seconds between kills")

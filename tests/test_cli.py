@@ -105,11 +105,28 @@ def test_sft_then_train_from_it(tmp_path, capsys):
 def test_demo_short(tmp_path, capsys):
     out = tmp_path / "demo"
     code = main(
-        ["demo", "--output-dir", str(out), "--sft-steps", "4", "--steps", "2", "--no-progress"]
+        [
+            "demo",
+            "--output-dir",
+            str(out),
+            "--sft-steps",
+            "4",
+            "--steps",
+            "2",
+            "--progress",
+            "false",
+        ]
     )
     assert code == 0
     text = capsys.readouterr().out
     assert "after SFT (RL step 0)" in text and "greedy accuracy" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["before"]["step"] == 0 and summary["after"]["step"] == 2
+    # The after-SFT scores are recorded once (RL step 0), not a second time with other samples.
+    sampled = [
+        name
+        for name, v in summary.items()
+        if isinstance(v, dict) and any(key.endswith("pass@1") for key in v)
+    ]
+    assert sampled == ["before", "after"]
     assert (out / "demo.png").stat().st_size > 1000

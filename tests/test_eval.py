@@ -210,3 +210,25 @@ def test_gspo_eval_rejects_bad_flags(capsys):
     assert "nothing to score" in capsys.readouterr().err
     assert main(["eval", "--model", "no/such/dir", "--n-test", "1", "--progress", "false"]) == 2
     assert "not a named model" in capsys.readouterr().err
+
+
+def test_evaluate_model_is_the_one_held_out_helper():
+    """SFT, gspo eval, the SmolLM2 experiment and the vs_trl benchmark all score a model in hand
+    with evaluate_model: the same numbers as evaluate() on an engine over that model."""
+    from gspo.evaluation import evaluate_model
+    from gspo.models import build_tiny_model
+    from gspo.rollout.torch_engine import TorchEngine
+    from gspo.tasks import make_task
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(len(tok), hidden_size=32, num_layers=1, seed=0)
+    task = make_task("addition", n_train=1, n_test=6, seed=0)
+    kw = dict(max_new_tokens=3, samples=2, generator=None)
+    engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
+    ref = evaluate(
+        engine, tok, task.test, task.reward, **{**kw, "generator": torch.Generator().manual_seed(1)}
+    )
+    got = evaluate_model(
+        model, tok, task.test, task.reward, **{**kw, "generator": torch.Generator().manual_seed(1)}
+    )
+    assert got == ref and "greedy_accuracy" in got

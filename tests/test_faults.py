@@ -195,3 +195,41 @@ def test_hanging_reward_times_out_and_is_counted(tmp_path, monkeypatch):
     steps = [r for r in result.history if "reward/mean" in r]
     assert time.perf_counter() - t0 < 20  # 8 calls x 0.2 s, not 8 x 30 s
     assert steps[0]["reward/errors"] == 8 and steps[0]["reward/mean"] == 0.0
+
+
+def poison_logprobs(monkeypatch, which=lambda n: True) -> None:
+    """Make the training forward's log-probs non-finite on the calls ``which`` selects."""
+    real = trainer_module.token_logprobs
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        logprobs, entropy = real(*args, **kwargs)
+        calls["n"] += 1
+        return (logprobs * float("nan") if which(calls["n"]) else logprobs), entropy
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", poisoned)
+
+
+def test_bad_step_streak_survives_a_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: varied_task())
+    poison_logprobs(monkeypatch)
+    kw = dict(steps=10, max_bad_steps=3, checkpoint_every=1)
+    train(cfg_for(tmp_path, stop_after=2, **kw))  # two bad steps, then a planned stop
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    state = json.loads((tmp_path / "run" / "checkpoints" / latest / "state.json").read_text())
+    assert state["step"] == 2 and state["bad_streak"] == 2
+    # The resumed run's first step is the third bad one in a row: the run stops right there.
+    with pytest.raises(NonFiniteTrainingError, match="step 3: 3 consecutive steps"):
+        train(cfg_for(tmp_path, **kw), resume=True)
+
+
+def test_skipped_update_does_not_step_the_scheduler(tmp_path, monkeypatch, recwarn):
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: varied_task())
+    poison_logprobs(monkeypatch, which=lambda n: n == 1)  # the first minibatch only
+    cfg = cfg_for(tmp_path, steps=1, warmup_steps=10)
+    result = train(cfg)
+    step = next(r for r in result.history if "reward/mean" in r)
+    assert step["faults/skipped_updates"] == 1
+    # Warm-up counts updates made: one of the two minibatches updated, so lr = lr x 2/10.
+    assert step["lr"] == pytest.approx(cfg.lr * 2 / 10)
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]

@@ -80,7 +80,10 @@ def cold_start(tmp_path: Path) -> Path:
             num_kv_heads=1,
             n_train=512,
             n_test=8,
-            steps=120,
+            # Seed 2 and 200 steps: a model that solves some problems (with the 100-token
+            # character vocabulary, seed 0's init learns reversal too slowly for this test).
+            seed=2,
+            steps=200,
             task="reversal",
             difficulty=3,
             batch_size=64,

@@ -49,9 +49,17 @@ def test_tokenizer_round_trip(tok, text):
 
 
 def test_tokenizer_vocab_and_special_ids(tok):
-    assert len(tok) == 3 + 95
+    assert len(tok) == 3 + 95 + 1 + 1  # specials, printable ASCII, newline, <unk>
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (PAD_ID, BOS_ID, EOS_ID)
-    assert tok.convert_ids_to_tokens([0, 1, 2, 3, 97]) == ["<pad>", "<bos>", "<eos>", " ", "~"]
+    assert tok.convert_ids_to_tokens([0, 1, 2, 3, 97, 98, 99]) == [
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        " ",
+        "~",
+        "\n",
+        "<unk>",
+    ]
     # Character c has id ord(c) - 32 + 3.
     assert tok("a~", add_special_tokens=False)["input_ids"] == [ord("a") - 29, ord("~") - 29]
     # Decoding with the EOS included keeps it visible unless skipped.
@@ -66,7 +74,7 @@ def test_tokenizer_pads_left(tok):
     assert enc["input_ids"][0][2] == BOS_ID
 
 
-@pytest.mark.parametrize("text", ["café", "a\nb", "tab\there", "π=3"])
+@pytest.mark.parametrize("text", ["café", "tab\there", "π=3", "5 €", "hi 🙂"])
 def test_encode_strict_rejects_unknown_chars(tok, text):
     with pytest.raises(ValueError, match="not in the tokenizer vocabulary"):
         encode_strict(tok, text)
@@ -244,3 +252,18 @@ def test_token_logprobs_is_differentiable(tok):
 def test_positions_from_mask():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
     assert positions_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3]]
+
+
+def test_one_tiny_builder_for_dense_and_moe_models():
+    from gspo.moe import build_tiny_moe_model, is_moe
+
+    dense = build_tiny_model(99, hidden_size=32, num_layers=1, seed=4)
+    moe = build_tiny_model(99, hidden_size=32, num_layers=1, seed=4, num_experts=4, top_k=2)
+    assert not is_moe(dense) and is_moe(moe)
+    assert type(moe).__name__ == "Qwen3MoeForCausalLM"
+    # The MoE builder is that one builder with experts: same weights for the same arguments.
+    same = build_tiny_moe_model(99, hidden_size=32, num_layers=1, seed=4, num_experts=4, top_k=2)
+    a, b = moe.state_dict(), same.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="num_experts"):
+        build_tiny_moe_model(99, num_experts=0)

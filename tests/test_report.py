@@ -18,7 +18,9 @@ from gspo.report import (
     discover_runs,
     fmt_mean_se,
     group_runs,
+    line_style,
     load_run,
+    log_floor,
     mean_se,
     read_config,
     smooth,
@@ -262,3 +264,56 @@ def test_cli_report(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert (out / "curves_vs_time.png").stat().st_size > 0
     assert main(["report", str(tmp_path / "nowhere")]) == 2
     assert "no such run folder" in capsys.readouterr().err
+
+
+def paired_row(md: str, label: str) -> list[str]:
+    paired = md[md.index("## Paired by seed") : md.index("## Per run")]
+    row = next(line for line in paired.splitlines() if line.startswith(f"| `{label}`"))
+    return [c.strip() for c in row.split("|")[1:-1]]
+
+
+def test_paired_table_without_evaluations_or_shared_seeds(tmp_path: Path) -> None:
+    # The smoke preset evaluates nothing (eval_every 0): seeds still pair on the other columns.
+    root = tmp_path / "runs"
+    for algo in ("grpo", "gspo"):
+        for seed in (0, 1):
+            run = fake_run(
+                root,
+                f"{algo}{seed}",
+                algo=algo,
+                seed=seed,
+                reward=ramp(0.1, 0.01),
+                acc=(0, 0),
+                clip=0.01,
+            )
+            rows = (run / "metrics.jsonl").read_text().splitlines()
+            kept = [r for r in rows if "eval/" not in r]
+            (run / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    md = build_report([root], tmp_path / "r1").markdown.read_text()
+    cells = paired_row(md, "gspo")
+    assert cells[1] == "0, 1"
+    assert cells[2] == "—"  # Δ held-out accuracy: not logged
+    assert cells[3] == "0.000 ± 0.000"  # Δ reward (end)
+    # No seed in common: no differences at all under "none".
+    other = tmp_path / "other"
+    for algo, seeds in (("grpo", (0, 1)), ("luspo", (5, 6))):
+        for seed in seeds:
+            fake_run(
+                other,
+                f"{algo}{seed}",
+                algo=algo,
+                seed=seed,
+                reward=ramp(0.1, 0.01),
+                acc=(0, 0.5),
+                clip=0.01,
+            )
+    cells = paired_row(build_report([other], tmp_path / "r2").markdown.read_text(), "luspo")
+    assert cells[1] == "none" and set(cells[2:]) == {"—"}
+
+
+def test_log_panels_and_line_styles() -> None:
+    assert log_floor([0.0, 0.0, math.nan]) is None  # all zero: a linear axis, not 1e-12
+    assert log_floor([0.0, 0.2, 0.1]) == pytest.approx(0.05)
+    styles = [line_style(i) for i in range(12)]
+    assert len(set(styles)) == 12  # every group of a 12-way comparison looks different
+    assert len({s[0] for s in styles[:4]}) == 4 and len({s[1] for s in styles[:4]}) == 4

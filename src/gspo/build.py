@@ -31,8 +31,16 @@ def set_threads(threads: int) -> None:
 def build_policy(cfg, device: torch.device):
     """(model, tokenizer): a random-init tiny dense or MoE model, or a local Hugging Face
     checkpoint."""
-    if cfg.model == "tiny":
+    if cfg.model in ("tiny", "tiny-moe"):
         tokenizer = build_char_tokenizer()
+        experts = {}
+        if cfg.model == "tiny-moe":
+            experts = dict(
+                num_experts=cfg.num_experts,
+                top_k=cfg.experts_top_k,
+                moe_intermediate_size=cfg.moe_intermediate_size,
+                shared_expert=cfg.shared_expert,
+            )
         model = build_tiny_model(
             len(tokenizer),
             hidden_size=cfg.hidden_size,
@@ -40,22 +48,7 @@ def build_policy(cfg, device: torch.device):
             num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads,
             seed=cfg.seed,
-        )
-    elif cfg.model == "tiny-moe":
-        from .moe import build_tiny_moe_model
-
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_moe_model(
-            len(tokenizer),
-            hidden_size=cfg.hidden_size,
-            num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            num_experts=cfg.num_experts,
-            top_k=cfg.experts_top_k,
-            moe_intermediate_size=cfg.moe_intermediate_size,
-            shared_expert=cfg.shared_expert,
-            seed=cfg.seed,
+            **experts,
         )
     else:
         # A named model (e.g. smollm2-135m-instruct, materialized once into the cache) or a
@@ -151,8 +144,59 @@ def decode_completions(
 LONG_PROMPTS = ("error", "truncate", "skip")
 
 
+def context_length(model) -> int | None:
+    """Token positions the model was built for (``max_position_embeddings``), or None."""
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def prompt_token_limit(
+    max_prompt_tokens: int, max_new_tokens: int, context: int | None
+) -> tuple[int, str]:
+    """(longest prompt in tokens, how to name that limit in messages).
+
+    A prompt plus ``max_new_tokens`` must fit the model's context: ``max_prompt_tokens`` 0
+    means exactly the room the context leaves; a larger explicit value is an error. Models
+    without a known context keep ``max_prompt_tokens`` (0: no limit).
+    """
+    named = f"max_prompt_tokens={max_prompt_tokens}"
+    if context is None:
+        return max_prompt_tokens, named
+    room = context - max_new_tokens
+    if room < 1:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+            f"{context}-token context"
+        )
+    if max_prompt_tokens > room:
+        raise ValueError(
+            f"max_prompt_tokens={max_prompt_tokens} plus max_new_tokens={max_new_tokens} exceeds "
+            f"the model's {context}-token context: set max_prompt_tokens <= {room} (0: {room})"
+        )
+    if max_prompt_tokens:
+        return max_prompt_tokens, named
+    return room, (
+        f"the {room} tokens the model's {context}-token context leaves after "
+        f"max_new_tokens={max_new_tokens}"
+    )
+
+
+def count_unknown(tokenizer, prompts: list[list[int]]) -> int:
+    """How many encoded prompts hold the tokenizer's unknown token (characters it lacks)."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    # Some tokenizers name a real special token (BOS/EOS) as their unk: nothing to count there.
+    if unk is None or unk in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        return 0
+    return sum(unk in ids for ids in prompts)
+
+
 def limit_prompts(
-    prompts: list[list[int]], max_tokens: int, policy: str
+    prompts: list[list[int]],
+    max_tokens: int,
+    policy: str,
+    *,
+    limit: str | None = None,
+    what: str = "training problem",
 ) -> tuple[list[int], dict[int, list[int]], int, int]:
     """Apply a prompt-length limit (0 = none) to encoded prompts.
 
@@ -172,8 +216,9 @@ def limit_prompts(
             kept.append(i)
         elif policy == "error":
             raise ValueError(
-                f"training problem {i} has a {len(ids)}-token prompt, over max_prompt_tokens="
-                f"{max_tokens} (set long_prompts to 'truncate' or 'skip' to accept such data)"
+                f"{what} {i} has a {len(ids)}-token prompt, over "
+                f"{limit or f'max_prompt_tokens={max_tokens}'} (set long_prompts to 'truncate' "
+                "or 'skip' to accept such data)"
             )
         elif policy == "truncate":
             kept.append(i)

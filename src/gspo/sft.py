@@ -12,9 +12,8 @@ import torch
 from . import moe
 from .build import build_policy, build_prompt_format, build_task, resolve_device, set_threads
 from .config import SFTConfig
-from .evaluation import evaluate
+from .evaluation import evaluate_model
 from .models import save_model, token_logprobs
-from .rollout.torch_engine import TorchEngine
 from .trainer import lr_lambda, step_generator
 
 
@@ -105,14 +104,13 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
     save_model(model, tokenizer, out)
     metrics: dict[str, float] = {}
     if task.test:
-        engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id)
-        metrics = evaluate(
-            engine,
+        metrics = evaluate_model(
+            model,
             tokenizer,
             task.test,
             task.reward,
             max_new_tokens=cfg.max_new_tokens,
-            generator=step_generator(cfg.seed, cfg.steps, stream=3, device=engine.device),
+            generator=step_generator(cfg.seed, cfg.steps, stream=3, device=device),
             prompt_format=fmt,
         )
     return SFTResult(out, losses, metrics, time.perf_counter() - t0)

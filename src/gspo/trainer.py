@@ -37,8 +37,11 @@ from .build import (
     build_prompt_format,
     build_task,
     build_train_reward,
+    context_length,
+    count_unknown,
     decode_completions,
     limit_prompts,
+    prompt_token_limit,
     resolve_device,
     set_threads,
 )
@@ -50,6 +53,7 @@ from .models import save_model, token_logprobs
 from .rewards import overlong_penalty, reward_workers, score, uses_sandbox
 from .rollout.base import Rollout, SamplingParams
 from .rollout.torch_engine import TorchEngine
+from .signals import SignalWatch
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -110,6 +114,11 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     out = Path(cfg.output_dir)
+    if resume:  # before any work: the checkpoint must belong to this run (gspo.resume)
+        from .resume import check_changes, saved_config
+
+        saved, _, found = saved_config(out)
+        check_changes(saved, to_dict(cfg), str(found))
     ensure_writable(out)
     # The run's config at its root, so `gspo report` can group runs by algo and seed.
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -147,11 +156,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
 
     start = 0
+    bad_streak = 0  # consecutive steps whose every update was skipped as non-finite
     if resume:
-        found = ckpt.latest_checkpoint(out)
-        if found is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoint_root(out)}")
-        start = ckpt.restore(found, model=model, optimizer=optimizer, scheduler=scheduler)["step"]
+        state = ckpt.restore(found, model=model, optimizer=optimizer, scheduler=scheduler)
+        start, bad_streak = state["step"], state.get("bad_streak", 0)
         engine.update_weights(model)
         # ref_model (kl_coef > 0) was copied above from the freshly built initial policy, before
         # the restore, so it already holds the reference weights an unbroken run would use.
@@ -160,21 +168,36 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     )
     history: list[dict[str, Any]] = []
     encoded = fmt.encode([e.prompt for e in task.train])
+    # A prompt and its completion must fit the model's context (max_prompt_tokens 0: all of it).
+    limit, named = prompt_token_limit(
+        cfg.max_prompt_tokens, cfg.max_new_tokens, context_length(model)
+    )
     kept, replaced, n_truncated, n_skipped = limit_prompts(
-        encoded, cfg.max_prompt_tokens, cfg.long_prompts
+        encoded, limit, cfg.long_prompts, limit=named
     )
     if not kept:
-        raise ValueError(
-            f"no training problem has a prompt within max_prompt_tokens={cfg.max_prompt_tokens}"
-        )
+        raise ValueError(f"no training problem has a prompt within {named}")
     train_set = [task.train[i] for i in kept]
     prompt_cache = [replaced.get(i, encoded[i]) for i in kept]
+    # Held-out problems are scored whole: one over the limit stops the run ('error') or is left
+    # out of the evaluation (counted).
+    test_encoded = fmt.encode([e.prompt for e in task.test]) if task.test else []
+    test_kept, *_ = limit_prompts(
+        test_encoded,
+        limit,
+        "skip" if cfg.long_prompts != "error" else "error",
+        limit=named,
+        what="held-out problem",
+    )
+    test_set = [task.test[i] for i in test_kept]
     if start == 0:
         data = {
             "data/train_problems": len(train_set),
-            "data/test_problems": len(task.test),
+            "data/test_problems": len(test_set),
             "data/prompts_truncated": n_truncated,
             "data/prompts_skipped": n_skipped,
+            "data/test_prompts_skipped": len(task.test) - len(test_set),
+            "data/prompts_with_unknown_chars": count_unknown(tokenizer, encoded),
             "data/skipped_rows": len(task.skipped_rows),
         }
         logger.log(0, data)
@@ -192,7 +215,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         metrics = evaluate(
             engine,
             tokenizer,
-            task.test,
+            test_set,
             task.reward,
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
@@ -206,11 +229,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         return record
 
     final_eval: dict[str, float] = {}
-    if start == 0 and cfg.eval_every > 0 and task.test:
+    if start == 0 and cfg.eval_every > 0 and test_set:
         final_eval = run_eval(0)
 
     bar = _progress(cfg, start, last)
-    bad_streak = 0  # consecutive steps whose every update was skipped as non-finite
+    # One warning per run when most responses hit max_new_tokens or most advantages are 0.
+    watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
     for step in range(start, last):
         # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
         t0 = time.perf_counter()
@@ -286,6 +310,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         }
         logger.log(step + 1, metrics)
         history.append({"step": step + 1, **metrics})
+        watch.update(
+            step + 1,
+            metrics["response/truncated_fraction"],
+            metrics.get("advantage/zero_fraction", 0.0),
+            metrics["reward/mean"],
+        )
         if bad_streak >= cfg.max_bad_steps:
             logger.close()
             raise NonFiniteTrainingError(
@@ -297,7 +327,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
 
         if (
             cfg.eval_every > 0
-            and task.test
+            and test_set
             and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps)
         ):
             final_eval = run_eval(step + 1)
@@ -314,6 +344,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
                 scheduler=scheduler,
                 config=to_dict(cfg),
                 keep=cfg.keep_checkpoints,
+                extra={"bad_streak": bad_streak},  # a resumed run continues the count
             )
         if bar is not None:
             bar.update(1)
@@ -429,13 +460,13 @@ def update_policy(
         if math.isfinite(float(grad_norm)) and math.isfinite(mb_loss):
             acc.add_scalar("grad_norm", float(grad_norm))
             optimizer.step()
+            scheduler.step()  # the schedule counts updates made, so a skip does not advance it
             skipped = 0.0
         else:
             # A non-finite loss or gradient would poison the weights and Adam's moments for
-            # good: drop this update (the schedule still advances) and count it.
+            # good: drop this update and count it.
             skipped = 1.0
         acc.add_scalar("faults/skipped_updates", skipped, reduce="sum")
-        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     model.eval()
     return acc.result()
@@ -593,6 +624,15 @@ def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
         )
     }
     return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
+
+
+def _echo(bar):
+    """Print to stderr, above the progress bar when there is one."""
+    import sys
+
+    if bar is None:
+        return lambda message: print(message, file=sys.stderr, flush=True)
+    return lambda message: bar.write(message, file=sys.stderr)
 
 
 def _progress(cfg: TrainConfig, start: int, last: int):
