@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from plotcheck import capture_plots, is_png
+from safetensors.torch import load_file
 
+from gspo.build import build_policy
 from gspo.cli import main
+from gspo.config import TrainConfig, build
 
 
-def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys):
+def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys, monkeypatch):
+    plots = capture_plots(monkeypatch)
     out = tmp_path / "run"
     code = main(
         [
@@ -25,8 +31,23 @@ def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys):
         ]
     )
     assert code == 0
-    assert (out / "metrics.jsonl").is_file() and (out / "curves.png").stat().st_size > 1000
-    assert (out / "final" / "model.safetensors").is_file()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    # The plot draws the logged numbers: reward and response length per step.
+    assert is_png(out / "curves.png")
+    panels = plots["curves.png"]
+    steps = [1.0, 2.0]
+    assert panels["reward"]["train reward (per step)"] == (steps, [r["reward/mean"] for r in train])
+    lengths = [r["response_length/mean"] for r in train]
+    assert panels["response length"]["mean response length"] == (steps, lengths)
+    # The final model holds the trained weights: the initial model's tensors, changed.
+    cfg = build(TrainConfig, preset="smoke", overrides={"device": "cpu", "algo": "luspo"})
+    initial = build_policy(cfg, torch.device("cpu"))[0].state_dict()
+    final = load_file(out / "final" / "model.safetensors")
+    assert set(final) <= set(initial) and len(final) >= len(initial) - 1  # tied head saved once
+    assert all(final[k].shape == initial[k].shape for k in final)
+    assert any(not torch.equal(final[k], initial[k]) for k in final)
     assert "| steps | reward |" in capsys.readouterr().out
 
 
@@ -102,7 +123,8 @@ def test_sft_then_train_from_it(tmp_path, capsys):
     )
 
 
-def test_demo_short(tmp_path, capsys):
+def test_demo_short(tmp_path, capsys, monkeypatch):
+    plots = capture_plots(monkeypatch)
     out = tmp_path / "demo"
     code = main(
         ["demo", "--output-dir", str(out), "--sft-steps", "4", "--steps", "2", "--no-progress"]
@@ -112,4 +134,8 @@ def test_demo_short(tmp_path, capsys):
     assert "after SFT (RL step 0)" in text and "greedy accuracy" in text
     summary = json.loads((out / "summary.json").read_text())
     assert summary["before"]["step"] == 0 and summary["after"]["step"] == 2
-    assert (out / "demo.png").stat().st_size > 1000
+    # The plot shows the held-out accuracy the summary reports, before and after RL.
+    assert is_png(out / "demo.png")
+    accuracy = plots["demo.png"]["reward"]["held-out greedy accuracy"]
+    before, after = summary["before"], summary["after"]
+    assert accuracy == ([0.0, 2.0], [before["eval/greedy_accuracy"], after["eval/greedy_accuracy"]])
