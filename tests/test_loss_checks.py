@@ -57,19 +57,26 @@ def test_kl_metrics_and_kl_loss_by_hand():
     assert m0["kl/old_new"] == pytest.approx(kl_old, rel=1e-13)
     assert float(loss - plain) == pytest.approx(0.3 * kl_ref, rel=1e-12)
     assert "kl/ref" not in m0
+    # One token: the per-token means divide by 1.
+    one = torch.ones(1, 1, dtype=torch.bool)
+    _, m1 = policy_loss(
+        "grpo", new[:1, :1], old[:1, :1], adv[:1], one, ref_logprobs=ref[:1, :1], kl_coef=0.3
+    )
+    assert m1["kl/ref"] == pytest.approx(k3(float(ref[0, 0] - new[0, 0])), rel=1e-13)
+    assert m1["kl/old_new"] == pytest.approx(k3(float(new[0, 0] - old[0, 0])), rel=1e-13)
 
 
 def test_clip_bookkeeping_by_hand():
-    # GRPO, 1 row of 4 tokens: ratios 1.5 (A 0), 0.5 (A 0.5), 0.5 (A -0.5), 1.5 (A 2).
-    w = torch.tensor([[1.5, 0.5, 0.5, 1.5]], dtype=F64)
-    adv = torch.tensor([[0.0, 0.5, -0.5, 2.0]], dtype=F64)  # [1, 4] per token
-    mask = torch.ones(1, 4, dtype=torch.bool)
+    # GRPO, 1 row of 5 tokens: ratios 1.5 (A 0), 0.5 (A 0.5), 0.5 (A -0.5), 1.5 (A 2), 0.5 (A 0).
+    w = torch.tensor([[1.5, 0.5, 0.5, 1.5, 0.5]], dtype=F64)
+    adv = torch.tensor([[0.0, 0.5, -0.5, 2.0, 0.0]], dtype=F64)  # [1, 5] per token
+    mask = torch.ones(1, 5, dtype=torch.bool)
     _, m = policy_loss("grpo", w.log(), torch.zeros_like(w), adv, mask, clip_low=0.2, clip_high=0.2)
     # Zero advantage: no gradient either way, but nothing is *clipped*; A > 0 is not clipped
     # below 1 - ε. Clipped: token 3 (low, A < 0) and token 4 (high, A > 0).
-    assert m["clip/low_fraction"] == 0.25 and m["clip/high_fraction"] == 0.25
-    assert m["clip/fraction"] == 0.5 and m["clip/seq_fraction"] == 1.0
-    assert m["ratio/count"] == 4.0
+    assert m["clip/low_fraction"] == 0.2 and m["clip/high_fraction"] == 0.2
+    assert m["clip/fraction"] == 0.4 and m["clip/seq_fraction"] == 1.0
+    assert m["ratio/count"] == 5.0
     assert (m["ratio/min"], m["ratio/max"]) == pytest.approx((0.5, 1.5), rel=1e-14)
 
 
@@ -155,10 +162,25 @@ def test_argument_checks():
             aggregate(z, mask, "constant", constant=constant)
     # A constant of 1 (or below the length) is a valid normalizer.
     ones = torch.ones(1, 2, dtype=F64)
+    assert float(aggregate(ones[:, :1], mask[:, :1], "token_mean")) == 1.0  # one token: / 1
     assert float(aggregate(ones, mask, "constant", constant=1.0)) == 2.0
     assert float(aggregate(ones, mask, "constant", constant=0.5)) == 4.0
     with pytest.raises(ValueError, match="unknown aggregation 'nope'; valid: seq_mean_token_mean"):
         aggregate(z, mask, "nope")
+
+
+def test_loss_dtype_follows_the_log_probs():
+    """float32 log-probs with float64 advantages or weights give a float32 loss (the
+    advantages and weights are cast, not the log-probs promoted)."""
+    new = torch.tensor([[-0.9, -2.1], [-0.4, -0.6]], dtype=torch.float32)
+    old = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]], dtype=torch.float32)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0], dtype=F64)
+    for algo in sorted(LOSSES):
+        loss, _ = policy_loss(algo, new, old, adv, mask)
+        assert loss.dtype == torch.float32, algo
+    loss, _ = policy_loss("grpo", new, old, adv.float(), mask, weights=torch.ones(2, dtype=F64))
+    assert loss.dtype == torch.float32
 
 
 def test_registered_spec_fields():
@@ -181,3 +203,10 @@ def test_registered_spec_fields():
         del LOSSES[name]
     with pytest.raises(ValueError, match="unknown aggregation 'x'; valid: seq_mean_token_mean"):
         register_loss("bad", clip_low=0, clip_high=0, aggregations=("x",), token_advantages=False)
+    register_loss(
+        "test_no_doc", clip_low=0, clip_high=0, aggregations=("token_mean",), token_advantages=False
+    )(lambda *args: None)
+    try:
+        assert LOSSES["test_no_doc"].doc == ""  # no docstring: an empty doc
+    finally:
+        del LOSSES["test_no_doc"]
