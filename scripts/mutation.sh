@@ -2,7 +2,7 @@
 # Mutation testing of the algorithm core, the trainer and the rollout engine with mutmut.
 #
 #   pip install -e ".[dev]"                      # mutmut (the dev extra)
-#   scripts/mutation.sh losses                    # one target; several: losses advantages ...
+#   scripts/mutation.sh losses                    # one target (or: all)
 #   scripts/mutation.sh trainer 'gspo.trainer.x_update_policy__mutmut_*'   # a subset of mutants
 #   MUTMUT_CHILDREN=2 scripts/mutation.sh all
 #   MUTMUT_PYTHON=/path/to/venv/bin/python scripts/mutation.sh losses   # mutmut in another env
@@ -26,8 +26,10 @@ python="${MUTMUT_PYTHON:-python3}"
 
 # mutmut imports the mutated copy (mutants/src) in-process; an editable install of gspo on
 # sys.path would shadow it and every mutant would report "no tests". Drop such entries.
+# mutmut forks one child per mutant from a process that has run torch: one intra-op thread
+# (OMP/MKL) keeps a forked child from waiting forever on the parent's thread pool.
 mutmut() {
-    PYTHONPATH= "$python" -c '
+    PYTHONPATH= OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 "$python" -c '
 import os, sys
 here = os.getcwd()
 sys.path[:] = [p for p in sys.path if not (p.endswith("/src") and not p.startswith(here))]
@@ -66,7 +68,6 @@ run_target() {
     mkdir -p "$dir"
     # The working tree as it is (tracked and untracked, not ignored files).
     (cd "$repo" && git ls-files -co --exclude-standard -z) | (cd "$repo" && xargs -0 cp --parents -t "$dir")
-    rm -f "$dir/pyproject.toml.bak"
     # setup.cfg, not pyproject.toml: mutmut reads [mutmut] there when pyproject has no
     # [tool.mutmut] table, so each target gets its own scope without touching pyproject.
     {
@@ -87,7 +88,7 @@ run_target() {
     killed=$(grep -c ": killed$" "$dir/results.txt" || true)
     survived=$(grep -c ": survived$" "$dir/results.txt" || true)
     other=$(grep -v -c -E ": (killed|survived)$" "$dir/results.txt" || true)
-    echo "== $target: killed $killed, survived $survived, other $other, $((end - start)) s"
+    echo "== $target: killed $killed, survived $survived, not run or other $other, $((end - start)) s"
     grep ": survived$" "$dir/results.txt" || true
 }
 
