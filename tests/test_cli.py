@@ -122,6 +122,17 @@ def test_sft_then_train_from_it(tmp_path, capsys):
     assert (
         main(["train", "--preset", "smoke", "--model", str(sft_dir), "--output-dir", str(run)]) == 0
     )
+    # The RL run started from the SFT model (its weights, not a fresh tiny model) and ran.
+    assert json.loads((run / "config.json").read_text())["model"] == str(sft_dir)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
+    # A fresh smoke model earns no reward on addition, so a run that ignored --model would end
+    # on the fresh initial weights; this one ends elsewhere (SFT moved them).
+    final = load_file(run / "final" / "model.safetensors")
+    fresh = build_policy(
+        build(TrainConfig, preset="smoke", overrides={"device": "cpu"}), torch.device("cpu")
+    )[0].state_dict()
+    assert any(not torch.equal(final[k], fresh[k]) for k in final)
 
 
 def test_demo_short(tmp_path, capsys, monkeypatch):
