@@ -355,6 +355,18 @@ def test_minibatch_count_reaches_the_optimizer(tmp_path, monkeypatch, source):
 
 
 @pytest.mark.parametrize("source", SOURCES)
+def test_learning_rate_and_warmup_reach_the_optimizer(tmp_path, source):
+    # 2 optimizer steps per RL step: after RL step k the schedule is at min(1, (2k + 1) / 5),
+    # and stays at 1 after the warm-up; without warm-up it is 1 from the start.
+    warm = cli_cfg(tmp_path / "warm", source, lr=2e-3, warmup_steps=5, steps=3)
+    lrs = [r["lr"] for r in train_records(trainer_module.train(warm).history)]
+    assert lrs == pytest.approx([2e-3 * 3 / 5, 2e-3, 2e-3], rel=1e-12)
+    flat = cli_cfg(tmp_path / "flat", source, lr=2e-3, warmup_steps=0, steps=2)
+    lrs = [r["lr"] for r in train_records(trainer_module.train(flat).history)]
+    assert lrs == pytest.approx([2e-3, 2e-3], rel=1e-12)
+
+
+@pytest.mark.parametrize("source", SOURCES)
 def test_minibatch_grouping_reaches_the_split(tmp_path, monkeypatch, source):
     # 4 prompts x 2 samples in 2 minibatches: 'groups' puts two whole groups in each.
     cfg = cli_cfg(
