@@ -108,7 +108,8 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
     engine = factory(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
-    examples = even_task().train[: cfg.prompts_per_step]
+    # Prompts of different lengths: left padding, attention masks and positions all matter.
+    examples = [Example(prompt="7=", answer=""), Example(prompt="123+456=", answer="")]
     prompts = [tok(e.prompt)["input_ids"] for e in examples]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=TEMPERATURE)
     gaps = []
@@ -117,6 +118,9 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
             prompts, cfg.group_size, params, torch.Generator().manual_seed(step)
         )
         gaps.append(max_disagreement(model, rollout))
+        assert rollout.prompt_ids.dtype == rollout.completion_ids.dtype == torch.long
+        assert rollout.prompt_mask.dtype == rollout.completion_mask.dtype == torch.long
+        assert rollout.logprobs.dtype == torch.float64
         texts = tok.batch_decode(
             [
                 ids[m.bool()]
@@ -139,6 +143,15 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
         if sync:
             engine.update_weights(model)
     return gaps
+
+
+def test_engine_copy_is_frozen_and_rejects_bad_sampling(engine_factory):
+    tok = build_char_tokenizer()
+    model = build_tiny_model(len(tok), hidden_size=32, num_layers=1, seed=3).double()
+    engine = engine_factory(model)
+    assert not any(p.requires_grad for p in engine.model.parameters())
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate([[5, 6]], 1, SamplingParams(top_p=1.5))
 
 
 def test_engine_log_probs_equal_a_recompute_after_every_step(tmp_path, engine_factory):
