@@ -52,7 +52,7 @@ tests_of() {
     case "$1" in
         losses) echo "tests/test_losses.py tests/test_loss_checks.py" ;;
         advantages) echo "tests/test_advantages.py" ;;
-        trainer) echo "tests/test_trainer.py tests/test_wiring.py tests/test_learning_direction.py tests/test_engine_contract.py" ;;
+        trainer) echo "tests/test_trainer.py tests/test_wiring.py tests/test_learning_direction.py tests/test_engine_contract.py tests/test_moe.py" ;;
         engine) echo "tests/test_rollout.py tests/test_engine_contract.py" ;;
     esac
 }

@@ -401,6 +401,19 @@ def _same_but_shuffled(cfg: TrainConfig) -> dict:
     }
 
 
+@pytest.mark.parametrize("aggregation", ["token_mean", "constant"])
+def test_micro_batches_keep_the_minibatch_denominators(tmp_path, aggregation):
+    # Aggregations over tokens: each micro-batch must divide by the whole minibatch's token
+    # count, or micro-batching changes the update (float64, large lr: any change shows).
+    common = {"algo": "grpo", "aggregation": aggregation, "dtype": "float64", "lr": 1e-2}
+    common.update(steps=1, warmup_steps=0)
+    whole = trainer_module.train(cli_cfg(tmp_path / "whole", "flags", **common))
+    micro = trainer_module.train(cli_cfg(tmp_path / "micro", "flags", micro_batch_size=1, **common))
+    sw, sm = whole.model.state_dict(), micro.model.state_dict()
+    for k in sw:
+        torch.testing.assert_close(sm[k], sw[k], rtol=1e-10, atol=1e-12, msg=k)
+
+
 @pytest.mark.parametrize("source", SOURCES)
 def test_micro_batch_size_reaches_the_forward(tmp_path, monkeypatch, source):
     # 2 prompts x 4 samples in 2 minibatches of 4 rows, micro-batches of 3: forwards of 3 and 1.
