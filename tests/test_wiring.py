@@ -401,6 +401,33 @@ def _same_but_shuffled(cfg: TrainConfig) -> dict:
     }
 
 
+def test_max_grad_norm_reaches_the_clip_and_zero_turns_it_off(tmp_path):
+    common = {"dtype": "float64", "lr": 1e-2, "warmup_steps": 0, "steps": 1, "algo": "grpo"}
+    before = build_policy(cli_cfg(tmp_path / "x", "flags", **common), torch.device("cpu"))[0]
+    runs = {
+        norm: trainer_module.train(
+            cli_cfg(tmp_path / str(norm), "flags", max_grad_norm=norm, **common)
+        ).model.state_dict()
+        for norm in (0.0, 1e-3, 1.0)
+    }
+    moved = {
+        n: max(float((sd[k] - before.state_dict()[k]).abs().max()) for k in sd)
+        for n, sd in runs.items()
+    }
+    assert moved[0.0] > 0  # 0: no clipping, not a zero gradient
+    # A tiny norm rescales each minibatch's gradient by a different factor, which Adam's
+    # per-parameter normalisation does not undo over two steps: other weights than no clip.
+    assert any(not torch.equal(runs[1e-3][k], runs[0.0][k]) for k in runs[0.0])
+
+
+def test_first_minibatch_is_on_policy_in_the_metrics(tmp_path):
+    # Two minibatches: the first is on-policy (KL exactly 0 in float64), so the off-policy KL
+    # (minibatch 2 alone) is above the KL over both.
+    cfg = cli_cfg(tmp_path, "flags", algo="grpo", dtype="float64", lr=1e-2, warmup_steps=0, steps=2)
+    for r in train_records(trainer_module.train(cfg).history):
+        assert r["kl/old_new_off_policy"] > r["kl/old_new"] > 0
+
+
 @pytest.mark.parametrize("aggregation", ["token_mean", "constant"])
 def test_micro_batches_keep_the_minibatch_denominators(tmp_path, aggregation):
     # Aggregations over tokens: each micro-batch must divide by the whole minibatch's token
