@@ -38,6 +38,8 @@ def test_known_values(rewards, scale, expected):
 def test_eps_is_added_to_the_std():
     adv = group_advantages(t([1, 0, 0, 1]), 4, eps=1e-6)
     assert adv[0].item() == pytest.approx(0.5 / (0.5 + 1e-6), rel=1e-14)  # centred 0.5, std 0.5
+    # The default eps is that same 1e-6 (what the trainer uses: it passes none).
+    assert torch.equal(group_advantages(t([1, 0, 0, 1]), 4), adv)
 
 
 @pytest.mark.parametrize("scale", ["std", "sample_std", "none"])

@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from plotcheck import capture_plots, is_png
+from safetensors.torch import load_file
 
+from gspo.build import build_policy
 from gspo.cli import main
+from gspo.config import TrainConfig, build
 
 
-def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys):
+def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys, monkeypatch):
+    plots = capture_plots(monkeypatch)
     out = tmp_path / "run"
     code = main(
         [
@@ -25,8 +31,24 @@ def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys):
         ]
     )
     assert code == 0
-    assert (out / "metrics.jsonl").is_file() and (out / "curves.png").stat().st_size > 1000
-    assert (out / "final" / "model.safetensors").is_file()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    # The plot draws the logged numbers: reward and response length per step.
+    assert is_png(out / "curves.png")
+    panels = plots["curves.png"]
+    steps = [1.0, 2.0]
+    assert panels["reward"]["train reward (per step)"] == (steps, [r["reward/mean"] for r in train])
+    lengths = [r["response_length/mean"] for r in train]
+    assert panels["response length"]["mean response length"] == (steps, lengths)
+    # The final model holds the run's weights. A random model never solves addition: every
+    # reward and advantage is 0, so they are exactly the seeded initial weights.
+    assert all(r["reward/mean"] == 0 and r["advantage/zero_fraction"] == 1 for r in train)
+    cfg = build(TrainConfig, preset="smoke", overrides={"device": "cpu", "algo": "luspo"})
+    initial = build_policy(cfg, torch.device("cpu"))[0].state_dict()
+    final = load_file(out / "final" / "model.safetensors")
+    assert set(final) <= set(initial) and len(final) >= len(initial) - 1  # tied head saved once
+    assert all(torch.equal(final[k], initial[k]) for k in final)
     assert "| steps | reward |" in capsys.readouterr().out
 
 
@@ -100,9 +122,21 @@ def test_sft_then_train_from_it(tmp_path, capsys):
     assert (
         main(["train", "--preset", "smoke", "--model", str(sft_dir), "--output-dir", str(run)]) == 0
     )
+    # The RL run started from the SFT model (its weights, not a fresh tiny model) and ran.
+    assert json.loads((run / "config.json").read_text())["model"] == str(sft_dir)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]
+    # A fresh smoke model earns no reward on addition, so a run that ignored --model would end
+    # on the fresh initial weights; this one ends elsewhere (SFT moved them).
+    final = load_file(run / "final" / "model.safetensors")
+    fresh = build_policy(
+        build(TrainConfig, preset="smoke", overrides={"device": "cpu"}), torch.device("cpu")
+    )[0].state_dict()
+    assert any(not torch.equal(final[k], fresh[k]) for k in final)
 
 
-def test_demo_short(tmp_path, capsys):
+def test_demo_short(tmp_path, capsys, monkeypatch):
+    plots = capture_plots(monkeypatch)
     out = tmp_path / "demo"
     code = main(
         [
@@ -129,4 +163,8 @@ def test_demo_short(tmp_path, capsys):
         if isinstance(v, dict) and any(key.endswith("pass@1") for key in v)
     ]
     assert sampled == ["before", "after"]
-    assert (out / "demo.png").stat().st_size > 1000
+    # The plot shows the held-out accuracy the summary reports, before and after RL.
+    assert is_png(out / "demo.png")
+    accuracy = plots["demo.png"]["reward"]["held-out greedy accuracy"]
+    before, after = summary["before"], summary["after"]
+    assert accuracy == ([0.0, 2.0], [before["eval/greedy_accuracy"], after["eval/greedy_accuracy"]])

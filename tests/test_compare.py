@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from plotcheck import capture_plots, is_png
 
 from gspo.cli import main
 from gspo.compare import parse_algos, parse_seeds, plan, run_compare
@@ -53,9 +54,10 @@ def test_plan_shares_everything_but_algo_and_seed(tmp_path: Path) -> None:
         plan(["gspo"], [0], tmp_path, overrides={"steps": 0})
 
 
-def test_compare_two_algos_from_one_cold_start(tmp_path: Path) -> None:
+def test_compare_two_algos_from_one_cold_start(tmp_path: Path, monkeypatch) -> None:
     """Both algorithms of a seed start from the same SFT checkpoint and see the same first
     rollout (same data order, init and sampling), then the report covers every run."""
+    plots = capture_plots(monkeypatch)
     logs: list[str] = []
     result = run_compare(
         ["grpo", "gspo"],
@@ -74,8 +76,27 @@ def test_compare_two_algos_from_one_cold_start(tmp_path: Path) -> None:
     for key in ("reward/mean", "response_length/mean", "response_length/max"):
         assert first[0][key] == first[1][key], key
     report = result.report_dir
-    assert (report / "curves_vs_step.png").stat().st_size > 0
-    assert (report / "curves_vs_time.png").stat().st_size > 0
+    assert is_png(report / "curves_vs_step.png") and is_png(report / "curves_vs_time.png")
+    # Each run's logged curves are what the report draws (one seed: no band; 3 steps: no
+    # smoothing), against steps and against cumulative rollout + recompute + train time.
+    for algo, run_dir in zip(["grpo", "gspo"], result.run_dirs, strict=True):
+        records = train_records(read_metrics(run_dir / "metrics.jsonl"))
+        line = f"{algo} (n=1)"
+        for panel, key in (("train reward", "reward/mean"), ("KL(old || new)", "kl/old_new")):
+            xs, ys = plots["curves_vs_step.png"][panel][line]
+            assert xs == [1.0, 2.0, 3.0]
+            values = [r[key] for r in records]
+            if panel.startswith("KL"):  # log axis: zeros drawn at half the smallest positive
+                assert ys == pytest.approx([v if v > 0 else min(ys) for v in values], rel=1e-12)
+            else:
+                assert ys == pytest.approx(values, rel=1e-12, abs=0)
+        clock, total = [], 0.0
+        for r in records:
+            total += r["time/rollout_s"] + r.get("time/recompute_s", 0.0) + r["time/train_s"]
+            clock.append(total)
+        xs, ys = plots["curves_vs_time.png"]["train reward"][line]
+        assert xs == pytest.approx(clock, rel=1e-9)
+        assert ys == pytest.approx([r["reward/mean"] for r in records], rel=1e-12, abs=0)
     summary = json.loads((report / "summary.json").read_text())
     assert set(summary["groups"]) == {"grpo", "gspo"}
     assert summary["groups"]["gspo"]["steps"] == [3]
@@ -105,7 +126,8 @@ def test_cli_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0
     printed = capsys.readouterr().out
     assert "| `gspo` | 1 |" in printed and "| `luspo` | 1 |" in printed
-    assert (out / "report" / "summary.md").is_file()
+    summary_md = (out / "report" / "summary.md").read_text()
+    assert "| `gspo` | 1 |" in summary_md and "| `luspo` | 1 |" in summary_md
     assert main(["compare", "--algos", "nope", "--preset", "smoke"]) == 2
     assert "unknown algo nope" in capsys.readouterr().err
 

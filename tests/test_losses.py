@@ -204,6 +204,10 @@ def test_length_invariance(length):
         (0.9990, 1.0, 0.9990, False),
         (1.0002, 1.0, 1.0002, False),
         (0.9998, -1.0, -0.9998, False),
+        # Between the two bounds (ε_low 3e-4 < |s - 1| < ε_high 4e-4): inside above 1, outside
+        # below 1, so swapping ε_low and ε_high flips both.
+        (1.00035, 1.0, 1.00035, False),
+        (0.99965, -1.0, -0.9997, True),
     ],
 )
 def test_gspo_clip_band(s, a, value, clipped):
@@ -213,6 +217,8 @@ def test_gspo_clip_band(s, a, value, clipped):
     j, g, m = grad_of_j("gspo", new, old, torch.tensor([a], dtype=F64), mask_for([length]))
     assert j == pytest.approx(value, rel=1e-12)
     assert m["clip/fraction"] == (1.0 if clipped else 0.0)
+    assert m["clip/high_fraction"] == (1.0 if clipped and s > 1 else 0.0)
+    assert m["clip/low_fraction"] == (1.0 if clipped and s < 1 else 0.0)
     if clipped:
         assert (g == 0).all()
     else:  # every token gets s·A/|y|
@@ -357,6 +363,10 @@ def test_missing_stop_gradient_would_double_the_gradient():
         (1.0, 0.50, False, 0.5),
         (-1.0, 0.70, True, 0.0),
         (-1.0, 1.50, False, 1.5),
+        # Between the bounds 1 - 0.2 and 1 + 0.28 mirrored: 1.25 is inside (above 1 the bound
+        # is ε_high = 0.28), 0.75 outside (below 1 it is ε_low = 0.2); a swap flips both.
+        (1.0, 1.25, False, 1.25),
+        (-1.0, 0.75, True, 0.0),
     ],
 )
 def test_grpo_token_clipping(a, w, clipped, weight):
@@ -364,6 +374,8 @@ def test_grpo_token_clipping(a, w, clipped, weight):
     new = old + math.log(w)
     _j, g, m = grad_of_j("grpo", new, old, torch.tensor([a], dtype=F64), mask_for([1]))
     assert m["clip/fraction"] == (1.0 if clipped else 0.0)
+    assert m["clip/high_fraction"] == (1.0 if clipped and w > 1 else 0.0)
+    assert m["clip/low_fraction"] == (1.0 if clipped and w < 1 else 0.0)
     # dJ/dl = A · w for an unclipped token (d w / d l = w).
     assert g.item() == pytest.approx(a * weight, rel=1e-12, abs=0)
 

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+from plotcheck import capture_plots
 
 from gspo.cli import main
 from gspo.report import (
@@ -124,15 +125,26 @@ def test_mean_se_and_tail_by_hand() -> None:
     assert fmt_mean_se(0.001, 0.0) == "1.00e-03 ± 0.000"
 
 
-def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path) -> None:
+def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path, monkeypatch) -> None:
+    plots = capture_plots(monkeypatch)
     out = tmp_path / "report"
     report = build_report([runs], out, tail=0.2)
     assert set(report.summary.groups) == {"grpo", "gspo"}  # model follows the seed: no split
 
     for name in ("curves_vs_step.png", "curves_vs_time.png"):
         png = out / name
-        assert png.stat().st_size > 10_000
         assert png.read_bytes()[:8] == PNG_MAGIC
+    # What the figures draw: held-out accuracy, mean over seeds, at steps 0 and 10 (grpo:
+    # 0.2 then the mean of 0.5, 0.6, 0.7); the time axis is 0.75 s per step.
+    step_plot, time_plot = plots["curves_vs_step.png"], plots["curves_vs_time.png"]
+    acc = step_plot["held-out greedy accuracy"]
+    assert acc["grpo (n=3)"] == ([0.0, 10.0], pytest.approx([0.2, 0.6]))
+    assert acc["gspo (n=2)"] == ([0.0, 10.0], pytest.approx([0.2, 0.85]))
+    assert time_plot["held-out greedy accuracy"]["grpo (n=3)"][0] == pytest.approx([0.0, 7.5])
+    # Train reward, moving average over max(1, 10 // 25) = 1 step: the seeds' mean ramp.
+    xs, ys = step_plot["train reward"]["grpo (n=3)"]
+    assert xs == [float(t) for t in range(1, STEPS + 1)]
+    assert ys == pytest.approx([0.1 + 0.01 * t for t in range(STEPS)])
     raw = sorted(p.name for p in (out / "raw").iterdir())
     assert len([p for p in raw if p.endswith(".jsonl")]) == 5
     assert "grpo_seed2.jsonl" in raw and "grpo_seed2.config.json" in raw
@@ -251,7 +263,10 @@ def test_config_from_checkpoint_state_and_clear_errors(tmp_path: Path) -> None:
         group_runs([load_run(run), load_run(twin)])
 
 
-def test_cli_report(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_report(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    plots = capture_plots(monkeypatch)
     out = tmp_path / "cli-report"
     assert (
         main(
@@ -261,7 +276,10 @@ def test_cli_report(runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
     )
     printed = capsys.readouterr().out
     assert "| `grpo` | 1 |" in printed and "| `gspo` | 1 |" in printed
-    assert (out / "curves_vs_time.png").stat().st_size > 0
+    # The time plot draws both runs against their wall time, 0.75 s a step.
+    xs, _ = plots["curves_vs_time.png"]["train reward"]["grpo (n=1)"]
+    assert xs == pytest.approx([0.75 * t for t in range(1, STEPS + 1)])
+    assert "gspo (n=1)" in plots["curves_vs_time.png"]["train reward"]
     assert main(["report", str(tmp_path / "nowhere")]) == 2
     assert "no such run folder" in capsys.readouterr().err
 

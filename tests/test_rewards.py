@@ -64,6 +64,7 @@ def test_numeric_match(completion: str, answer: str, expected: float) -> None:
 
 def test_numeric_match_answer_without_number_scores_zero() -> None:
     assert numeric_match("42", ex("forty-two")) == 0.0
+    assert numeric_match("42", ex("42")) == 1.0  # the same completion scores 1 against a number
 
 
 @pytest.mark.parametrize(
@@ -124,6 +125,8 @@ def test_format_reward_default_and_named_patterns() -> None:
     assert format_reward("x #### 42") == 0.0  # must start a line
     assert format_reward("#### 42", pattern="boxed") == 0.0
     assert format_reward(r"\boxed{42}", pattern="hashes") == 0.0
+    assert format_reward(r"\boxed{42}", pattern="boxed") == 1.0
+    assert format_reward("#### 42", pattern="hashes") == 1.0
     assert format_reward("<a>42</a>", ex("42"), pattern=re.compile(r"<a>\d+</a>")) == 1.0
     boxed_only = functools.partial(format_reward, pattern="boxed")
     assert boxed_only(r"\boxed{1}", ex("1")) == 1.0

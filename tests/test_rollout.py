@@ -219,6 +219,25 @@ def test_stop_strings(tok, model64, prompts):
     torch.testing.assert_close(r.logprobs, _rescore(model64, r, 1.0), atol=1e-9, rtol=0)
 
 
+def test_another_dtype_is_a_copy_even_when_sharing_is_allowed(model64):
+    eng = _engine(model64, dtype=torch.float32)  # share_weights=True, but not the same dtype
+    assert not eng.shares_weights and eng.model is not model64
+    assert next(eng.model.parameters()).dtype == torch.float32
+
+
+def test_eos_still_stops_rows_when_stop_strings_are_set(tok, model64, prompts):
+    # Stop strings are checked after the stop tokens; they must add to those hits, not replace
+    # them: with a stop string that never appears, EOS still ends every row at once.
+    hook = EosBias(model64, bias=1e3)
+    try:
+        params = SamplingParams(max_new_tokens=6, temperature=1.0, stop_strings=("~",))
+        r = _engine(model64, tok).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    finally:
+        hook.handle.remove()
+    assert r.finish_reasons == ["stop"] * r.num_samples
+    assert r.completion_lengths().tolist() == [1] * r.num_samples
+
+
 def test_stop_strings_need_tokenizer(model64, prompts):
     with pytest.raises(ValueError, match="tokenizer"):
         _engine(model64).generate(prompts, 1, SamplingParams(stop_strings=("x",)))

@@ -155,6 +155,7 @@ def test_every_built_task_is_scored_by_its_reward() -> None:
         task = build(name, None)
         example = task.test[0]
         assert task.reward("not an answer", example) == 0.0
+        assert task.reward(example.demo, example) == 1.0, name  # and a right one scores 1
 
 
 @pytest.mark.parametrize("name", NAMES)
