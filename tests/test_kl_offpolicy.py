@@ -137,7 +137,9 @@ def test_sequence_kl_penalty_sums_tokens_without_gradient():
     lp = L.clone().requires_grad_(True)
     pen = sequence_kl_penalty(lp, R, MASK, "k3")
     assert not pen.requires_grad
-    expected = sum(math.exp(-(a - b)) + (a - b) - 1 for a, b in zip(L[0].tolist(), R[0].tolist()))
+    expected = sum(
+        math.exp(-(a - b)) + (a - b) - 1 for a, b in zip(L[0].tolist(), R[0].tolist(), strict=True)
+    )
     assert pen.item() == pytest.approx(expected, rel=1e-13)
 
 
