@@ -343,3 +343,17 @@ def test_dual_clip_gradcheck():
         return policy_loss("grpo", x, old, adv, mask, options={"dual_clip": 2.0})[0]
 
     assert torch.autograd.gradcheck(f, (new.clone().requires_grad_(True),), eps=1e-6, atol=1e-7)
+
+
+def test_dual_clip_micro_batch_invariance():
+    new, old, mask, _ = random_batch(10, b=5, scale=1.5)
+    adv = torch.randn(new.shape, generator=torch.Generator().manual_seed(2), dtype=F64) * mask
+    kw = dict(aggregation="token_mean", options={"dual_clip": 2.0})
+    full = new.clone().requires_grad_(True)
+    policy_loss("grpo", full, old, adv, mask, **kw)[0].backward()
+    parts = new.clone().requires_grad_(True)
+    for idx in torch.arange(5).chunk(3):
+        policy_loss(
+            "grpo", parts[idx], old[idx], adv[idx], mask[idx], num_tokens=int(mask.sum()), **kw
+        )[0].backward()
+    assert torch.allclose(parts.grad, full.grad, **TOL)
