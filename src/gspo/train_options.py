@@ -31,12 +31,14 @@ def validate_options(cfg: Any, need: Any) -> None:
             f"algo {cfg.algo} has no clip range: leave clip_low/clip_high unset "
             "(its gate temperatures are sapo_tau_pos/sapo_tau_neg)",
         )
-        if cfg.clip_low is not None and spec.clip_meaning in ("ratio", "weight"):
-            need(cfg.clip_low <= 1, f"clip_low must be in [0, 1], got {cfg.clip_low}")
         need(
             cfg.dual_clip is None or "dual_clip" in dict(spec.options),
             f"dual_clip applies to grpo only, not to algo {cfg.algo}",
         )
+    if cfg.clip_low is not None and (spec is None or spec.clip_meaning in ("ratio", "weight")):
+        # 1 - ε_low bounds a ratio from below (1: no lower bound); only GMPO's log-space ε may
+        # exceed 1.
+        need(cfg.clip_low <= 1, f"clip_low must be in [0, 1], got {cfg.clip_low}")
     need(cfg.dual_clip is None or cfg.dual_clip > 1, f"dual_clip must be > 1, got {cfg.dual_clip}")
     need(
         cfg.sapo_tau_pos > 0 and cfg.sapo_tau_neg > 0,
