@@ -29,7 +29,8 @@ for ordinary minibatch staleness. Measured on the addition demo (GSPO, 4 minibat
 150 steps; docs/reproduction.md, "Off-policy sequence masking"): the largest per-sequence
 mean_t log(μ/π_θ) over a whole run was 0.15-0.21 (the median of the per-step maxima 0.04-0.06),
 so δ = 0.5 masked nothing and those runs are identical to unmasked ones, while slime's δ = 1e-4
-masked 12-22% of all sequences, most negative-advantage sequences of the off-policy minibatches.
+masked 12-22% of all sequences (16-30% of those in the off-policy minibatches, where only the
+negative-advantage ones among the 39-76% with a non-zero advantage can be masked).
 At 1e-4 the mask acts like a one-sided sequence clip at a geometric-mean ratio of 1 - 1e-4 (GSPO's
 own low clip is 1 - 3e-4 on the same ratio): it changes the algorithm rather than guarding it."""
 
