@@ -209,9 +209,9 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     bad_streak = 0  # consecutive steps whose every update was skipped as non-finite
     for step in range(start, last):
         # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
-        t0 = time.perf_counter()
+        t_generate = [0.0]  # rollout time of every round (rewards excluded, as without rounds)
 
-        def sample_round(k: int, step: int = step) -> Sampled:
+        def sample_round(k: int, step: int = step, t_generate: list = t_generate) -> Sampled:
             """Round k of the step's sampling (k > 0 only with dynamic sampling)."""
             if k == 0:
                 idx = prompt_indices(len(train_set), step, cfg.prompts_per_step, cfg.seed)
@@ -222,10 +222,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             examples = [train_set[i] for i in idx]
             # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
             # ("routing", replayed by routing_replay='engine'); dense models: engine.generate.
+            t0 = time.perf_counter()
             rollout = moe.generate_with_routing(
                 engine, [prompt_cache[i] for i in idx], cfg.group_size, params, gen
             )
             rollout = _to_device(rollout, device)
+            t_generate[0] += time.perf_counter() - t0
             # 2. Rewards.
             texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
             repeated = [examples[i] for i in rollout.prompt_index.tolist()]
@@ -261,7 +263,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         if batch.task_rewards is not None:
             extra_rewards["reward/task"] = float(batch.task_rewards.float().mean())
         lengths = rollout.completion_lengths()  # [N]
-        t_rollout = time.perf_counter() - t0
+        t_rollout = t_generate[0]
 
         # 3. Old log-probs: the engine's own (default) or a recompute pass of the trainer's model.
         t1 = time.perf_counter()
