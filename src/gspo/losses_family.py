@@ -60,8 +60,9 @@ def cispo_terms(
     token, clipped or not (PPO-style clipping would zero it). The clip bounds a detached weight.
 
     Clip convention (named here once, used everywhere in gspo): ``clip_high`` = ε_high is the
-    distance above 1, the weight cap is **1 + ε_high**, as for every other gspo loss and as in
-    SkyRL/AReaL/verl (ε_low = 1.0, ε_high = 4.0: cap 5, no lower bound). TRL's ``epsilon_high``
+    distance above 1, the weight cap is **1 + ε_high**, as for every other gspo loss and as verl,
+    SkyRL and AReaL clip (defaults from SkyRL/AReaL: ε_low = 1.0, ε_high = 4.0, i.e. cap 5 and
+    no lower bound). TRL's ``epsilon_high``
     for ``loss_type="cispo"`` is the cap itself (its recipe's 5.0 ≡ our clip_high = 4.0) and
     TRL has no lower bound. ``clip_low`` = 1 means no lower bound (1 - ε_low = 0).
 
