@@ -93,7 +93,7 @@ def test_all_problems_are_listed_at_once():
     message = str(info.value)
     for needle in (
         "steps must be positive, got -1",
-        "clip_low must be in [0, 1), got 1.5",
+        "clip_low must be in [0, 1], got 1.5",
         "algo must be one of",
         "'ppo'",
         "= 9 must be divisible by num_minibatches=2",

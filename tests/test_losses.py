@@ -61,7 +61,9 @@ def test_registry_and_defaults():
     assert (LOSSES["luspo"].clip_low, LOSSES["luspo"].clip_high) == (2e-3, 2.5e-3)
     assert (LOSSES["grpo"].clip_low, LOSSES["grpo"].clip_high) == (0.2, 0.28)
     assert LOSSES["grpo"].default_aggregation == "seq_mean_token_mean"
-    with pytest.raises(ValueError, match="valid: grpo, gspo, gspo_token, luspo"):
+    with pytest.raises(
+        ValueError, match="valid: cispo, gmpo, grpo, gspo, gspo_token, luspo, sapo, sapo_seq"
+    ):
         get_loss("ppo2")
     with pytest.raises(ValueError, match="unknown policy loss"):
         policy_loss("nope", OLD, OLD, ADV, MASK)
@@ -429,6 +431,13 @@ def test_fully_masked_rows_contribute_nothing(name):
 # ---------------------------------------------------------------- gradient checks (finite diff)
 
 
+def clips(name: str, clip_low: float, clip_high: float) -> dict:
+    """The clip keywords for ``name``: none for a loss without a clip range (SAPO)."""
+    if LOSSES[name].clip_meaning == "unused":
+        return {}
+    return dict(clip_low=clip_low, clip_high=clip_high)
+
+
 def all_settings():
     out = []
     for name, spec in LOSSES.items():
@@ -454,9 +463,15 @@ def test_gradcheck_random_inputs(name, agg):
         # value (the stop-gradients); with uniform ones it is (test_gspo_token_formula_random).
         adv = torch.randn(b, 1, dtype=F64).expand(b, t).contiguous()
     kw = dict(clip_low=0.15, clip_high=0.2, aggregation=agg, constant=7.0)
+    if LOSSES[name].clip_meaning == "unused":
+        kw.update(clip_low=None, clip_high=None)
+    shift = (new - old).detach()
 
     def f(x):
-        return policy_loss(name, x, old, adv, mask, **kw)[0]
+        # CISPO's weight is detached by design: its gradient is the derivative of its value with
+        # the ratio held fixed, i.e. with old log-probs that move with x (and are detached).
+        o = x - shift if name == "cispo" else old
+        return policy_loss(name, x, o, adv, mask, **kw)[0]
 
     # Nudge away from clip boundaries so the objective is locally smooth.
     assert torch.autograd.gradcheck(
@@ -495,7 +510,7 @@ def test_micro_batch_invariance(name, agg):
         torch.randn(b, t, dtype=F64) if LOSSES[name].token_advantages else torch.randn(b, dtype=F64)
     )
     ref = old + 0.1 * torch.randn(b, t, dtype=F64)
-    kw = dict(clip_low=0.1, clip_high=0.15, aggregation=agg, constant=5.0, kl_coef=0.05)
+    kw = dict(**clips(name, 0.1, 0.15), aggregation=agg, constant=5.0, kl_coef=0.05)
 
     full = new.clone().requires_grad_(True)
     loss_full, _ = policy_loss(name, full, old, adv, mask, ref_logprobs=ref, **kw)
@@ -585,7 +600,7 @@ def test_properties_permutation_invariance(lengths, seed):
     adv = torch.randn(b, generator=g, dtype=F64)
     perm = torch.randperm(b, generator=g)
     for name, agg in all_settings():
-        kw = dict(aggregation=agg, constant=6.0, clip_low=0.05, clip_high=0.05)
+        kw = dict(aggregation=agg, constant=6.0, **clips(name, 0.05, 0.05))
         a = policy_loss(name, new, old, adv, mask, **kw)[0]
         p = policy_loss(name, new[perm], old[perm], adv[perm], mask[perm], **kw)[0]
         assert float(p) == pytest.approx(float(a), rel=1e-12, abs=1e-15)

@@ -1,5 +1,5 @@
 """Command line: ``gspo train``, ``gspo sft``, ``gspo demo``, ``gspo eval``, ``gspo compare``,
-``gspo report``.
+``gspo report``, ``gspo algos``.
 
 Every config field is a flag (``--clip-low 3e-4``); ``--config FILE`` (YAML or JSON) and
 ``--preset NAME`` set many at once. Precedence: defaults < preset < file < flags.
@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     p_demo = sub.add_parser(
         "demo", help="cold-start SFT then RL on 2-digit addition, with a summary and a plot"
     )
-    p_demo.add_argument("--algo", default="gspo", help="grpo, gspo, gspo_token or luspo [gspo]")
+    p_demo.add_argument("--algo", default="gspo", help="a registered loss (gspo algos) [gspo]")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.add_argument("--output-dir", default="runs/demo")
     p_demo.add_argument("--sft-steps", type=int, default=300, help="cold-start SFT steps [300]")
@@ -81,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
         "--progress", type=parse_bool, default=True, metavar="V", help="live progress bars [True]"
     )
 
+    from . import algos  # gspo algos
+
+    algos.add_parser(sub)
     from .compare import add_cli_parsers  # gspo compare, gspo report
 
     add_cli_parsers(sub, _add_config_flags)
@@ -97,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             return _sft(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "algos":
+            from .algos import run
+
+            return run(args)
         if args.command == "eval":
             from .evaluation import run_eval_cli
 

@@ -33,8 +33,9 @@ NOT_SHARED_WITH_SFT = frozenset({"output_dir", "steps", "lr", "warmup_steps", "m
 the two configs share (task, data, model shape, seed, device ...), so SFT sees the RL run's task
 and model."""
 
-TOKEN_LEVEL = frozenset({"grpo"})
-"""Algorithms whose clip range applies to token ratios (the rest clip sequence ratios)."""
+TOKEN_LEVEL = frozenset({"grpo", "cispo", "gmpo"})
+"""Algorithms whose clip range applies to token ratios or log-ratios (the rest clip sequence
+ratios; SAPO has none and refuses one)."""
 
 
 @dataclass

@@ -72,8 +72,14 @@ class TrainConfig(SharedFields):
     )
 
     # --- algorithm -------------------------------------------------------------------------
-    algo: str = _doc("Policy loss: grpo, gspo, gspo_token or luspo.", "gspo")
-    clip_low: float | None = _doc("ε below 1; None: the algorithm's paper default.", None)
+    algo: str = _doc(
+        "Policy loss: grpo, gspo, gspo_token, luspo, cispo, sapo, sapo_seq or gmpo "
+        "(`gspo algos` lists each with its formula, defaults and paper).",
+        "gspo",
+    )
+    clip_low: float | None = _doc(
+        "ε below 1 (1 removes the lower bound); None: the algorithm's paper default.", None
+    )
     clip_high: float | None = _doc("ε above 1; None: the algorithm's paper default.", None)
     aggregation: str | None = _doc("Loss aggregation; None: the algorithm's paper default.", None)
     loss_constant: float | None = _doc(
@@ -87,7 +93,33 @@ class TrainConfig(SharedFields):
         "'####'); held-out evaluation scores the task's own reward only.",
         0.0,
     )
-    kl_coef: float = _doc("β of a KL penalty to the initial policy (k3); 0 turns it off.", 0.0)
+    kl_coef: float = _doc("β of a KL penalty to the initial policy; 0 turns it off.", 0.0)
+    # Options of the objectives of gspo.losses_family and gspo.train_options (checked there).
+    kl_estimator: str = _doc("KL estimator: k1, k2, k3 or k3+ (k3 value, k2 gradient).", "k3")
+    kl_in_reward: bool = _doc(
+        "Put the KL penalty in the reward (r - β Σ_t KL_t before group normalization) instead "
+        "of the loss.",
+        False,
+    )
+    dual_clip: float | None = _doc(
+        "GRPO dual clip: cap c > 1 on the ratio of negative-advantage tokens; None: off.", None
+    )
+    sapo_tau_pos: float = _doc("SAPO gate temperature for positive advantages.", 1.0)
+    sapo_tau_neg: float = _doc("SAPO gate temperature for zero or negative advantages.", 1.05)
+    off_policy_mask: bool = _doc(
+        "DeepSeek-V3.2 off-policy sequence masking: drop a negative-advantage sequence whose "
+        "mean log(engine/current) exceeds off_policy_mask_delta.",
+        False,
+    )
+    off_policy_mask_delta: float = _doc("δ of off_policy_mask (nats per token).", 0.5)
+    dynamic_sampling: bool = _doc(
+        "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more "
+        "prompts until prompts_per_step groups remain.",
+        False,
+    )
+    dynamic_sampling_rounds: int = _doc(
+        "Most rollout rounds per step with dynamic_sampling; then train on what there is.", 4
+    )
     overlong_buffer: int = _doc(
         "DAPO soft overlong penalty buffer (tokens before max_new_tokens); 0 turns it off.", 0
     )
@@ -496,7 +528,10 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
                 f"algo {cfg.algo} supports aggregation {', '.join(spec.aggregations)}, got {cfg.aggregation!r}",
             )
     if cfg.clip_low is not None:
-        need(0 <= cfg.clip_low < 1, f"clip_low must be in [0, 1), got {cfg.clip_low}")
+        need(cfg.clip_low >= 0, f"clip_low must be >= 0, got {cfg.clip_low}")
+    from .train_options import validate_options
+
+    validate_options(cfg, need)
     if cfg.clip_high is not None:
         need(cfg.clip_high >= 0, f"clip_high must be >= 0, got {cfg.clip_high}")
     need(cfg.advantage_scale in SCALES, f"advantage_scale must be one of {', '.join(SCALES)}")

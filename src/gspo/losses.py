@@ -1,5 +1,7 @@
 """Policy losses: GRPO, GSPO, GSPO-token and LUSPO, as pure functions of tensors.
 
+(CISPO, SAPO and GMPO register from ``gspo.losses_family``; KL estimators live in ``gspo.kl``.)
+
 Every loss has two separate parts, so that neither silently changes the other:
 
 1. a *term* function (registered in ``LOSSES``) that turns log-probs, old log-probs and advantages
@@ -30,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .kl import KL_ESTIMATORS, kl_estimate
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, so a ratio is at most
@@ -66,6 +70,16 @@ class LossSpec:
     token_advantages: bool
     """Whether [B, T] per-token advantages are meaningful for this loss."""
     doc: str
+    formula: str = ""
+    """One line, for ``gspo algos``."""
+    source: str = ""
+    """The paper (and arXiv id) the formula and defaults come from."""
+    clip_meaning: str = "ratio"
+    """What clip_low/clip_high bound: 'ratio' (r in [1-ε_low, 1+ε_high]), 'log-ratio'
+    (log r in [-ε_low, ε_high]), 'weight' (a detached IS weight truncated to that band) or
+    'unused' (the loss has no clip; setting one is an error)."""
+    options: tuple[tuple[str, float | None], ...] = ()
+    """Extra keyword options of the term function and their paper defaults (None: off)."""
 
 
 LOSSES: dict[str, LossSpec] = {}
@@ -78,6 +92,10 @@ def register_loss(
     clip_high: float,
     aggregations: tuple[str, ...],
     token_advantages: bool,
+    formula: str = "",
+    source: str = "",
+    clip_meaning: str = "ratio",
+    options: dict[str, float | None] | None = None,
 ) -> Callable[[TermFn], TermFn]:
     """Register a term function under ``name``; the first aggregation listed is the default."""
     for agg in aggregations:
@@ -96,6 +114,10 @@ def register_loss(
             aggregations=aggregations,
             token_advantages=token_advantages,
             doc=(fn.__doc__ or "").strip(),
+            formula=formula,
+            source=source,
+            clip_meaning=clip_meaning,
+            options=tuple((options or {}).items()),
         )
         return fn
 
@@ -165,6 +187,10 @@ def clipped_surrogate(
     clip_high=0.28,
     aggregations=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
     token_advantages=True,
+    formula="min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
+    source="DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
+    "c: Ye et al. arXiv 1912.09729)",
+    options={"dual_clip": None},
 )
 def grpo_terms(
     logprobs: torch.Tensor,
@@ -173,15 +199,26 @@ def grpo_terms(
     mask: torch.Tensor,
     clip_low: float,
     clip_high: float,
+    dual_clip: float | None = None,
 ) -> LossTerms:
     """GRPO (token-level ratio), DeepSeekMath / GSPO Eq. 2.
 
     w_{i,t} = exp(l_{i,t} - o_{i,t}),  term_{i,t} = min(w A_{i,t}, clip(w, 1-ε_low, 1+ε_high) A_{i,t}).
     Paper aggregation: seq_mean_token_mean; token_mean is DAPO's, constant is Dr. GRPO's.
+
+    Dual clip (Ye et al. 2020, arXiv 1912.09729; verl ``clip_ratio_c``, default 3 there, off
+    here): for A_{i,t} < 0 the term becomes max(term, c · A_{i,t}), so a negative-advantage token
+    whose ratio grew past c stops pushing (its gradient is 0; it counts in ``clipped_high``).
     """
     log_w = masked_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     w = torch.exp(log_w)  # [B, T]
     term, low, high = clipped_surrogate(w, advantages, clip_low, clip_high)  # [B, T]
+    if dual_clip is not None:
+        if not dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1 (a cap on the ratio), got {dual_clip}")
+        negative = advantages < 0  # [B, T] or [B, 1]
+        term = torch.where(negative, torch.maximum(term, dual_clip * advantages), term)  # [B, T]
+        high = high | (negative & (w.detach() > dual_clip))
     return LossTerms(
         objective=term * mask,
         clipped_low=low & mask,
@@ -218,6 +255,8 @@ def _gspo_sequence_terms(
     clip_high=4e-4,
     aggregations=("seq_mean_token_mean",),
     token_advantages=False,
+    formula="(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
+    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
 )
 def gspo_terms(
     logprobs: torch.Tensor,
@@ -241,6 +280,8 @@ def gspo_terms(
     clip_high=2.5e-3,
     aggregations=("seq_mean_token_sum",),
     token_advantages=False,
+    formula="(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
+    source="LUSPO arXiv 2602.05261",
 )
 def luspo_terms(
     logprobs: torch.Tensor,
@@ -264,6 +305,8 @@ def luspo_terms(
     clip_high=4e-4,
     aggregations=("seq_mean_token_mean",),
     token_advantages=True,
+    formula="(1/G) Σ_i (1/|y_i|) Σ_t min(s_it A_it, clip(s_it) A_it), s_it = sg[s_i] π/sg[π]",
+    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 13-17)",
 )
 def gspo_token_terms(
     logprobs: torch.Tensor,
@@ -400,7 +443,9 @@ def policy_loss(
     constant: float | None = None,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
     weights: torch.Tensor | None = None,
+    options: dict[str, float | None] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Compute a registered policy loss, -J, and its metrics.
 
@@ -415,10 +460,14 @@ def policy_loss(
         num_sequences, num_tokens: global denominators for micro-batching (see ``aggregate``).
         constant: the normalizer C of the ``constant`` aggregation (Dr. GRPO's L_max).
         ref_logprobs: [B, T] reference-policy log-probs for an optional KL penalty.
-        kl_coef: β of the KL penalty β·KL(π_θ || π_ref) (k3 estimator, per token, aggregated
-            with the same aggregation as the policy term, so LUSPO weighs it by length once).
+        kl_coef: β of the KL penalty β·KL(π_θ || π_ref) (per token, aggregated with the same
+            aggregation as the policy term, so LUSPO weighs it by length once).
+        kl_estimator: k1, k2, k3 (default) or k3+ (see ``gspo.kl``).
         weights: detached behaviour-correction weights, [B] or [B, T] (e.g. truncated importance
-            sampling against the rollout engine), multiplying the per-token policy term.
+            sampling against the rollout engine, or the 0/1 off-policy sequence mask of
+            ``gspo.offpolicy``), multiplying the per-token policy term.
+        options: the loss's extra options (``LossSpec.options``, e.g. GRPO's ``dual_clip``,
+            SAPO's ``tau_pos``/``tau_neg``); missing ones take the registered defaults.
 
     Returns:
         (loss, metrics): loss is a scalar tensor; metrics holds Python floats, including
@@ -434,14 +483,26 @@ def policy_loss(
             f"loss {name!r} does not support aggregation {aggregation!r}; "
             f"valid: {', '.join(spec.aggregations)}"
         )
+    if spec.clip_meaning == "unused" and (clip_low is not None or clip_high is not None):
+        raise ValueError(f"loss {name!r} has no clip range; clip_low/clip_high must be None")
     clip_low = spec.clip_low if clip_low is None else float(clip_low)
     clip_high = spec.clip_high if clip_high is None else float(clip_high)
-    if not (0.0 <= clip_low < 1.0) or clip_high < 0.0:
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    # clip_low = 1 removes the lower bound of a ratio (1 - ε_low = 0): CISPO's default.
+    if not (0.0 <= clip_low <= 1.0 or spec.clip_meaning == "log-ratio") or clip_high < 0.0:
+        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if clip_low < 0.0:
+        raise ValueError(f"clip_low must be >= 0, got {clip_low}")
+    known = dict(spec.options)
+    unknown = sorted(set(options or {}) - set(known))
+    if unknown:
+        raise ValueError(
+            f"loss {name!r} has no option {', '.join(unknown)}; valid: {', '.join(known) or 'none'}"
+        )
+    known.update({k: v for k, v in (options or {}).items() if v is not None})
     mask, advantages = _validate(logprobs, old_logprobs, advantages, mask, spec)
     old_logprobs = old_logprobs.detach()
 
-    terms = spec.terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
+    terms = spec.terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **known)
     objective = terms.objective  # [B, T]
     if weights is not None:
         w = weights.detach().to(objective.dtype)
@@ -453,10 +514,14 @@ def policy_loss(
     loss = -aggregate(objective, mask, aggregation, **denominators)
 
     kl_ref = None
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(
+            f"unknown kl_estimator {kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}"
+        )
     if kl_coef != 0.0:
         if ref_logprobs is None or tuple(ref_logprobs.shape) != tuple(logprobs.shape):
             raise ValueError("kl_coef != 0 needs ref_logprobs of the shape of logprobs")
-        kl_ref = k3_kl(logprobs, ref_logprobs.detach(), mask)  # [B, T]
+        kl_ref = kl_estimate(logprobs, ref_logprobs.detach(), mask, kl_estimator)  # [B, T]
         loss = loss + kl_coef * aggregate(kl_ref, mask, aggregation, **denominators)
 
     metrics = _metrics(terms, logprobs, old_logprobs, mask)
@@ -468,10 +533,9 @@ def policy_loss(
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(π_θ || π_ref) on samples of π_θ: e^(r-l) - (r-l) - 1, r=ref.
 
-    Non-negative, unbiased, lower variance than log-ratio; 0 off the mask.
+    Non-negative, unbiased, lower variance than log-ratio; 0 off the mask. See ``gspo.kl``.
     """
-    d = masked_log_ratio(ref_logprobs, logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return (torch.exp(d) - d - 1.0) * mask  # [B, T]
+    return kl_estimate(logprobs, ref_logprobs, mask, "k3")  # [B, T]
 
 
 def _metrics(
@@ -499,3 +563,7 @@ def _metrics(
             "ratio/count": float(ratios.numel()),  # what ratio/mean averages over, for pooling
             "kl/old_new": float(kl.sum()) / n_tok,
         }
+
+
+# The rest of the family registers itself on import (kept in its own module for size).
+from . import losses_family as _losses_family  # noqa: E402, F401

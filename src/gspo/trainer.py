@@ -46,6 +46,7 @@ from .build import (
     set_threads,
 )
 from .config import MINIBATCH_GROUPINGS, TrainConfig, to_dict
+from .dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
 from .evaluation import evaluate
 from .logging import MetricsLogger, progress_postfix
 from .losses import policy_loss
@@ -54,6 +55,7 @@ from .rewards import overlong_penalty, reward_workers, score, uses_sandbox
 from .rollout.base import Rollout, SamplingParams
 from .rollout.torch_engine import TorchEngine
 from .signals import SignalWatch
+from .train_options import loss_kl_coef, loss_options, reward_kl_penalty, sequence_weights
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -237,43 +239,79 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
     for step in range(start, last):
         # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
-        t0 = time.perf_counter()
-        idx = prompt_indices(len(train_set), step, cfg.prompts_per_step, cfg.seed)
-        examples = [train_set[i] for i in idx]
-        gen = step_generator(cfg.seed, step, stream=0, device=engine.device)
-        # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
-        # ("routing", replayed by routing_replay='engine'); dense models: plain engine.generate.
-        rollout = moe.generate_with_routing(
-            engine, [prompt_cache[i] for i in idx], cfg.group_size, params, gen
-        )
-        rollout = _to_device(rollout, device)
-        t_rollout = time.perf_counter() - t0
+        t_generate = [0.0]  # rollout time of every round (rewards excluded, as without rounds)
 
-        # 2. Rewards and group-normalized advantages.
-        texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
-        repeated = [examples[i] for i in rollout.prompt_index.tolist()]
-        rewards_list, reward_errors = score(
-            train_reward, texts, repeated, timeout_s=cfg.reward_timeout_s or None, workers=workers
-        )
-        rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
-        extra_rewards: dict[str, float] = {}
-        if train_reward is not task.reward:  # a format bonus is on: log the task reward alone
-            task_rewards, _ = score(task.reward, texts, repeated, workers=workers)
-            extra_rewards["reward/task"] = sum(task_rewards) / len(task_rewards)
+        def sample_round(k: int, step: int = step, t_generate: list = t_generate) -> Sampled:
+            """Round k of the step's sampling (k > 0 only with dynamic sampling)."""
+            if k == 0:
+                idx = prompt_indices(len(train_set), step, cfg.prompts_per_step, cfg.seed)
+                gen = step_generator(cfg.seed, step, stream=0, device=engine.device)
+            else:
+                idx = round_prompts(len(train_set), cfg.prompts_per_step, cfg.seed, step, k)
+                gen = round_generator(cfg.seed, step, k, engine.device)
+            examples = [train_set[i] for i in idx]
+            # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
+            # ("routing", replayed by routing_replay='engine'); dense models: engine.generate.
+            t0 = time.perf_counter()
+            rollout = moe.generate_with_routing(
+                engine, [prompt_cache[i] for i in idx], cfg.group_size, params, gen
+            )
+            rollout = _to_device(rollout, device)
+            t_generate[0] += time.perf_counter() - t0
+            # 2. Rewards.
+            texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
+            repeated = [examples[i] for i in rollout.prompt_index.tolist()]
+            rewards_list, reward_errors = score(
+                train_reward,
+                texts,
+                repeated,
+                timeout_s=cfg.reward_timeout_s or None,
+                workers=workers,
+            )
+            rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
+            task_rewards = None
+            if train_reward is not task.reward:  # a format bonus is on: log the task reward
+                task_rewards = torch.tensor(
+                    score(task.reward, texts, repeated, workers=workers)[0]
+                )  # [N]
+            if cfg.overlong_buffer > 0:
+                penalty = [
+                    overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer)
+                    for n in rollout.completion_lengths()
+                ]
+                rewards = rewards + torch.tensor(penalty, dtype=torch.float64)
+            return Sampled(rollout, rewards, reward_errors, task_rewards)
+
+        if cfg.dynamic_sampling:  # DAPO: only groups whose rewards differ, more rounds if needed
+            batch, sampling_metrics = fill_batch(
+                sample_round,
+                target_groups=cfg.prompts_per_step,
+                group_size=cfg.group_size,
+                max_rounds=cfg.dynamic_sampling_rounds,
+                pad_id=tokenizer.pad_token_id,
+                groups_multiple=cfg.num_minibatches if cfg.minibatch_grouping == "groups" else 1,
+                step=step,
+            )
+        else:
+            batch, sampling_metrics = sample_round(0), {}
+        rollout, rewards, reward_errors = batch.rollout, batch.rewards, batch.reward_errors
+        extra_rewards: dict[str, float] = dict(sampling_metrics)
+        if batch.task_rewards is not None:
+            extra_rewards["reward/task"] = float(batch.task_rewards.float().mean())
         lengths = rollout.completion_lengths()  # [N]
-        if cfg.overlong_buffer > 0:
-            penalty = [
-                overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer) for n in lengths
-            ]
-            rewards = rewards + torch.tensor(penalty, dtype=torch.float64)
-        advantages = group_advantages(rewards, cfg.group_size, scale=cfg.advantage_scale).to(
-            device
-        )  # [N]
+        t_rollout = t_generate[0]
 
         # 3. Old log-probs: the engine's own (default) or a recompute pass of the trainer's model.
         t1 = time.perf_counter()
         old_logprobs, mismatch = _old_logprobs(cfg, model, rollout)  # [N, L]
         t_recompute = time.perf_counter() - t1
+        # Group-normalized advantages (of the reward less β Σ_t KL_t with kl_in_reward).
+        kl_penalty, kl_metrics = reward_kl_penalty(cfg, ref_model, rollout, old_logprobs)
+        shaped = rewards if kl_penalty is None else rewards - kl_penalty  # [N]
+        advantages = group_advantages(shaped, cfg.group_size, scale=cfg.advantage_scale).to(
+            device
+        )  # [N]
+        extra_rewards.update(kl_metrics)
 
         # 4. num_minibatches optimizer steps over the rollout batch.
         t2 = time.perf_counter()
@@ -298,7 +336,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             "response_length/mean": float(lengths.float().mean()),
             "response_length/max": int(lengths.max()),
             "response/truncated_fraction": sum(f == "length" for f in rollout.finish_reasons)
-            / len(texts),
+            / len(rollout.finish_reasons),
             **train_metrics,
             **mismatch,
             **moe_metrics,
@@ -420,6 +458,14 @@ def update_policy(
                     prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
                 )  # [n_micro, L'] each
             ref = _ref_logprobs(cfg, ref_model, rows, rollout.prompt_index[part])
+            # Off-policy sequence mask against the engine's log-probs (None unless enabled).
+            keep, opsm = sequence_weights(
+                cfg,
+                logprobs,
+                rollout.logprobs[part][:, rows.completion_cols],
+                advantages[part],
+                rows.completion_mask,
+            )
             loss, metrics = policy_loss(
                 cfg.algo,
                 logprobs,
@@ -433,8 +479,12 @@ def update_policy(
                 num_tokens=max(n_tok, 1),
                 constant=constant,
                 ref_logprobs=ref,
-                kl_coef=cfg.kl_coef,
+                kl_coef=loss_kl_coef(cfg),
+                kl_estimator=cfg.kl_estimator,
+                weights=keep,
+                options=loss_options(cfg),
             )
+            metrics.update(opsm)
             aux, moe_metrics = moe.micro_batch_terms(
                 model,
                 routes,

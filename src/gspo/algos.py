@@ -1,0 +1,77 @@
+"""``gspo algos``: every registered objective with its formula, default clips, aggregation and
+source paper, read from the loss registry (so a newly registered loss shows up by itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+CLIP_MEANING = {
+    "ratio": "r in [{a:g}, {b:g}] (ε_l={lo:g}, ε_h={hi:g})",
+    "log-ratio": "log r in [-{lo:g}, {hi:g}]",
+    "weight": "IS weight clamped to [{a:g}, {b:g}] (ε_l={lo:g}, ε_h={hi:g}), gradient kept",
+    "unused": "no clip",
+}
+
+
+def describe(name: str) -> dict[str, Any]:
+    """One registered loss as a plain dict (what ``gspo algos --json`` prints)."""
+    from .losses import get_loss
+
+    spec = get_loss(name)
+    lo, hi = spec.clip_low, spec.clip_high
+    clip = CLIP_MEANING[spec.clip_meaning].format(lo=lo, hi=hi, a=max(0.0, 1 - lo), b=1 + hi)
+    return {
+        "name": spec.name,
+        "formula": spec.formula,
+        "clip": clip,
+        "clip_low": None if spec.clip_meaning == "unused" else spec.clip_low,
+        "clip_high": None if spec.clip_meaning == "unused" else spec.clip_high,
+        "aggregation": spec.default_aggregation,
+        "aggregations": list(spec.aggregations),
+        "token_advantages": spec.token_advantages,
+        "options": dict(spec.options),
+        "source": spec.source,
+    }
+
+
+def table() -> str:
+    """A Markdown table of every registered loss (test-only registrations left out)."""
+    from .losses import LOSSES
+
+    lines = [
+        "| algo | objective (one line) | default clip | aggregation | options | source |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in sorted(LOSSES):
+        if name.startswith("test_"):
+            continue
+        d = describe(name)
+        opts = ", ".join(f"{k}={v}" for k, v in d["options"].items()) or "-"
+        cells = [name, d["formula"], d["clip"], d["aggregation"], opts, d["source"]]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "algos",
+        help="list every registered objective: formula, default clips, aggregation, paper",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: Any) -> int:
+    import json
+
+    from .losses import LOSSES
+
+    if args.json:
+        names = sorted(n for n in LOSSES if not n.startswith("test_"))
+        print(json.dumps([describe(n) for n in names], indent=2))
+    else:
+        print(table())
+        print(
+            "\nClips: ε below/above 1 of the ratio unless stated; override with --clip-low/"
+            "--clip-high. Options are TrainConfig fields (dual_clip, sapo_tau_pos, sapo_tau_neg)."
+        )
+    return 0
