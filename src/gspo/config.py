@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .engine_config import CorrectionFields, EngineFields, validate_engine
+
 ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
 OLD_LOGPROBS = ("engine", "recompute")
 MINIBATCH_GROUPINGS = ("shuffled", "groups")
@@ -33,7 +35,7 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(EngineFields, CorrectionFields):
     """Everything that defines an RL run; saved with every checkpoint."""
 
     # --- run -------------------------------------------------------------------------------
@@ -307,7 +309,7 @@ class SFTConfig:
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(EngineFields):
     """``gspo eval``: score a model on a data file or a built-in task's held-out split."""
 
     model: str = _doc(
@@ -497,6 +499,7 @@ def validate(cfg: Any) -> None:
             problems.append(message)
 
     _validate_model_fields(cfg, need)
+    validate_engine(cfg, need)  # rollout_engine, vllm_*, mismatch_* fields
     if isinstance(cfg, EvalConfig):
         _validate_eval(cfg, need)
         if problems:
