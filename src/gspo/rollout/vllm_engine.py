@@ -274,6 +274,9 @@ class VLLMEngine:
         else:
             payload = list(state.items())
         self.llm.collective_rpc(reload_in_worker, args=(payload, self.tied, self.refresh_tied_head))
+        # Cached prompt KV blocks were computed with the old weights (a prompt seen before,
+        # e.g. a held-out problem or a shared chat-template prefix, would reuse them).
+        self.llm.reset_prefix_cache()
         self.last_sync_s = time.perf_counter() - t0
 
     def _stop_ids(self, text: str) -> list[int]:
@@ -339,9 +342,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         stop_ids = sorted({self.eos_id, *params.stop_token_ids})
+        # vLLM refuses n > 1 for greedy decoding: send each greedy prompt n times instead.
+        copies = n if params.temperature == 0 else 1
+        per_request = n // copies
         sps = [
             VSamplingParams(
-                n=n,
+                n=per_request,
                 temperature=float(params.temperature),
                 top_p=float(params.top_p),
                 max_tokens=int(params.max_new_tokens),
@@ -351,15 +357,15 @@ class VLLMEngine:
                 detokenize=False,
             )
             for s in seeds
+            for _ in range(copies)
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sps, use_tqdm=False
-        )
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        outputs = self.llm.generate(requests, sps, use_tqdm=False)
         rows = []
         for out in outputs:
             samples = sorted(out.outputs, key=lambda c: c.index)
-            if len(samples) != n:
-                raise RuntimeError(f"vLLM returned {len(samples)} samples for a prompt, not {n}")
+            if len(samples) != per_request:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples, not {per_request}")
             for c in samples:
                 ids = list(c.token_ids)
                 lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs, strict=True)]
