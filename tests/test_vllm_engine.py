@@ -217,6 +217,11 @@ def test_models_vllm_cannot_load_are_named(tok):
         check_loadable(narrow, on_cpu=True)
     with pytest.raises(ValueError, match="head size 16"):
         VLLMEngine(narrow, pad_id=0, eos_id=2)
+    from gspo.moe import build_tiny_moe_model
+
+    moe = build_tiny_moe_model(len(tok), hidden_size=64, num_heads=2, num_kv_heads=1)
+    with pytest.raises(ValueError, match="MoE model"):
+        check_loadable(moe, on_cpu=True)
     unknown = tied_model(len(tok))
     unknown.config.architectures = ["NoSuchModelForCausalLM"]
     with pytest.raises(ValueError, match="not in vLLM's model registry"):

