@@ -236,3 +236,20 @@ def test_prompt_longer_than_max_model_len_is_refused(tok, prompts):
         pytest.raises(ValueError, match="max_model_len=64"),
     ):
         engine.generate([list(range(3, 63))], 1, SamplingParams(max_new_tokens=8))
+
+
+@needs_vllm
+def test_starting_vllm_leaves_the_process_state_alone(tok):
+    """vLLM's in-process CPU worker seeds the global RNGs and disables torch.set_num_threads;
+    the engine undoes both, so the trainer's streams and thread count are its own."""
+    model = tied_model(len(tok))
+    threads = torch.get_num_threads()
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    with vllm_engine(model, tok):
+        got = torch.rand(3)
+        torch.set_num_threads(1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(threads)
+    assert torch.equal(got, expected)

@@ -84,3 +84,58 @@ def test_vllm_learns_the_addition_demo_like_torch(tmp_path):
     assert vllm_run["last"] > vllm_run["first"] + 0.03  # vLLM's run learns ...
     assert vllm_run["last"] > torch_run["last"] - 0.05  # ... about as much as torch's
     assert vllm_run["end"] > vllm_run["start"] - 0.05
+
+
+def _smollm2_missing() -> str | None:
+    from test_pretrained import _smollm2_missing as missing
+
+    return missing()
+
+
+@needs_vllm
+@pytest.mark.skipif(_smollm2_missing() is not None, reason=_smollm2_missing() or "")
+def test_smollm2_chat_prompts_stop_tokens_and_sync():
+    """SmolLM2-135M-Instruct (the dequantized HF copy, tied embeddings, vocab 49152) behind its
+    chat template: the template's end-of-turn token ends rows, and the engine's log-probs match
+    the trainer's before and after a weight sync."""
+    import torch
+
+    from gspo.build import build_policy, build_prompt_format
+    from gspo.config import TrainConfig, build
+    from gspo.models import token_logprobs
+    from gspo.rollout import SamplingParams
+    from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions
+
+    cfg = build(TrainConfig, overrides={"model": "smollm2-135m-instruct", "device": "cpu"})
+    model, tok = build_policy(cfg, torch.device("cpu"))
+    fmt = build_prompt_format(cfg, tok, model)
+    assert fmt.chat and fmt.stop_token_ids
+    prompts = fmt.encode(["What is 2 + 3? Answer with a number.", "Say hi."])
+    params = SamplingParams(max_new_tokens=24, temperature=0.7, stop_token_ids=fmt.stop_token_ids)
+    options = VLLMOptions(cpu_kv_cache_gib=0.25, max_model_len=256)
+
+    def diff(engine) -> float:
+        r = engine.generate(prompts, 2, params, torch.Generator().manual_seed(0))
+        for ids, m, why in zip(r.completion_ids, r.completion_mask, r.finish_reasons, strict=True):
+            last = int(ids[m.bool()][-1])
+            assert (why == "stop") == (last in {tok.eos_token_id, *fmt.stop_token_ids})
+        with torch.no_grad():
+            ref, _ = token_logprobs(model, *(r.prompt_ids, r.prompt_mask), r.completion_ids,
+                                    r.completion_mask, temperature=0.7)  # fmt: skip
+        return float((ref - r.logprobs).abs().max())
+
+    with VLLMEngine(
+        model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, options=options, tokenizer=tok
+    ) as engine:
+        before = diff(engine)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.01)
+        engine.update_weights(model)
+        after = diff(engine)
+    print(f"SmolLM2: max |engine - trainer| log-prob {before:.2e} before, {after:.2e} after a sync")
+    assert before <= SMOLLM2_TOL and after <= SMOLLM2_TOL
+
+
+SMOLLM2_TOL = 1e-4
+"""SmolLM2 (30 layers, vocab 49152) in float32 on CPU: measured max diff below, 10x margin."""

@@ -32,6 +32,7 @@ install command.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -246,7 +247,8 @@ class VLLMEngine:
         else:
             kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
         try:
-            self.llm = LLM(**kwargs)
+            with _process_state_kept():
+                self.llm = LLM(**kwargs)
         except Exception as exc:
             raise RuntimeError(f"vLLM could not start on this model: {exc}") from exc
 
@@ -416,6 +418,28 @@ class VLLMEngine:
             finish_reasons=[r[2] for r in rows],
             prompt_index=torch.arange(len(prompts)).repeat_interleave(n),  # [N]
         )
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Undo what vLLM's in-process CPU worker does to the whole process while it starts: it
+    seeds the global RNGs (torch, numpy, random) with its own seed and replaces
+    ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
+    and thread settings."""
+    import random
+
+    import numpy as np
+
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
 
 
 def _first_stop(ids: list[int], stop_seqs: list[list[int]]) -> int | None:
