@@ -167,5 +167,6 @@ def test_smollm2_chat_prompts_stop_tokens_and_sync():
     assert before <= SMOLLM2_TOL and after <= SMOLLM2_TOL
 
 
-SMOLLM2_TOL = 1e-4
-"""SmolLM2 (30 layers, vocab 49152) in float32 on CPU: measured max diff below, 10x margin."""
+SMOLLM2_TOL = 2e-4
+"""SmolLM2 (30 layers, vocab 49152) in float32 on CPU: measured at most 4.5e-5 (before and after
+a sync), 4x margin."""
