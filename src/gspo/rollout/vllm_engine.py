@@ -19,7 +19,7 @@ no top-k.
 
 Weight sync. ``update_weights(model)`` sends the model's state dict (LoRA merged first) to
 vLLM's in-place ``reload_weights`` in the worker: as a list of tensors in the in-process mode
-(``multiprocess=False``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; it starts ~8x faster on CPU) and
+(``multiprocess=False``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; on CPU it starts ~4.7x faster) and
 as safetensors bytes through ``collective_rpc`` in the multi-process mode (tensors with shared
 storage cannot be pickled there; this needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, set here,
 which lets our own processes exchange pickled functions over vLLM's local socket). For tied
