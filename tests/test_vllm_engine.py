@@ -3,7 +3,7 @@ weight syncs (tied and untied embeddings, in-process and multi-process vLLM, LoR
 stale tied head and stale prefix cache that a sync must not leave behind, and clear errors for
 a missing vLLM, unsupported option combinations and models vLLM cannot load.
 
-The rollout contract shared with the torch engine is in test_engine_contract.py; training runs
+The rollout contract shared with the torch engine is in test_engines_shared_contract.py; training runs
 with vLLM are in test_vllm_train.py.
 """
 
