@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_base import SharedFields, _doc
+from .engine_config import CorrectionFields, EngineFields, validate_engine
 
 ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
 OLD_LOGPROBS = ("engine", "recompute")
@@ -28,7 +29,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig(SharedFields):
+class TrainConfig(SharedFields, EngineFields, CorrectionFields):
     """Everything that defines an RL run; saved with every checkpoint."""
 
     # --- run, model, task: SharedFields (gspo.config_base); what differs here ---------------
@@ -216,7 +217,7 @@ class SFTConfig(SharedFields):
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(EngineFields):
     """``gspo eval``: score a model on a data file or a built-in task's held-out split."""
 
     model: str = _doc(
@@ -406,6 +407,7 @@ def validate(cfg: Any) -> None:
             problems.append(message)
 
     _validate_model_fields(cfg, need)
+    validate_engine(cfg, need)  # rollout_engine, vllm_*, mismatch_* fields
     if isinstance(cfg, EvalConfig):
         _validate_eval(cfg, need)
         if problems:

@@ -46,15 +46,31 @@ def mismatch_weights(
         raise ValueError(f"need cap > 0 and 0 <= floor <= cap, got cap={cap}, floor={floor}")
     mask = mask.bool()
     with torch.no_grad():
-        log_rho = masked_log_ratio(train_logprobs, engine_logprobs, mask)  # [B, T]
-        if level == "sequence":
-            log_rho = log_rho.sum(dim=1)  # [B]
-        elif level == "geometric":
-            log_rho = log_rho.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [B]
-        rho = torch.exp(log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        rho = mismatch_ratio(train_logprobs, engine_logprobs, mask, level=level)
         if mode == "truncate":
             w = rho.clamp(max=cap) if floor is None else rho.clamp(min=floor, max=cap)
         else:
             lo = 0.0 if floor is None else floor
             w = torch.where((rho >= lo) & (rho <= cap), rho, torch.zeros_like(rho))
         return w * mask if level == "token" else w
+
+
+def mismatch_ratio(
+    train_logprobs: torch.Tensor,
+    engine_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: str = "token",
+) -> torch.Tensor:
+    """Detached ρ before any cap: [B, T] (1 where masked) for ``level="token"``, [B] otherwise
+    (Π_t ρ_t for "sequence", exp(mean_t log ρ_t) for "geometric"; 1 for empty rows)."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown correction level {level!r}; valid: {', '.join(LEVELS)}")
+    mask = mask.bool()
+    with torch.no_grad():
+        log_rho = masked_log_ratio(train_logprobs, engine_logprobs, mask)  # [B, T]
+        if level == "sequence":
+            log_rho = log_rho.sum(dim=1)  # [B]
+        elif level == "geometric":
+            log_rho = log_rho.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [B]
+        return torch.exp(log_rho.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))

@@ -236,8 +236,10 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from .build import build_policy, build_prompt_format, resolve_device, set_threads
+    from .engine_config import build_engine, check_engine_available, close_engine
     from .trainer import step_generator
 
+    check_engine_available(cfg)  # e.g. vLLM missing: say so before loading anything
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
@@ -247,24 +249,29 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     model, tokenizer = build_policy(cfg, device)
     model.eval()
     fmt = build_prompt_format(cfg, tokenizer, model)
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
+    engine = build_engine(cfg, model, tokenizer, pad_id=tokenizer.pad_token_id, eos_id=eos)
     t_load = time.perf_counter() - t0
     details: list[dict[str, Any]] = []
-    metrics = evaluate_model(
-        model,
-        tokenizer,
-        examples,
-        reward,
-        max_new_tokens=cfg.max_new_tokens,
-        samples=cfg.samples,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        generator=step_generator(cfg.seed, 0, stream=3, device=device),
-        batch_size=cfg.batch_size,
-        greedy=cfg.greedy,
-        prompt_format=fmt,
-        details=details,
-        progress=cfg.progress,
-    )
+    try:
+        metrics = evaluate(
+            engine,
+            tokenizer,
+            examples,
+            reward,
+            max_new_tokens=cfg.max_new_tokens,
+            samples=cfg.samples,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            generator=step_generator(cfg.seed, 0, stream=3, device=engine.device),
+            batch_size=cfg.batch_size,
+            greedy=cfg.greedy,
+            prompt_format=fmt,
+            details=details,
+            progress=cfg.progress,
+        )
+    finally:
+        close_engine(engine)  # vLLM: shut it down (the torch engine has nothing to close)
     report = {
         "model": cfg.model,
         "data": where,

@@ -425,7 +425,10 @@ def aux_loss(
 def generate_with_routing(engine, prompts, n, params, generator=None):
     """``engine.generate`` with the engine model's routing (prefill + every decode step) stored
     as ``rollout.extras["routing"]`` (a [R, N, P+L, k] :class:`Routing`; the last completion
-    token's position, never fed to the engine, is -1). This is what R3 replays."""
+    token's position, never fed to the engine, is -1). This is what R3 replays. An engine
+    without a torch module (vLLM) records no routing: plain ``engine.generate``."""
+    if getattr(engine, "model", None) is None:
+        return engine.generate(prompts, n, params, generator)
     with capture_routing(engine.model) as rec:
         rollout = engine.generate(prompts, n, params, generator)
     if rec is not None:

@@ -47,13 +47,14 @@ from .build import (
 )
 from .config import MINIBATCH_GROUPINGS, TrainConfig, to_dict
 from .dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
+from .engine_config import build_engine, check_engine_available, close_engine
 from .evaluation import evaluate
 from .logging import MetricsLogger, progress_postfix
 from .losses import policy_loss
+from .mismatch import correction_weights, mismatch_stats
 from .models import save_model, token_logprobs
 from .rewards import overlong_penalty, reward_workers, score, uses_sandbox
 from .rollout.base import Rollout, SamplingParams
-from .rollout.torch_engine import TorchEngine
 from .signals import SignalWatch
 from .train_options import loss_kl_coef, loss_options, reward_kl_penalty, sequence_weights
 
@@ -113,6 +114,7 @@ def lr_lambda(warmup_steps: int):
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     """Run (or resume) the RL run described by ``cfg``."""
+    check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     out = Path(cfg.output_dir)
@@ -137,15 +139,18 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         from .sandbox import isolation
 
         print(isolation().summary(), file=sys.stderr, flush=True)
-    engine = TorchEngine(
+    # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
+    engine = build_engine(
+        cfg,
         model,
+        tokenizer,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
         dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
         share_weights=cfg.engine_dtype is None,
-        tokenizer=tokenizer,
     )
-    moe.fit_experts_kernel(engine.model)  # an engine copy in float64 needs the eager experts
+    if engine.model is not None:  # an engine copy in float64 needs the eager experts
+        moe.fit_experts_kernel(engine.model)
     ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -304,6 +309,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         # 3. Old log-probs: the engine's own (default) or a recompute pass of the trainer's model.
         t1 = time.perf_counter()
         old_logprobs, mismatch = _old_logprobs(cfg, model, rollout)  # [N, L]
+        # Decoupled objective (mismatch_correction): weights pi_trainer / pi_engine, capped.
+        weights, corrected = correction_weights(
+            cfg, old_logprobs, rollout.logprobs, rollout.completion_mask
+        )  # [N, L] or [N] or None
         t_recompute = time.perf_counter() - t1
         # Group-normalized advantages (of the reward less β Σ_t KL_t with kl_in_reward).
         kl_penalty, kl_metrics = reward_kl_penalty(cfg, ref_model, rollout, old_logprobs)
@@ -316,10 +325,22 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         # 4. num_minibatches optimizer steps over the rollout batch.
         t2 = time.perf_counter()
         train_metrics = update_policy(
-            cfg, model, ref_model, optimizer, scheduler, rollout, old_logprobs, advantages, step
+            cfg,
+            model,
+            ref_model,
+            optimizer,
+            scheduler,
+            rollout,
+            old_logprobs,
+            advantages,
+            step,
+            weights=weights,
         )
-        engine.update_weights(model)
         t_train = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        engine.update_weights(model)  # torch engine sharing the model: nothing to copy
+        t_sync = time.perf_counter() - t3
+        t_train += t_sync  # time/train_s keeps its meaning (update + sync), as before
         # MoE: share of expert choices the update changed, on this rollout ({} for dense models).
         moe_metrics = moe.step_metrics(model, rollout)
         bad_streak = (
@@ -339,11 +360,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             / len(rollout.finish_reasons),
             **train_metrics,
             **mismatch,
+            **corrected,
             **moe_metrics,
             "lr": scheduler.get_last_lr()[0],
             "time/rollout_s": t_rollout,
             "time/recompute_s": t_recompute,
             "time/train_s": t_train,
+            "time/weight_sync_s": t_sync,
             "throughput/tokens_per_s": n_gen / max(t_rollout + t_recompute + t_train, 1e-9),
         }
         logger.log(step + 1, metrics)
@@ -356,6 +379,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         )
         if bad_streak >= cfg.max_bad_steps:
             logger.close()
+            close_engine(engine)
             raise NonFiniteTrainingError(
                 f"step {step + 1}: {bad_streak} consecutive steps had only non-finite losses or "
                 f"gradients (every update skipped); stopping. Last good checkpoint: "
@@ -390,6 +414,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     if bar is not None:
         bar.close()
     logger.close()
+    close_engine(engine)  # vLLM: shut its engine down (the torch engine has nothing to close)
     if last == cfg.steps:
         save_model(model, tokenizer, out / "final")  # LoRA: merged, adapter in final/adapter
     return RunResult(out, history, final_eval, model, tokenizer)
@@ -405,6 +430,7 @@ def update_policy(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     step: int,
+    weights: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Split the rollout batch into ``num_minibatches`` minibatches (``minibatch_rows``), one
     optimizer step each.
@@ -481,7 +507,7 @@ def update_policy(
                 ref_logprobs=ref,
                 kl_coef=loss_kl_coef(cfg),
                 kl_estimator=cfg.kl_estimator,
-                weights=keep,
+                weights=_product(keep, _part_weights(weights, part, rows.completion_cols)),
                 options=loss_options(cfg),
             )
             metrics.update(opsm)
@@ -566,13 +592,23 @@ def _old_logprobs(
     if routes is not None:
         length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
         rollout.extras["old_routing"] = routes.routing(rollout.num_samples, length)
-    mask = rollout.completion_mask.bool()
-    diff = (recomputed - rollout.logprobs.to(recomputed.dtype)).abs()[mask]
-    stats = {
-        "mismatch/mean_abs": float(diff.mean()) if diff.numel() else 0.0,
-        "mismatch/max_abs": float(diff.max()) if diff.numel() else 0.0,
-    }
-    return recomputed, stats
+    return recomputed, mismatch_stats(recomputed, rollout.logprobs, rollout.completion_mask)
+
+
+def _product(keep: torch.Tensor | None, weights: torch.Tensor | None) -> torch.Tensor | None:
+    """The off-policy mask [n] times the mismatch-correction weights ([n] or [n, L]), or either."""
+    if keep is None or weights is None:
+        return weights if keep is None else keep
+    keep = keep.to(weights.dtype)  # [n]
+    return keep[:, None] * weights if weights.dim() == 2 else keep * weights
+
+
+def _part_weights(weights: torch.Tensor | None, part: torch.Tensor, cols: slice):
+    """A micro-batch's rows (and kept columns, for token-level weights) of the correction."""
+    if weights is None:
+        return None
+    w = weights[part]  # [n] or [n, L]
+    return w[:, cols] if w.dim() == 2 else w
 
 
 def minibatch_rows(

