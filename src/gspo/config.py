@@ -165,6 +165,29 @@ class TrainConfig:
         "DAPO soft overlong penalty buffer (tokens before max_new_tokens); 0 turns it off.", 0
     )
 
+    # --- multi-turn environments (gspo.envs; tasks with a registered environment) ---------
+    max_turns: int = _doc("Multi-turn tasks: policy turns per episode.", 4)
+    max_tokens_per_turn: int = _doc(
+        "Multi-turn tasks: tokens one policy turn may sample; 0: max_new_tokens.", 0
+    )
+    max_total_tokens: int = _doc(
+        "Multi-turn tasks: policy + environment tokens after the prompt per episode.", 128
+    )
+    env_timeout_s: float = _doc(
+        "Multi-turn tasks: seconds one environment step may take before the episode fails "
+        "(counted in episode/failed); 0: no limit.",
+        30.0,
+    )
+    tool_timeout_s: float = _doc(
+        "Multi-turn tasks: seconds one tool call may take before the episode fails.", 10.0
+    )
+    credit: str = _doc(
+        "Multi-turn credit: 'episode' (one advantage per episode, every algo) or 'turn' "
+        "(per-turn returns-to-go; gspo_token and grpo only).",
+        "episode",
+    )
+    turn_discount: float = _doc("credit='turn': discount γ of later turns' rewards.", 1.0)
+
     # --- rollout ---------------------------------------------------------------------------
     steps: int = _doc("RL steps (rollout + updates) in the run.", 200)
     prompts_per_step: int = _doc("Prompts sampled per RL step.", 16)

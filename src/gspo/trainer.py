@@ -43,6 +43,8 @@ from .build import (
     set_threads,
 )
 from .config import MINIBATCH_GROUPINGS, TrainConfig, to_dict
+from .envs import env_for
+from .envs.loop import make_episodes
 from .evaluation import evaluate
 from .logging import MetricsLogger, progress_postfix
 from .losses import policy_loss
@@ -121,6 +123,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
     fmt = build_prompt_format(cfg, tokenizer, model)
     train_reward = build_train_reward(cfg, task)
+    # Multi-turn tasks run episodes through gspo.envs (None: the batched single-turn path).
+    episodes = make_episodes(cfg, env_for(task, cfg, fmt.chat), tokenizer, fmt)
     workers = reward_workers(train_reward, cfg.reward_workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         from .sandbox import isolation
@@ -189,16 +193,20 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
 
     def run_eval(step: int) -> dict[str, float]:
         g = step_generator(cfg.seed, step, stream=3, device=engine.device)
-        metrics = evaluate(
-            engine,
-            tokenizer,
-            task.test,
-            task.reward,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            generator=g,
-            prompt_format=fmt,
+        metrics = (
+            episodes.evaluate(engine, task.test)
+            if episodes
+            else evaluate(
+                engine,
+                tokenizer,
+                task.test,
+                task.reward,
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                generator=g,
+                prompt_format=fmt,
+            )
         )
         record = {f"eval/{k}": v for k, v in metrics.items()}
         logger.log(step, record)
@@ -217,34 +225,48 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         idx = prompt_indices(len(train_set), step, cfg.prompts_per_step, cfg.seed)
         examples = [train_set[i] for i in idx]
         gen = step_generator(cfg.seed, step, stream=0, device=engine.device)
-        # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
-        # ("routing", replayed by routing_replay='engine'); dense models: plain engine.generate.
-        rollout = moe.generate_with_routing(
-            engine, [prompt_cache[i] for i in idx], cfg.group_size, params, gen
-        )
-        rollout = _to_device(rollout, device)
-        t_rollout = time.perf_counter() - t0
+        if episodes is not None:  # multi-turn: returns, [N] or [N, L] advantages, episode/*
+            rollout, rewards, advantages, extra_rewards = episodes.collect(
+                engine, examples, cfg.group_size, params, gen, version=step
+            )
+            rollout, advantages = _to_device(rollout, device), advantages.to(device)
+            t_rollout = time.perf_counter() - t0
+            texts, reward_errors = rollout.finish_reasons, int(extra_rewards["episode/failed"])
+            lengths = rollout.completion_lengths()  # [N] policy tokens
+        else:
+            # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
+            # ("routing", replayed by routing_replay='engine'); dense models: plain engine.generate.
+            rollout = moe.generate_with_routing(
+                engine, [prompt_cache[i] for i in idx], cfg.group_size, params, gen
+            )
+            rollout = _to_device(rollout, device)
+            t_rollout = time.perf_counter() - t0
 
-        # 2. Rewards and group-normalized advantages.
-        texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
-        repeated = [examples[i] for i in rollout.prompt_index.tolist()]
-        rewards_list, reward_errors = score(
-            train_reward, texts, repeated, timeout_s=cfg.reward_timeout_s or None, workers=workers
-        )
-        rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
-        extra_rewards: dict[str, float] = {}
-        if train_reward is not task.reward:  # a format bonus is on: log the task reward alone
-            task_rewards, _ = score(task.reward, texts, repeated, workers=workers)
-            extra_rewards["reward/task"] = sum(task_rewards) / len(task_rewards)
-        lengths = rollout.completion_lengths()  # [N]
-        if cfg.overlong_buffer > 0:
-            penalty = [
-                overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer) for n in lengths
-            ]
-            rewards = rewards + torch.tensor(penalty, dtype=torch.float64)
-        advantages = group_advantages(rewards, cfg.group_size, scale=cfg.advantage_scale).to(
-            device
-        )  # [N]
+            # 2. Rewards and group-normalized advantages.
+            texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
+            repeated = [examples[i] for i in rollout.prompt_index.tolist()]
+            rewards_list, reward_errors = score(
+                train_reward,
+                texts,
+                repeated,
+                timeout_s=cfg.reward_timeout_s or None,
+                workers=workers,
+            )
+            rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
+            extra_rewards: dict[str, float] = {}
+            if train_reward is not task.reward:  # a format bonus is on: log the task reward alone
+                task_rewards, _ = score(task.reward, texts, repeated, workers=workers)
+                extra_rewards["reward/task"] = sum(task_rewards) / len(task_rewards)
+            lengths = rollout.completion_lengths()  # [N]
+            if cfg.overlong_buffer > 0:
+                penalty = [
+                    overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer)
+                    for n in lengths
+                ]
+                rewards = rewards + torch.tensor(penalty, dtype=torch.float64)
+            advantages = group_advantages(rewards, cfg.group_size, scale=cfg.advantage_scale).to(
+                device
+            )  # [N]
 
         # 3. Old log-probs: the engine's own (default) or a recompute pass of the trainer's model.
         t1 = time.perf_counter()
@@ -359,7 +381,7 @@ def update_policy(
     idle = zero_gradient_rows(cfg, model, advantages)  # [N] rows that only need metrics
     acc.add_scalar("advantage/zero_fraction", float(_zero_advantage(advantages).float().mean()))
     for k, mb in enumerate(minibatches):
-        mask = rollout.completion_mask[mb]  # [n_mb, L]
+        mask = rollout.policy_mask[mb]  # [n_mb, L] policy tokens only (multi-turn: no env)
         n_seq = int((mask.sum(dim=1) > 0).sum())
         n_tok = int(mask.sum())
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
@@ -393,8 +415,8 @@ def update_policy(
                 cfg.algo,
                 logprobs,
                 old_logprobs[part][:, rows.completion_cols].to(logprobs.dtype),
-                advantages[part].to(logprobs.dtype),
-                rows.completion_mask,
+                _columns(advantages[part], rows.completion_cols).to(logprobs.dtype),
+                rows.loss_mask,
                 clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high,
                 aggregation=cfg.aggregation,
@@ -417,7 +439,7 @@ def update_policy(
             metrics.update(moe_metrics)
             if needs_grad:
                 loss.backward()
-            m = rows.completion_mask  # [n_micro, L']
+            m = rows.loss_mask  # [n_micro, L']
             tokens = int(m.sum())
             metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
             mb_loss += float(loss.detach())
@@ -485,7 +507,7 @@ def _old_logprobs(
     if routes is not None:
         length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
         rollout.extras["old_routing"] = routes.routing(rollout.num_samples, length)
-    mask = rollout.completion_mask.bool()
+    mask = rollout.policy_mask.bool()
     diff = (recomputed - rollout.logprobs.to(recomputed.dtype)).abs()[mask]
     stats = {
         "mismatch/mean_abs": float(diff.mean()) if diff.numel() else 0.0,
@@ -533,6 +555,7 @@ class _Rows:
     completion_ids: torch.Tensor  # [n, L']
     completion_mask: torch.Tensor  # [n, L']
     completion_cols: slice  # which of the rollout's L columns L' is
+    loss_mask: torch.Tensor  # [n, L'] policy tokens (completion_mask but for env tokens)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -556,7 +579,13 @@ def _rows(rollout: Rollout, part: torch.Tensor, trim: bool) -> _Rows:
         completion_ids=rollout.completion_ids[part][:, c_cols],
         completion_mask=completion_mask[:, c_cols],
         completion_cols=c_cols,
+        loss_mask=rollout.policy_mask[part][:, c_cols],
     )
+
+
+def _columns(advantages: torch.Tensor, cols: slice) -> torch.Tensor:
+    """Per-token advantages [n, L] cut to a micro-batch's columns; [n] ones stay as they are."""
+    return advantages[:, cols] if advantages.dim() == 2 else advantages
 
 
 def _ref_logprobs(cfg: TrainConfig, ref_model, rows: _Rows, prompt_index: torch.Tensor):
@@ -592,6 +621,8 @@ def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
             "prompt_index",
         )
     }
+    if rollout.loss_mask is not None:
+        moved["loss_mask"] = rollout.loss_mask.to(device)
     return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
 
 
