@@ -4,7 +4,7 @@ The tiny models cannot multiply such numbers in their heads; with the calculator
 have to call it and copy its answer. Plain-text form (tiny char models)::
 
     prompt  "123*456="
-    turn 1  "[[calc:123*456]]"        env  " => 56088\\n"
+    turn 1  "[[calc:123*456]]"        env  " => 56088 "
     turn 2  "56088" <eos>             reward 1 if the final turn is exactly the product
 
 Chat models use the Qwen ``<tool_call>`` JSON convention with the same tool (``calc``, argument
@@ -35,7 +35,7 @@ def _sample(rng: random.Random, digits: int) -> Example:
     lo, hi = 10 ** (digits - 1), 10**digits - 1
     a, b = rng.randint(lo, hi), rng.randint(lo, hi)
     answer = str(a * b)
-    demo = f"[[calc:{a}*{b}]] => {answer}\n{answer}"
+    demo = f"[[calc:{a}*{b}]] => {answer} {answer}"
     return Example(prompt=f"{a}*{b}=", answer=answer, demo=demo, meta={"a": a, "b": b})
 
 

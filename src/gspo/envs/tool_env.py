@@ -59,7 +59,7 @@ class ToolEnv:
 
     def _reply(self, content: str) -> dict[str, str]:
         if self.plain:
-            return {"role": "tool", "content": f" => {content}\n"}
+            return {"role": "tool", "content": f" => {content} "}
         return {"role": "tool", "content": content}
 
     def step(self, state: _State, text: str, finished: bool) -> Step:

@@ -7,7 +7,7 @@ Chat models call tools the Qwen way, one JSON object per call::
 and get each result back as a ``{"role": "tool", "content": ...}`` message. The tiny char
 models use a plain-text fallback that fits their charset and short contexts::
 
-    [[calc:123*4567]]        ->  reply " => 561741\\n"
+    [[calc:123*4567]]        ->  reply " => 561741 "
 
 A malformed call (bad JSON, unknown tool, missing argument) is answered with an error message
 as the environment's reply; the episode goes on. A tool that raises or runs past its timeout
