@@ -55,6 +55,28 @@ SPEC = _Spec(
 TASKS["calculator"] = functools.partial(_build, SPEC)
 
 
+def _sample_direct(rng: random.Random, digits: int) -> Example:
+    example = _sample(rng, digits)
+    return Example(example.prompt, example.answer, demo=example.answer, meta=example.meta)
+
+
+# The no-tool baseline: the same problems (same splits), answered in one turn without tools.
+NO_TOOL_SPEC = _Spec(
+    name="multiply",
+    description=(
+        "Multiply two numbers in one turn, no tools: '123*456=' -> '56088' (the calculator "
+        "task's no-tool baseline). Difficulty = digits per operand."
+    ),
+    default=3,
+    low=2,
+    high=4,
+    sample=_sample_direct,
+    space=SPEC.space,
+    reward=final_answer_reward,
+)
+TASKS["multiply"] = functools.partial(_build, NO_TOOL_SPEC)
+
+
 @register_env("calculator")
 def calculator_env(task: Task, cfg, chat: bool) -> ToolEnv:
     return ToolEnv(
