@@ -41,7 +41,7 @@ class ScriptedEngine:
             for _ in range(n):
                 text = self.turns[min(self.calls - 1, len(self.turns) - 1)]
                 ids = TOK(text, add_special_tokens=False)["input_ids"] + [TOK.eos_token_id]
-                if text.endswith("]]"):
+                if text.endswith(("]]", " ")):
                     ids = ids[:-1]  # a stop string ends the turn, no EOS
                 cut = ids[: params.max_new_tokens]
                 rows.append((p, cut, "stop" if len(cut) == len(ids) else "length"))
@@ -340,3 +340,26 @@ def test_trainer_refuses_turn_credit_with_a_sequence_loss(tmp_path):
 
     with pytest.raises(ValueError, match="token-level loss"):
         train(_cfg(tmp_path, algo="gspo", credit="turn"))
+
+
+def test_guessing_game():
+    from gspo.envs.guess import GuessEnv, binary_search
+
+    task = make_task("guess", n_train=20, n_test=10, difficulty=4)
+    assert not {e.answer for e in task.train} & {e.answer for e in task.test}
+    ex = task.test[0]
+    turns = [f"{g} " for g, _ in binary_search(int(ex.answer), 15)]
+    turns[-1] = turns[-1].strip()  # the winning guess ends the turn with EOS
+    _, (t,) = run_episodes(
+        ScriptedEngine(turns), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
+        SamplingParams(stop_strings=(" ",)), Limits(max_turns=6),
+    )  # fmt: skip
+    assert t.reward == 1.0 and t.num_turns == len(turns)
+    assert t.turn_rewards == [-0.1] * (len(turns) - 1) + [0.0]
+    assert TOK.decode(t.ids, skip_special_tokens=True) == ex.demo
+    # Never guessing right: the turn limit ends it, each wrong guess costs 0.1.
+    _, (t,) = run_episodes(
+        ScriptedEngine(["0 "]), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
+        SamplingParams(), Limits(max_turns=3),
+    )  # fmt: skip
+    assert t.finish == "turns" and t.reward == 0.0 and t.turn_rewards == [-0.1] * 3
