@@ -363,3 +363,13 @@ def test_guessing_game():
         SamplingParams(), Limits(max_turns=3),
     )  # fmt: skip
     assert t.finish == "turns" and t.reward == 0.0 and t.turn_rewards == [-0.1] * 3
+
+
+def test_config_refuses_turn_credit_with_a_sequence_loss():
+    from gspo.config import ConfigError, TrainConfig, build
+
+    with pytest.raises(ConfigError, match="token-level loss"):
+        build(TrainConfig, overrides={"algo": "luspo", "credit": "turn"})
+    with pytest.raises(ConfigError, match="max_turns"):
+        build(TrainConfig, overrides={"max_turns": 0})
+    assert build(TrainConfig, overrides={"algo": "grpo", "credit": "turn"}).credit == "turn"

@@ -651,6 +651,15 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
     if cfg.clip_high is not None:
         need(cfg.clip_high >= 0, f"clip_high must be >= 0, got {cfg.clip_high}")
     need(cfg.advantage_scale in SCALES, f"advantage_scale must be one of {', '.join(SCALES)}")
+    if cfg.algo in LOSSES:  # multi-turn credit (gspo.envs.credit)
+        from .envs.credit import credit_problem
+
+        problem = credit_problem(cfg.algo, cfg.credit)
+        need(problem is None, problem or "")
+    need(cfg.max_turns >= 1, f"max_turns must be >= 1, got {cfg.max_turns}")
+    need(cfg.max_total_tokens >= 1, f"max_total_tokens must be >= 1, got {cfg.max_total_tokens}")
+    need(cfg.max_tokens_per_turn >= 0, "max_tokens_per_turn must be >= 0")
+    need(0 <= cfg.turn_discount <= 1, f"turn_discount must be in [0, 1], got {cfg.turn_discount}")
     need(cfg.kl_coef >= 0, f"kl_coef must be >= 0, got {cfg.kl_coef}")
     need(
         0 <= cfg.overlong_buffer <= cfg.max_new_tokens,

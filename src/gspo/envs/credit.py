@@ -22,16 +22,24 @@ from gspo.losses import get_loss
 CREDITS = ("episode", "turn")
 
 
-def check_credit(algo: str, credit: str) -> None:
-    """Refuse credit/algorithm pairings that cannot work, before any work starts."""
+def credit_problem(algo: str, credit: str) -> str | None:
+    """Why ``credit`` cannot work with ``algo``, or None when the pairing is fine."""
     if credit not in CREDITS:
-        raise ValueError(f"credit must be one of {', '.join(CREDITS)}, got {credit!r}")
+        return f"credit must be one of {', '.join(CREDITS)}, got {credit!r}"
     if credit == "turn" and not get_loss(algo).token_advantages:
-        raise ValueError(
+        return (
             f"credit='turn' gives each turn its own advantage, which needs a token-level loss "
             f"('gspo_token' or 'grpo'); algo={algo!r} takes one advantage per sequence "
             "(use credit='episode' with it)"
         )
+    return None
+
+
+def check_credit(algo: str, credit: str) -> None:
+    """Refuse credit/algorithm pairings that cannot work, before any work starts."""
+    problem = credit_problem(algo, credit)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def returns_to_go(turn_rewards: list[float], final: float, gamma: float) -> list[float]:
