@@ -373,3 +373,40 @@ def test_config_refuses_turn_credit_with_a_sequence_loss():
     with pytest.raises(ConfigError, match="max_turns"):
         build(TrainConfig, overrides={"max_turns": 0})
     assert build(TrainConfig, overrides={"algo": "grpo", "credit": "turn"}).credit == "turn"
+
+
+class CounterEnv:
+    """A TRL-style environment_factory class: reset(**row), tools as methods, get_reward()."""
+
+    def reset(self, answer: str) -> None:
+        self.target = int(answer)
+        self.total = 0
+
+    def add(self, n: str) -> str:
+        """Add n to the counter."""
+        self.total += int(n)
+        return str(self.total)
+
+    def get_reward(self) -> float:
+        return float(self.total == self.target)
+
+
+def test_trl_style_environment_factory():
+    from gspo.envs.adapters import FactoryEnv
+
+    env = FactoryEnv(CounterEnv, plain=True)
+    ex = Example(prompt="make 7:", answer="7")
+    _, (t,) = run_episodes(
+        ScriptedEngine(["[[add:3]]", "[[add:4]]", "done"]), env, PlainEncoder(TOK), [ex], 1,
+        SamplingParams(), Limits(),
+    )  # fmt: skip
+    assert t.reward == 1.0 and t.tool_calls == 2 and t.num_turns == 3
+    assert TOK.decode(t.ids, skip_special_tokens=True) == "[[add:3]] => 3 [[add:4]] => 7 done"
+    # Qwen-style: JSON arguments become keyword arguments; wrong ones are a malformed call.
+    env = FactoryEnv(CounterEnv, plain=False)
+    state = env.reset(ex)
+    ok = env.step(state, '<tool_call>{"name": "add", "arguments": {"n": "5"}}</tool_call>', True)
+    assert ok.messages == [{"role": "tool", "content": "5"}]
+    bad = env.step(state, '<tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>', True)
+    assert bad.tool_errors == 1 and not bad.done and "bad arguments" in bad.messages[0]["content"]
+    assert env.step(state, "finished", True).reward == 0.0  # total 5, target 7

@@ -62,11 +62,19 @@ class ToolEnv:
             return {"role": "tool", "content": f" => {content} "}
         return {"role": "tool", "content": content}
 
+    def tools_of(self, state) -> dict[str, Tool]:
+        """The tools this episode can call (the same for every episode here)."""
+        return self.tools
+
+    def final_reward(self, state, text: str) -> float:
+        """The reward of a final answer ``text``."""
+        return self.reward(text, state.example)
+
     def step(self, state: _State, text: str, finished: bool) -> Step:
         calls = parse_calls(text, self.plain)
         if not calls:  # a final answer
             try:
-                reward = float(self.reward(text, state.example))
+                reward = float(self.final_reward(state, text))
             except Exception:  # a reward that raises scores 0
                 return Step(done=True, reward=0.0, failed=True)
             return Step(done=True, reward=reward)
@@ -77,10 +85,11 @@ class ToolEnv:
                 if isinstance(call, MalformedCall):
                     raise call
                 assert isinstance(call, Call)
-                tool = self.tools.get(call.name)
+                tools = self.tools_of(state)
+                tool = tools.get(call.name)
                 if tool is None:
                     raise MalformedCall(
-                        f"unknown tool {call.name!r}; tools: {', '.join(sorted(self.tools))}"
+                        f"unknown tool {call.name!r}; tools: {', '.join(sorted(tools))}"
                     )
                 result = run_tool(tool, argument_of(tool, call, self.plain), self.tool_timeout_s)
             except MalformedCall as exc:

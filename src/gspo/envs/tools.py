@@ -40,7 +40,8 @@ class MalformedCall(ValueError):
 
 @dataclass(frozen=True)
 class Tool:
-    """A named function of one string argument (``argument`` names it in JSON calls)."""
+    """A named function of one string argument (``argument`` names it in JSON calls; "*"
+    passes the call's whole JSON object of arguments as a string)."""
 
     name: str
     fn: Callable[[str], str]
@@ -79,6 +80,8 @@ def parse_calls(text: str, plain: bool) -> list[Call | MalformedCall]:
 
 def argument_of(tool: Tool, call: Call, plain: bool) -> str:
     if plain:
+        return call.argument
+    if tool.argument == "*":  # the tool takes the whole JSON object of arguments
         return call.argument
     args = json.loads(call.argument)
     if tool.argument not in args:
