@@ -65,7 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     torch.manual_seed(args.seed)
-    common = dict(seed=args.seed, device="cpu", difficulty=args.digits, n_test=args.n_test,
+    common = dict(seed=args.seed, device="cpu", threads=1, difficulty=args.digits, n_test=args.n_test,
                   hidden_size=128, num_layers=3)  # fmt: skip
     rows: dict[str, dict] = {}
     t0 = time.perf_counter()
@@ -86,7 +86,7 @@ def main() -> None:
             prompts_per_step=16, group_size=8, max_new_tokens=24, max_turns=3,
             max_total_tokens=64, lr=2e-4, warmup_steps=2, num_minibatches=2,
             eval_every=0, checkpoint_every=0, progress=False, n_train=2000,
-            seed=args.seed, device="cpu", difficulty=args.digits, n_test=args.n_test,
+            seed=args.seed, device="cpu", threads=1, difficulty=args.digits, n_test=args.n_test,
         )  # fmt: skip
         result = train(cfg)
         steps = [h for h in result.history if "reward/mean" in h]

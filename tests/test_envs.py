@@ -410,3 +410,20 @@ def test_trl_style_environment_factory():
     bad = env.step(state, '<tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>', True)
     assert bad.tool_errors == 1 and not bad.done and "bad arguments" in bad.messages[0]["content"]
     assert env.step(state, "finished", True).reward == 0.0  # total 5, target 7
+
+
+def test_python_tool_runs_in_the_sandbox():
+    from gspo.envs.tools import python_tool
+    from gspo.sandbox import SandboxError
+
+    tool = python_tool(timeout_s=5.0)
+    try:
+        out = tool.fn("print(6 * 7)")
+    except SandboxError as exc:  # no sandbox on this machine (e.g. no python for the boot)
+        pytest.skip(f"sandbox unavailable: {exc}")
+    assert out == "42\n"
+    assert "error: " in tool.fn("import socket; socket.socket().connect(('1.1.1.1', 80))")
+    env = ToolEnv("py", [tool], lambda t, e: 0.0, plain=False)
+    step = env.step(None, '<tool_call>{"name": "python", "arguments": {"code": "print(1+1)"}}'
+                    "</tool_call>", True)  # fmt: skip
+    assert step.messages == [{"role": "tool", "content": "2\n"}]
