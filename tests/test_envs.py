@@ -427,3 +427,26 @@ def test_python_tool_runs_in_the_sandbox():
     step = env.step(None, '<tool_call>{"name": "python", "arguments": {"code": "print(1+1)"}}'
                     "</tool_call>", True)  # fmt: skip
     assert step.messages == [{"role": "tool", "content": "2\n"}]
+
+
+def test_code_with_execution_feedback():
+    from gspo.envs.code_feedback import CodeFeedbackEnv
+    from gspo.sandbox import SandboxError
+
+    task = make_task("code_feedback", n_train=1, n_test=1, difficulty=1)
+    ex = task.test[0]
+    env = CodeFeedbackEnv(retries=1)
+    state = env.reset(ex)
+    try:
+        first = env.step(state, "```python\ndef f(x):\n    return 0\n```", True)
+    except SandboxError as exc:
+        pytest.skip(f"sandbox unavailable: {exc}")
+    assert not first.done and "tests failed" in first.messages[0]["content"]
+    assert "assert f(" in first.messages[0]["content"]  # the failing test goes back
+    second = env.step(state, ex.demo, True)
+    assert second.done and second.reward == 1.0
+    # Out of retries: the episode ends with the share of tests passed.
+    state = env.reset(ex)
+    env.step(state, "no code here", True)
+    last = env.step(state, "```python\ndef f(x):\n    return 0\n```", True)
+    assert last.done and 0.0 <= last.reward < 1.0
