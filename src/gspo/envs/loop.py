@@ -35,6 +35,11 @@ class Episodes:
             raise ValueError("max_turns and max_total_tokens must be >= 1")
         if cfg.overlong_buffer > 0:
             raise ValueError("overlong_buffer applies to single-turn tasks only")
+        if cfg.routing_replay == "engine":
+            raise ValueError(
+                "routing_replay='engine' needs the engine's expert choices, which multi-turn "
+                "episodes do not record yet (use 'old' or none)"
+            )
         self.cfg = cfg
         self.env = env
         self.encoder = make_encoder(tokenizer, fmt)
