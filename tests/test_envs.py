@@ -450,3 +450,51 @@ def test_code_with_execution_feedback():
     env.step(state, "no code here", True)
     last = env.step(state, "```python\ndef f(x):\n    return 0\n```", True)
     assert last.done and 0.0 <= last.reward < 1.0
+
+
+QWEN_LIKE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}"
+    "{% if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Drops every assistant message but the last: rendering more messages rewrites earlier turns.
+FORGETFUL = (
+    "{% for m in messages %}{% if m.role != 'assistant' or loop.last %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.skipif(not (SMOL / "tokenizer_config.json").exists(), reason="no SmolLM2 tokenizer")
+def test_qwen_style_tool_blocks_incremental_and_a_template_that_rewrites_history():
+    from transformers import AutoTokenizer
+
+    from gspo.envs.trajectory import TemplateError
+
+    tok = AutoTokenizer.from_pretrained(SMOL)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    tok.chat_template = QWEN_LIKE
+    enc = ChatEncoder(tok, end)
+    ids, convo = enc.start("What is 12*34 + 5*6?")
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "12*34"}}</tool_call>'
+    turn = tok(call + call, add_special_tokens=False)["input_ids"] + [end]
+    convo.append({"role": "assistant", "content": call + call})
+    replies = [{"role": "tool", "content": "408"}, {"role": "tool", "content": "30"}]
+    seq = ids + turn + enc.reply_ids(convo, turn, replies)
+    convo += replies
+    whole = tok(tok.apply_chat_template(convo, tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False)["input_ids"]  # fmt: skip
+    assert seq == whole
+    text = tok.decode(seq)  # both results in one user block, as Qwen's template writes them
+    assert "user<tool_response>\n408\n</tool_response><tool_response>\n30\n" in text
+    tok.chat_template = FORGETFUL
+    enc = ChatEncoder(tok, end)
+    _, convo = enc.start("hi")
+    convo += [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"},
+              {"role": "assistant", "content": "c"}]  # fmt: skip
+    with pytest.raises(TemplateError, match="incrementally"):
+        enc.reply_ids(convo, [end], [{"role": "user", "content": "d"}])
