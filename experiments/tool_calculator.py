@@ -1,6 +1,6 @@
 """Task 1 of the multi-turn environments: 3-digit products with a calculator tool.
 
-    python experiments/tool_calculator.py [--sft-steps 600] [--rl-steps 30] [--out runs/tool_calc]
+    python experiments/tool_calculator.py [--sft-steps 400] [--rl-steps 100] [--out runs/tool_calc]
 
 1. SFT cold start of a tiny char model on demonstrations that contain the tool call
    ("[[calc:123*456]] => 56088 56088"), through the project's SFT path (``gspo.sft``).
@@ -57,10 +57,11 @@ def no_tool_eval(model_dir: Path, cfg: TrainConfig) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/tool_calc")
-    ap.add_argument("--sft-steps", type=int, default=600)
-    ap.add_argument("--rl-steps", type=int, default=30)
+    ap.add_argument("--sft-steps", type=int, default=400)
+    ap.add_argument("--rl-steps", type=int, default=100)
+    ap.add_argument("--rl-lr", type=float, default=5e-4)
     ap.add_argument("--digits", type=int, default=3)
-    ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--n-test", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     out = Path(args.out)
@@ -70,21 +71,23 @@ def main() -> None:
     rows: dict[str, dict] = {}
     t0 = time.perf_counter()
     for name, task in (("sft_tool", "calculator"), ("sft_no_tool", "multiply")):
+        if (out / name / "config.json").exists():  # reuse a finished cold start
+            continue
         run_sft(SFTConfig(output_dir=str(out / name), task=task, steps=args.sft_steps,
                           batch_size=64, n_train=5000, progress=False, max_new_tokens=12,
                           **{**common, "n_test": 0}))  # fmt: skip
     base = TrainConfig(output_dir=str(out / "unused"), task="calculator", max_new_tokens=24,
                        max_turns=3, max_total_tokens=64, **common)  # fmt: skip
-    rows["no-tool SFT"] = no_tool_eval(out / "sft_no_tool" / "final", base)
-    rows["tool SFT"] = tool_eval(out / "sft_tool" / "final", base)
+    rows["no-tool SFT"] = no_tool_eval(out / "sft_no_tool", base)
+    rows["tool SFT"] = tool_eval(out / "sft_tool", base)
     print(f"SFT done in {time.perf_counter() - t0:.0f} s", flush=True)
     curves: dict[str, list[float]] = {}
     for algo, credit in RL_ARMS:
         cfg = TrainConfig(
-            output_dir=str(out / f"rl_{algo}"), model=str(out / "sft_tool" / "final"),
+            output_dir=str(out / f"rl_{algo}"), model=str(out / "sft_tool"),
             task="calculator", algo=algo, credit=credit, steps=args.rl_steps,
             prompts_per_step=16, group_size=8, max_new_tokens=24, max_turns=3,
-            max_total_tokens=64, lr=2e-4, warmup_steps=2, num_minibatches=2,
+            max_total_tokens=64, lr=args.rl_lr, warmup_steps=2, num_minibatches=2,
             eval_every=0, checkpoint_every=0, progress=False, n_train=2000,
             seed=args.seed, device="cpu", threads=1, difficulty=args.digits, n_test=args.n_test,
         )  # fmt: skip
