@@ -19,7 +19,7 @@ import functools
 import random
 
 from gspo.tasks.base import Example, Task
-from gspo.tasks.synthetic import TASKS, _build, _Spec
+from gspo.tasks.synthetic import DIFFICULTIES, TASKS, _build, _Spec
 
 from .base import register_env
 from .tool_env import ToolEnv
@@ -75,6 +75,8 @@ NO_TOOL_SPEC = _Spec(
     reward=final_answer_reward,
 )
 TASKS["multiply"] = functools.partial(_build, NO_TOOL_SPEC)
+DIFFICULTIES["calculator"] = (SPEC.low, SPEC.default, SPEC.high)
+DIFFICULTIES["multiply"] = (NO_TOOL_SPEC.low, NO_TOOL_SPEC.default, NO_TOOL_SPEC.high)
 
 
 @register_env("calculator")

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 from gspo.tasks.base import Example, Task
 from gspo.tasks.code import SPEC as CODE_SPEC
-from gspo.tasks.synthetic import TASKS, _build
+from gspo.tasks.synthetic import DIFFICULTIES, TASKS, _build
 
 from .base import Step, register_env
 
 SPEC = dataclasses.replace(CODE_SPEC, name="code_feedback")
 TASKS["code_feedback"] = functools.partial(_build, SPEC)
+DIFFICULTIES["code_feedback"] = (SPEC.low, SPEC.default, SPEC.high)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 
 from gspo.tasks.base import Example, Task
-from gspo.tasks.synthetic import TASKS, split_of
+from gspo.tasks.synthetic import DIFFICULTIES, TASKS, split_of
 
 from .base import Step, register_env
 from .calculator import final_answer_reward
@@ -72,6 +72,7 @@ def _sample_for(target: int, bits: int) -> Example:
 
 
 TASKS["guess"] = make_guess_task
+DIFFICULTIES["guess"] = (2, 4, 10)
 
 
 @dataclass
