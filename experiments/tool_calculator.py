@@ -1,6 +1,7 @@
-"""Task 1 of the multi-turn environments: 3-digit products with a calculator tool.
+"""Multi-turn tasks 1 and 2: 3-digit products with a calculator tool; the guessing game.
 
     python experiments/tool_calculator.py [--sft-steps 400] [--rl-steps 100] [--out runs/tool_calc]
+    python experiments/tool_calculator.py --task guess --out runs/guess
 
 1. SFT cold start of a tiny char model on demonstrations that contain the tool call
    ("[[calc:123*456]] => 56088 56088"), through the project's SFT path (``gspo.sft``).
@@ -33,6 +34,11 @@ from gspo.rollout.torch_engine import TorchEngine
 from gspo.sft import run_sft
 from gspo.trainer import train
 
+TASK_SETTINGS = {
+    # no_tool: the single-turn task of the same problems, for the no-tool baseline
+    "calculator": {"no_tool": "multiply", "max_new_tokens": 24, "max_turns": 3},
+    "guess": {"no_tool": None, "max_new_tokens": 4, "max_turns": 6},
+}
 RL_ARMS = [("gspo", "episode"), ("gspo_token", "turn"), ("grpo", "turn")]
 
 
@@ -60,36 +66,42 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=400)
     ap.add_argument("--rl-steps", type=int, default=100)
     ap.add_argument("--rl-lr", type=float, default=5e-4)
-    ap.add_argument("--digits", type=int, default=3)
+    ap.add_argument("--task", choices=sorted(TASK_SETTINGS), default="calculator")
+    ap.add_argument("--digits", type=int, default=None, help="difficulty; None: the task's")
     ap.add_argument("--n-test", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     out = Path(args.out)
     torch.manual_seed(args.seed)
+    setting = TASK_SETTINGS[args.task]
     common = dict(seed=args.seed, device="cpu", threads=1, difficulty=args.digits, n_test=args.n_test,
                   hidden_size=128, num_layers=3)  # fmt: skip
+    episode = dict(max_new_tokens=setting["max_new_tokens"], max_turns=setting["max_turns"],
+                   max_total_tokens=64)  # fmt: skip
     rows: dict[str, dict] = {}
     t0 = time.perf_counter()
-    for name, task in (("sft_tool", "calculator"), ("sft_no_tool", "multiply")):
+    for name, task in (("sft_tool", args.task), ("sft_no_tool", setting["no_tool"])):
+        if task is None:
+            continue
         if (out / name / "config.json").exists():  # reuse a finished cold start
             continue
         run_sft(SFTConfig(output_dir=str(out / name), task=task, steps=args.sft_steps,
                           batch_size=64, n_train=5000, progress=False, max_new_tokens=12,
                           **{**common, "n_test": 0}))  # fmt: skip
-    base = TrainConfig(output_dir=str(out / "unused"), task="calculator", max_new_tokens=24,
-                       max_turns=3, max_total_tokens=64, **common)  # fmt: skip
-    rows["no-tool SFT"] = no_tool_eval(out / "sft_no_tool", base)
+    base = TrainConfig(output_dir=str(out / "unused"), task=args.task, **episode, **common)
+    if setting["no_tool"]:
+        rows["no-tool SFT"] = no_tool_eval(out / "sft_no_tool", base)
     rows["tool SFT"] = tool_eval(out / "sft_tool", base)
     print(f"SFT done in {time.perf_counter() - t0:.0f} s", flush=True)
     curves: dict[str, list[float]] = {}
     for algo, credit in RL_ARMS:
         cfg = TrainConfig(
             output_dir=str(out / f"rl_{algo}"), model=str(out / "sft_tool"),
-            task="calculator", algo=algo, credit=credit, steps=args.rl_steps,
-            prompts_per_step=16, group_size=8, max_new_tokens=24, max_turns=3,
-            max_total_tokens=64, lr=args.rl_lr, warmup_steps=2, num_minibatches=2,
-            eval_every=0, checkpoint_every=0, progress=False, n_train=2000,
+            task=args.task, algo=algo, credit=credit, steps=args.rl_steps,
+            prompts_per_step=16, group_size=8, lr=args.rl_lr, warmup_steps=2,
+            num_minibatches=2, eval_every=0, checkpoint_every=0, progress=False, n_train=2000,
             seed=args.seed, device="cpu", threads=1, difficulty=args.digits, n_test=args.n_test,
+            **episode,
         )  # fmt: skip
         result = train(cfg)
         steps = [h for h in result.history if "reward/mean" in h]
