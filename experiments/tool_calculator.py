@@ -1,6 +1,6 @@
 """Multi-turn tasks 1 and 2: 3-digit products with a calculator tool; the guessing game.
 
-    python experiments/tool_calculator.py [--sft-steps 400] [--rl-steps 100] [--out runs/tool_calc]
+    python experiments/tool_calculator.py [--sft-steps 150] [--rl-steps 60] [--out runs/tool_calc]
     python experiments/tool_calculator.py --task guess --out runs/guess
 
 1. SFT cold start of a tiny char model on demonstrations that contain the tool call
@@ -63,9 +63,9 @@ def no_tool_eval(model_dir: Path, cfg: TrainConfig) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/tool_calc")
-    ap.add_argument("--sft-steps", type=int, default=400)
-    ap.add_argument("--rl-steps", type=int, default=100)
-    ap.add_argument("--rl-lr", type=float, default=5e-4)
+    ap.add_argument("--sft-steps", type=int, default=150)
+    ap.add_argument("--rl-steps", type=int, default=60)
+    ap.add_argument("--rl-lr", type=float, default=1e-3)
     ap.add_argument("--task", choices=sorted(TASK_SETTINGS), default="calculator")
     ap.add_argument("--digits", type=int, default=None, help="difficulty; None: the task's")
     ap.add_argument("--n-test", type=int, default=500)
