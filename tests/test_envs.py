@@ -354,15 +354,21 @@ def test_guessing_game():
         ScriptedEngine(turns), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
         SamplingParams(stop_strings=(" ",)), Limits(max_turns=6),
     )  # fmt: skip
-    assert t.reward == 1.0 and t.num_turns == len(turns)
-    assert t.turn_rewards == [-0.1] * (len(turns) - 1) + [0.0]
+    assert t.reward == pytest.approx(1.0 - 0.1 * (len(turns) - 1)) and t.num_turns == len(turns)
+    assert t.turn_rewards == [0.0] * len(turns)
     assert TOK.decode(t.ids, skip_special_tokens=True) == ex.demo
     # Never guessing right: the turn limit ends it, each wrong guess costs 0.1.
     _, (t,) = run_episodes(
         ScriptedEngine(["0 "]), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
         SamplingParams(), Limits(max_turns=3),
     )  # fmt: skip
-    assert t.finish == "turns" and t.reward == 0.0 and t.turn_rewards == [-0.1] * 3
+    assert t.finish == "turns" and t.reward == 0.0 and t.turn_rewards == [0.0] * 3
+    # Invalid guesses (the cut one too) cost 0.1 each as turn rewards; quitting scores 0.
+    _, (t,) = run_episodes(
+        ScriptedEngine(["x ", "a long turn"]), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
+        SamplingParams(), Limits(max_turns=3, max_tokens_per_turn=4),
+    )  # fmt: skip
+    assert t.turn_rewards == [-0.1, -0.1] and t.reward == 0.0 and t.finish == "length"
 
 
 def test_config_refuses_turn_credit_with_a_sequence_loss():

@@ -1,9 +1,12 @@
 """Built-in task 2: a guessing game with higher/lower feedback.
 
 The environment hides a number in [1, 2^d - 1]; each policy turn is a guess, answered with
-" higher " or " lower " (or " invalid " for anything that is not a number). A right guess ends
-the episode with reward 1; every wrong or invalid guess costs ``turn_penalty`` as a turn reward,
-so the episode is scored by success and by the number of turns. Plain-text form::
+"higher " or "lower " (or "invalid " for anything that is not a number). A right guess on turn
+k ends the episode with reward 1 - ``turn_cost`` x (k - 1) (at least ``turn_cost``), so it is
+scored by success and by the number of turns; an episode that never finds the number scores 0,
+and an invalid guess costs ``turn_cost`` as a turn reward. (Charging every wrong guess as a turn
+reward instead pays the policy to end episodes early, e.g. by a cut turn: GSPO learned that.)
+Plain-text form::
 
     prompt "guess 1-63:"   turn "32 "  env "higher "  turn "48 "  env "lower " ...  turn "45"
 
@@ -42,7 +45,7 @@ def binary_search(target: int, high: int) -> list[tuple[int, str]]:
 
 DESCRIPTION = (
     "Guess a hidden number with higher/lower feedback: 'guess 1-63:' -> '32 ', 'higher ', ... "
-    "Difficulty = bits (range 1..2^d-1). Multi-turn; reward 1 on success, -0.1 per wrong guess."
+    "Difficulty = bits (range 1..2^d-1). Multi-turn; success on turn k scores 1 - 0.1(k-1)."
 )
 
 
@@ -78,32 +81,37 @@ DIFFICULTIES["guess"] = (2, 4, 10)
 @dataclass
 class _State:
     target: int
+    turns: int = 0
 
 
 class GuessEnv:
     multi_turn = True
 
-    def __init__(self, *, plain: bool, turn_penalty: float = 0.1) -> None:
+    def __init__(self, *, plain: bool, turn_cost: float = 0.1) -> None:
         self.name = "guess"
         self.plain = plain
         self.stop_strings: tuple[str, ...] = (" ",) if plain else ()
-        self.turn_penalty = turn_penalty
+        self.turn_cost = turn_cost
 
     def reset(self, example: Example) -> _State:
         return _State(int(example.answer))
+
+    def _won(self, turns: int) -> float:
+        return max(self.turn_cost, 1.0 - self.turn_cost * (turns - 1))
 
     def _reply(self, word: str) -> list[dict[str, str]]:
         return [{"role": "user", "content": f"{word} " if self.plain else word}]
 
     def step(self, state: _State, text: str, finished: bool) -> Step:
+        state.turns += 1
         try:
             guess = int(text.strip())
         except ValueError:
-            return Step(done=False, messages=self._reply("invalid"), turn_reward=-self.turn_penalty)
+            return Step(done=False, messages=self._reply("invalid"), turn_reward=-self.turn_cost)
         if guess == state.target:
-            return Step(done=True, reward=1.0)
+            return Step(done=True, reward=self._won(state.turns))
         word = "higher" if guess < state.target else "lower"
-        return Step(done=False, messages=self._reply(word), turn_reward=-self.turn_penalty)
+        return Step(done=False, messages=self._reply(word))
 
 
 @register_env("guess")
