@@ -203,8 +203,8 @@ def test_tool_errors_hangs_and_malformed_calls():
                         "</tool_call><tool_call>{oops}</tool_call><tool_call>", plain=False)  # fmt: skip
     assert calls[0].name == "calc" and all(isinstance(c, ValueError) for c in calls[1:])
     qwen = ToolEnv("c", [CALCULATOR], lambda t, e: 0.0, plain=False)
-    reply = qwen.step(None, str(calls and '<tool_call>{"name": "calc", "arguments": '
-                      '{"expression": "12*34"}}</tool_call>'), True)  # fmt: skip
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "12*34"}}</tool_call>'
+    reply = qwen.step(None, call, True)
     assert reply.messages == [{"role": "tool", "content": "408"}]
 
 
