@@ -57,6 +57,7 @@ def no_tool_eval(model_dir: Path, cfg: TrainConfig) -> dict[str, float]:
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     out = evaluate(engine, tok, task.test, final_answer_reward, max_new_tokens=12, samples=0)
     return {"greedy_accuracy": out["greedy_accuracy"], "greedy_accuracy_se": out["greedy_accuracy_se"],
+            "success": out["greedy_accuracy"], "success_se": out["greedy_accuracy_se"],
             "turns_mean": 1.0, "tool_calls_mean": 0.0}  # fmt: skip
 
 
@@ -91,7 +92,7 @@ def main() -> None:
     base = TrainConfig(output_dir=str(out / "unused"), task=args.task, **episode, **common)
     if setting["no_tool"]:
         rows["no-tool SFT"] = no_tool_eval(out / "sft_no_tool", base)
-    rows["tool SFT"] = tool_eval(out / "sft_tool", base)
+    rows["SFT"] = tool_eval(out / "sft_tool", base)
     print(f"SFT done in {time.perf_counter() - t0:.0f} s", flush=True)
     curves: dict[str, list[float]] = {}
     for algo, credit in RL_ARMS:
@@ -112,10 +113,13 @@ def main() -> None:
             "train_reward_last": steps[-1]["reward/mean"],
         }
         print(f"{algo} done at {time.perf_counter() - t0:.0f} s", flush=True)
-    print(f"\n{'arm':34s} {'held-out acc':>16s} {'turns':>6s} {'tools':>6s}")
+    print(f"\n{'arm':34s} {'held-out acc':>16s} {'success':>16s} {'turns':>6s} {'tools':>6s}")
     for name, r in rows.items():
         acc = f"{r['greedy_accuracy']:.3f} ± {r['greedy_accuracy_se']:.3f}"
-        print(f"{name:34s} {acc:>16s} {r['turns_mean']:6.2f} {r['tool_calls_mean']:6.2f}")
+        won = f"{r['success']:.3f} ± {r['success_se']:.3f}"
+        print(
+            f"{name:34s} {acc:>16s} {won:>16s} {r['turns_mean']:6.2f} {r['tool_calls_mean']:6.2f}"
+        )
     for algo, c in curves.items():
         pts = ", ".join(f"{x:.1f}" for x in c[:: max(1, len(c) // 6)])
         print(f"response length (policy tokens) over training, {algo}: {pts}")

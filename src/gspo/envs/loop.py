@@ -81,8 +81,8 @@ class Episodes:
         return rollout, returns, advantages, metrics
 
     def evaluate(self, engine, examples: list[Example], max_batch: int = 256) -> dict[str, float]:
-        """Greedy episodes on ``examples``: accuracy (final reward >= 1) with its standard
-        error, turns, tool calls, tokens."""
+        """Greedy episodes on ``examples``: accuracy (final reward >= 1) and success (final
+        reward > 0), each with its standard error; mean final reward, turns, tool calls, tokens."""
         params = SamplingParams(temperature=0.0, stop_token_ids=self.stop_token_ids)
         trajs = []
         for i in range(0, len(examples), max_batch):
@@ -97,7 +97,11 @@ class Episodes:
             )
             trajs += part
         acc, se = mean_and_se([float(t.reward >= CORRECT) for t in trajs])
+        won, won_se = mean_and_se([float(t.reward > 0) for t in trajs])
         out = {"problems": float(len(trajs)), "greedy_accuracy": acc, "greedy_accuracy_se": se}
+        # Environments that scale a success by its turns (guess): any positive final reward.
+        out.update({"success": won, "success_se": won_se})
+        out["final_reward"] = sum(t.reward for t in trajs) / max(len(trajs), 1)
         out.update({k.split("/", 1)[1]: v for k, v in episode_metrics(trajs).items()})
         return out
 
