@@ -125,6 +125,29 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields):
         "DAPO soft overlong penalty buffer (tokens before max_new_tokens); 0 turns it off.", 0
     )
 
+    # --- multi-turn environments (gspo.envs; tasks with a registered environment) ---------
+    max_turns: int = _doc("Multi-turn tasks: policy turns per episode.", 4)
+    max_tokens_per_turn: int = _doc(
+        "Multi-turn tasks: tokens one policy turn may sample; 0: max_new_tokens.", 0
+    )
+    max_total_tokens: int = _doc(
+        "Multi-turn tasks: policy + environment tokens after the prompt per episode.", 128
+    )
+    env_timeout_s: float = _doc(
+        "Multi-turn tasks: seconds one environment step may take before the episode fails "
+        "(counted in episode/failed); 0: no limit.",
+        30.0,
+    )
+    tool_timeout_s: float = _doc(
+        "Multi-turn tasks: seconds one tool call may take before the episode fails.", 10.0
+    )
+    credit: str = _doc(
+        "Multi-turn credit: 'episode' (one advantage per episode, every algo) or 'turn' "
+        "(per-turn returns-to-go; gspo_token and grpo only).",
+        "episode",
+    )
+    turn_discount: float = _doc("credit='turn': discount γ of later turns' rewards.", 1.0)
+
     # --- rollout ---------------------------------------------------------------------------
     steps: int = _doc("RL steps (rollout + updates) in the run.", 200)
     prompts_per_step: int = _doc("Prompts sampled per RL step.", 16)
@@ -537,6 +560,15 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
     if cfg.clip_high is not None:
         need(cfg.clip_high >= 0, f"clip_high must be >= 0, got {cfg.clip_high}")
     need(cfg.advantage_scale in SCALES, f"advantage_scale must be one of {', '.join(SCALES)}")
+    if cfg.algo in LOSSES:  # multi-turn credit (gspo.envs.credit)
+        from .envs.credit import credit_problem
+
+        problem = credit_problem(cfg.algo, cfg.credit)
+        need(problem is None, problem or "")
+    need(cfg.max_turns >= 1, f"max_turns must be >= 1, got {cfg.max_turns}")
+    need(cfg.max_total_tokens >= 1, f"max_total_tokens must be >= 1, got {cfg.max_total_tokens}")
+    need(cfg.max_tokens_per_turn >= 0, "max_tokens_per_turn must be >= 0")
+    need(0 <= cfg.turn_discount <= 1, f"turn_discount must be in [0, 1], got {cfg.turn_discount}")
     need(cfg.kl_coef >= 0, f"kl_coef must be >= 0, got {cfg.kl_coef}")
     need(
         0 <= cfg.overlong_buffer <= cfg.max_new_tokens,

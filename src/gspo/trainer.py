@@ -48,6 +48,8 @@ from .build import (
 from .config import MINIBATCH_GROUPINGS, TrainConfig, to_dict
 from .dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
 from .engine_config import build_engine, check_engine_available, close_engine
+from .envs import env_for
+from .envs.loop import make_episodes
 from .evaluation import evaluate
 from .logging import MetricsLogger, progress_postfix
 from .losses import policy_loss
@@ -134,6 +136,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
     fmt = build_prompt_format(cfg, tokenizer, model)
     train_reward = build_train_reward(cfg, task)
+    # Multi-turn tasks run episodes through gspo.envs (None: the batched single-turn path).
+    episodes = make_episodes(cfg, env_for(task, cfg, fmt.chat), tokenizer, fmt)
     workers = reward_workers(train_reward, cfg.reward_workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         from .sandbox import isolation
@@ -219,16 +223,20 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
 
     def run_eval(step: int) -> dict[str, float]:
         g = step_generator(cfg.seed, step, stream=3, device=engine.device)
-        metrics = evaluate(
-            engine,
-            tokenizer,
-            test_set,
-            task.reward,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            generator=g,
-            prompt_format=fmt,
+        metrics = (
+            episodes.evaluate(engine, test_set)
+            if episodes
+            else evaluate(
+                engine,
+                tokenizer,
+                test_set,
+                task.reward,
+                max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                generator=g,
+                prompt_format=fmt,
+            )
         )
         record = {f"eval/{k}": v for k, v in metrics.items()}
         logger.log(step, record)
@@ -239,14 +247,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     if start == 0 and cfg.eval_every > 0 and test_set:
         final_eval = run_eval(0)
 
-    bar = _progress(cfg, start, last)
-    # One warning per run when most responses hit max_new_tokens or most advantages are 0.
-    watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
-    for step in range(start, last):
-        # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
+    def sample_step(step: int):
+        """Single-turn rollout and rewards of one step (more rounds with dynamic sampling):
+        (rollout, rewards [N], reward errors, reward metrics, rollout seconds)."""
         t_generate = [0.0]  # rollout time of every round (rewards excluded, as without rounds)
 
-        def sample_round(k: int, step: int = step, t_generate: list = t_generate) -> Sampled:
+        def sample_round(k: int) -> Sampled:
             """Round k of the step's sampling (k > 0 only with dynamic sampling)."""
             if k == 0:
                 idx = prompt_indices(len(train_set), step, cfg.prompts_per_step, cfg.seed)
@@ -303,24 +309,44 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         extra_rewards: dict[str, float] = dict(sampling_metrics)
         if batch.task_rewards is not None:
             extra_rewards["reward/task"] = float(batch.task_rewards.float().mean())
-        lengths = rollout.completion_lengths()  # [N]
-        t_rollout = t_generate[0]
+        return rollout, rewards, reward_errors, extra_rewards, t_generate[0]
+
+    bar = _progress(cfg, start, last)
+    # One warning per run when most responses hit max_new_tokens or most advantages are 0.
+    watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
+    for step in range(start, last):
+        # 1. Rollout: prompts_per_step problems, group_size samples each, engine log-probs.
+        if episodes is not None:  # multi-turn: returns, [N] or [N, L] advantages, episode/*
+            t0 = time.perf_counter()
+            idx = prompt_indices(len(train_set), step, cfg.prompts_per_step, cfg.seed)
+            examples = [train_set[i] for i in idx]
+            gen = step_generator(cfg.seed, step, stream=0, device=engine.device)
+            rollout, rewards, advantages, extra_rewards = episodes.collect(
+                engine, examples, cfg.group_size, params, gen, version=step
+            )
+            rollout, advantages = _to_device(rollout, device), advantages.to(device)
+            t_rollout = time.perf_counter() - t0
+            reward_errors = int(extra_rewards["episode/failed"])
+        else:
+            rollout, rewards, reward_errors, extra_rewards, t_rollout = sample_step(step)
+            advantages = None  # group-normalized below, after the optional KL-in-reward term
+        lengths = rollout.completion_lengths()  # [N] policy tokens
 
         # 3. Old log-probs: the engine's own (default) or a recompute pass of the trainer's model.
         t1 = time.perf_counter()
         old_logprobs, mismatch = _old_logprobs(cfg, model, rollout)  # [N, L]
         # Decoupled objective (mismatch_correction): weights pi_trainer / pi_engine, capped.
         weights, corrected = correction_weights(
-            cfg, old_logprobs, rollout.logprobs, rollout.completion_mask
+            cfg, old_logprobs, rollout.logprobs, rollout.policy_mask
         )  # [N, L] or [N] or None
         t_recompute = time.perf_counter() - t1
         # Group-normalized advantages (of the reward less β Σ_t KL_t with kl_in_reward).
-        kl_penalty, kl_metrics = reward_kl_penalty(cfg, ref_model, rollout, old_logprobs)
-        shaped = rewards if kl_penalty is None else rewards - kl_penalty  # [N]
-        advantages = group_advantages(shaped, cfg.group_size, scale=cfg.advantage_scale).to(
-            device
-        )  # [N]
-        extra_rewards.update(kl_metrics)
+        if advantages is None:
+            kl_penalty, kl_metrics = reward_kl_penalty(cfg, ref_model, rollout, old_logprobs)
+            shaped = rewards if kl_penalty is None else rewards - kl_penalty  # [N]
+            advantages = group_advantages(shaped, cfg.group_size, scale=cfg.advantage_scale)
+            advantages = advantages.to(device)  # [N]
+            extra_rewards.update(kl_metrics)
 
         # 4. num_minibatches optimizer steps over the rollout batch.
         t2 = time.perf_counter()
@@ -454,7 +480,7 @@ def update_policy(
     idle = zero_gradient_rows(cfg, model, advantages)  # [N] rows that only need metrics
     acc.add_scalar("advantage/zero_fraction", float(_zero_advantage(advantages).float().mean()))
     for k, mb in enumerate(minibatches):
-        mask = rollout.completion_mask[mb]  # [n_mb, L]
+        mask = rollout.policy_mask[mb]  # [n_mb, L] policy tokens only (multi-turn: no env)
         n_seq = int((mask.sum(dim=1) > 0).sum())
         n_tok = int(mask.sum())
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
@@ -490,14 +516,14 @@ def update_policy(
                 logprobs,
                 rollout.logprobs[part][:, rows.completion_cols],
                 advantages[part],
-                rows.completion_mask,
+                rows.loss_mask,
             )
             loss, metrics = policy_loss(
                 cfg.algo,
                 logprobs,
                 old_logprobs[part][:, rows.completion_cols].to(logprobs.dtype),
-                advantages[part].to(logprobs.dtype),
-                rows.completion_mask,
+                _columns(advantages[part], rows.completion_cols).to(logprobs.dtype),
+                rows.loss_mask,
                 clip_low=cfg.clip_low,
                 clip_high=cfg.clip_high,
                 aggregation=cfg.aggregation,
@@ -524,7 +550,7 @@ def update_policy(
             metrics.update(moe_metrics)
             if needs_grad:
                 loss.backward()
-            m = rows.completion_mask  # [n_micro, L']
+            m = rows.loss_mask  # [n_micro, L']
             tokens = int(m.sum())
             metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
             mb_loss += float(loss.detach())
@@ -592,7 +618,7 @@ def _old_logprobs(
     if routes is not None:
         length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
         rollout.extras["old_routing"] = routes.routing(rollout.num_samples, length)
-    return recomputed, mismatch_stats(recomputed, rollout.logprobs, rollout.completion_mask)
+    return recomputed, mismatch_stats(recomputed, rollout.logprobs, rollout.policy_mask)
 
 
 def _product(keep: torch.Tensor | None, weights: torch.Tensor | None) -> torch.Tensor | None:
@@ -650,6 +676,7 @@ class _Rows:
     completion_ids: torch.Tensor  # [n, L']
     completion_mask: torch.Tensor  # [n, L']
     completion_cols: slice  # which of the rollout's L columns L' is
+    loss_mask: torch.Tensor  # [n, L'] policy tokens (completion_mask but for env tokens)
 
     @property
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -673,7 +700,13 @@ def _rows(rollout: Rollout, part: torch.Tensor, trim: bool) -> _Rows:
         completion_ids=rollout.completion_ids[part][:, c_cols],
         completion_mask=completion_mask[:, c_cols],
         completion_cols=c_cols,
+        loss_mask=rollout.policy_mask[part][:, c_cols],
     )
+
+
+def _columns(advantages: torch.Tensor, cols: slice) -> torch.Tensor:
+    """Per-token advantages [n, L] cut to a micro-batch's columns; [n] ones stay as they are."""
+    return advantages[:, cols] if advantages.dim() == 2 else advantages
 
 
 def _ref_logprobs(cfg: TrainConfig, ref_model, rows: _Rows, prompt_index: torch.Tensor):
@@ -709,6 +742,8 @@ def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
             "prompt_index",
         )
     }
+    if rollout.loss_mask is not None:
+        moved["loss_mask"] = rollout.loss_mask.to(device)
     return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
 
 

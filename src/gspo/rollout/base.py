@@ -49,13 +49,23 @@ class Rollout:
     finish_reasons: list[str]  # N entries: "stop" (EOS / stop token / stop string) or "length"
     prompt_index: torch.Tensor  # [N] index of the prompt each row was sampled from
     extras: dict = field(default_factory=dict)  # engine-specific data (e.g. MoE routing)
+    # [N, L] 1 on tokens the policy sampled; None: the same as completion_mask. Multi-turn
+    # episodes (gspo.envs) set it: environment tokens are attended to (completion_mask 1) but
+    # get no gradient and count in no length (loss_mask 0).
+    loss_mask: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
         return self.completion_ids.shape[0]
 
+    @property
+    def policy_mask(self) -> torch.Tensor:  # [N, L]
+        """The loss mask: 1 on policy tokens only (environment tokens and padding 0)."""
+        return self.completion_mask if self.loss_mask is None else self.loss_mask
+
     def completion_lengths(self) -> torch.Tensor:  # [N]
-        return self.completion_mask.sum(dim=1)
+        """Policy tokens per row (environment tokens of multi-turn episodes not counted)."""
+        return self.policy_mask.sum(dim=1)
 
 
 @runtime_checkable

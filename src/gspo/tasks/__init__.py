@@ -4,6 +4,9 @@ Built-in synthetic tasks come from :func:`make_task`; user data files from
 :func:`load_examples` / :func:`make_file_task` (which import ``datasets`` only when called).
 """
 
+from gspo.envs import calculator as _calculator  # noqa: F401  registers "calculator"
+from gspo.envs import code_feedback as _code_feedback  # noqa: F401  registers "code_feedback"
+from gspo.envs import guess as _guess  # noqa: F401  registers "guess"
 from gspo.tasks.base import Example, RewardFn, Task
 from gspo.tasks.code import sample_code_problem  # registers "code" (sandboxed unit tests)
 from gspo.tasks.files import DataError, load_examples, make_file_task

@@ -1,0 +1,171 @@
+"""The multi-turn rollout driver: runs episodes of an environment over any rollout engine.
+
+Each round, every unfinished episode's whole context (prompt + turns + replies so far) goes to
+``engine.generate`` as one batch; the first round samples ``n`` episodes per prompt at once,
+exactly as the single-turn path samples ``n`` completions. The engine's output tokens and
+log-probs are appended to the trajectory as they are (token-in, token-out); the environment's
+reply is tokenized incrementally (:mod:`gspo.envs.trajectory`).
+
+Limits: ``max_turns`` policy turns, ``max_tokens_per_turn`` per turn, ``max_total_tokens``
+after the prompt (policy + environment tokens; the turn that crosses it is cut), and
+``env_timeout_s`` per environment call (a call that hangs or raises fails the episode, which
+is counted in ``episode/failed``; the run goes on).
+
+Not cached across turns: every round re-prefills its context (the torch engine keeps no
+KV cache between ``generate`` calls). The vLLM engine and partial/async rollouts are not wired
+to this driver yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from gspo.rollout.base import Rollout, SamplingParams
+from gspo.tasks.base import Example
+
+from .base import Environment, Step
+from .trajectory import Trajectory, to_rollout
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Episode limits."""
+
+    max_turns: int = 4
+    """Policy turns per episode; an episode still open after them ends (finish "turns")."""
+    max_tokens_per_turn: int = 32
+    """Tokens the engine may sample in one turn (finish "length" when a turn is cut)."""
+    max_total_tokens: int = 128
+    """Policy + environment tokens after the prompt; the episode ends at this budget."""
+    env_timeout_s: float = 10.0
+    """Seconds one ``env.step`` call may take (0: no limit); past it the episode fails."""
+
+
+def _step(env: Environment, state: Any, text: str, finished: bool, timeout_s: float) -> Step:
+    """``env.step`` with a timeout; a hang or an exception is a failed step with reward 0."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["step"] = env.step(state, text, finished)
+        except BaseException as exc:  # the environment failing fails the episode
+            box["err"] = exc
+
+    thread = threading.Thread(target=target, daemon=True, name="gspo-env-step")
+    thread.start()
+    thread.join(timeout_s if timeout_s > 0 else None)
+    if thread.is_alive() or "err" in box:
+        return Step(done=True, failed=True, tool_errors=1)
+    return box["step"]
+
+
+def run_episodes(
+    engine,
+    env: Environment,
+    encoder,
+    examples: list[Example],
+    n: int,
+    params: SamplingParams,
+    limits: Limits,
+    generator: torch.Generator | None = None,
+    version: int = 0,
+) -> tuple[Rollout, list[Trajectory]]:
+    """``n`` episodes per example; returns them packed as a Rollout (rows laid out group after
+    group, ``loss_mask`` on policy tokens, ``extras["turn_ids"]`` and
+    ``extras["policy_version"]``) and as :class:`Trajectory` records (rewards, turns, tools)."""
+    tokenizer = encoder.tokenizer
+    params = replace(
+        params,
+        max_new_tokens=limits.max_tokens_per_turn,
+        stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
+    )
+    trajs: list[Trajectory] = []
+    states: list[Any] = []
+    prompt_index: list[int] = []
+    starts: list[list[int]] = []
+    for i, example in enumerate(examples):
+        ids, history = encoder.start(example.prompt)
+        starts.append(ids)
+        for _ in range(n):
+            trajs.append(Trajectory(prompt_ids=list(ids), history=[dict(m) for m in history]))
+            states.append(env.reset(example))
+            prompt_index.append(i)
+    first = True
+    while True:
+        active = [k for k, t in enumerate(trajs) if not t.done]
+        if not active:
+            break
+        if first:  # every group starts from one prompt: n samples of each, as single-turn
+            out = engine.generate(starts, n, params, generator)
+            first = False
+        else:
+            out = engine.generate([trajs[k].context() for k in active], 1, params, generator)
+        for row, k in enumerate(active):
+            _advance(trajs[k], states[k], env, encoder, tokenizer, out, row, limits)
+    rollout = to_rollout(trajs, prompt_index, pad_id=_pad_id(tokenizer))
+    rollout.extras["policy_version"] = torch.full((len(trajs),), version, dtype=torch.long)
+    return rollout, trajs
+
+
+def _pad_id(tokenizer) -> int:
+    pad = tokenizer.pad_token_id
+    return int(pad if pad is not None else tokenizer.eos_token_id)
+
+
+def _advance(
+    t: Trajectory, state, env, encoder, tokenizer, out: Rollout, row: int, limits: Limits
+) -> None:
+    """Append one sampled turn to ``t``, ask the environment, append its reply or end."""
+    keep = out.completion_mask[row].bool()  # [L]
+    ids = out.completion_ids[row][keep].tolist()
+    logprobs = out.logprobs[row][keep].tolist()
+    finished = out.finish_reasons[row] == "stop"
+    room = limits.max_total_tokens - len(t.ids)
+    if len(ids) > room:  # the total budget cuts this turn
+        ids, logprobs, finished = ids[:room], logprobs[:room], False
+    t.add_policy(ids, logprobs)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    t.history.append({"role": "assistant", "content": text})
+    step = _step(env, state, text, finished, limits.env_timeout_s)
+    t.turn_rewards[-1] += step.turn_reward
+    t.tool_calls += step.tool_calls
+    t.tool_errors += step.tool_errors
+    if step.done or step.failed:
+        t.done, t.reward = True, step.reward
+        t.finish = "failed" if step.failed else ("stop" if finished else "length")
+        return
+    if not finished:
+        t.done, t.reward, t.finish = True, step.reward, "length"
+        return
+    if t.num_turns >= limits.max_turns:
+        t.done, t.reward, t.finish = True, step.reward, "turns"
+        return
+    reply = encoder.reply_ids(t.history, ids, step.messages)
+    t.history.extend(step.messages)
+    if len(t.ids) + len(reply) >= limits.max_total_tokens:  # no room for the reply and a turn
+        t.done, t.reward, t.finish = True, step.reward, "length"
+        return
+    t.add_env(reply)
+
+
+def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """episode/* metrics of a batch of episodes (means over episodes; tool_errors and failed
+    are totals)."""
+    n = max(len(trajs), 1)
+    out = {
+        "episode/turns_mean": sum(t.num_turns for t in trajs) / n,
+        "episode/tool_calls_mean": sum(t.tool_calls for t in trajs) / n,
+        "episode/tool_errors": float(sum(t.tool_errors for t in trajs)),
+        "episode/failed": float(sum(t.finish == "failed" for t in trajs)),
+        "episode/env_tokens_mean": sum(t.env_tokens for t in trajs) / n,
+        "episode/policy_tokens_mean": sum(t.policy_tokens for t in trajs) / n,
+        "episode/turn_limit_fraction": sum(t.finish == "turns" for t in trajs) / n,
+    }
+    rewards = [r for t in trajs for r in t.turn_rewards]
+    if any(rewards):
+        out["episode/turn_reward_mean"] = sum(rewards) / len(rewards)
+    return out
