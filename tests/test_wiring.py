@@ -21,7 +21,7 @@ import gspo.moe as moe_module
 import gspo.trainer as trainer_module
 from gspo import cli
 from gspo.build import build_policy
-from gspo.config import TrainConfig, build
+from gspo.config import ConfigError, TrainConfig, build
 from gspo.losses import LOSSES, policy_loss
 from gspo.models import token_logprobs
 from gspo.rewards import overlong_penalty
@@ -81,11 +81,19 @@ POS_RATIOS = (1.05, 1.1, 1.3, 1.45, 1.6)
 NEG_RATIOS = (0.95, 0.9, 0.78, 0.7, 0.5)
 
 
-def expected_clip_shares(clip_low: float, clip_high: float) -> tuple[float, float]:
-    """(low, high) shares of rows whose gradient the clip zeroes, for POS/NEG_RATIOS."""
+def expected_clip_shares(
+    clip_low: float, clip_high: float, meaning: str = "ratio"
+) -> tuple[float, float]:
+    """(low, high) shares of rows whose gradient the clip zeroes, for POS/NEG_RATIOS.
+    ``meaning`` 'log-ratio' (GMPO): the bounds apply to log r, so r is kept in
+    [exp(-clip_low), exp(clip_high)]; otherwise r is kept in [1 - clip_low, 1 + clip_high]."""
     n = len(POS_RATIOS) + len(NEG_RATIOS)
-    high = sum(r > 1 + clip_high for r in POS_RATIOS) / n
-    low = sum(r < 1 - clip_low for r in NEG_RATIOS) / n
+    if meaning == "log-ratio":
+        lo, hi = math.exp(-clip_low), math.exp(clip_high)
+    else:
+        lo, hi = 1 - clip_low, 1 + clip_high
+    high = sum(r > hi for r in POS_RATIOS) / n
+    low = sum(r < lo for r in NEG_RATIOS) / n
     return low, high
 
 
@@ -135,28 +143,33 @@ def one_update(cfg: TrainConfig, model, rollout, old, advantages, ref_model=None
 @pytest.mark.parametrize("algo", sorted(LOSSES))
 def test_clip_range_reaches_the_loss(tmp_path, algo, source):
     clip_low, clip_high = 0.25, 0.4
-    cfg = cli_cfg(
-        tmp_path,
-        source,
-        algo=algo,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dtype="float64",
-        num_minibatches=1,
-    )
+    meaning = LOSSES[algo].clip_meaning
+    flags = dict(algo=algo, clip_low=clip_low, clip_high=clip_high)
+    if meaning == "unused":  # SAPO's soft gate has no clip: the flags are refused, not ignored
+        with pytest.raises(ConfigError, match="clip"):
+            cli_cfg(tmp_path, source, **flags)
+        return
+    cfg = cli_cfg(tmp_path, source, **flags, dtype="float64", num_minibatches=1)
     assert (cfg.clip_low, cfg.clip_high) == (clip_low, clip_high)
     model, _ = build_policy(cfg, torch.device("cpu"))
     rollout, old, advantages, _ = hand_set_batch(cfg, model)
     metrics = one_update(cfg, model, rollout, old, advantages)
-    want = expected_clip_shares(clip_low, clip_high)
+    want = expected_clip_shares(clip_low, clip_high, meaning)
     # The hand-set ratios tell these bounds from the swapped ones and from every paper default.
-    alternatives = [expected_clip_shares(clip_high, clip_low)]
-    alternatives += [expected_clip_shares(s.clip_low, s.clip_high) for s in LOSSES.values()]
+    alternatives = [expected_clip_shares(clip_high, clip_low, meaning)]
+    alternatives += [
+        expected_clip_shares(s.clip_low, s.clip_high, meaning)
+        for s in LOSSES.values()
+        if s.clip_meaning == meaning
+    ]
     assert want not in alternatives
     got = (metrics["clip/low_fraction"], metrics["clip/high_fraction"])
     assert got == pytest.approx(want, abs=1e-12)
-    assert metrics["ratio/min"] == pytest.approx(min(NEG_RATIOS), rel=1e-9)
-    assert metrics["ratio/max"] == pytest.approx(max(POS_RATIOS), rel=1e-9)
+    lo, hi = min(NEG_RATIOS), max(POS_RATIOS)
+    if meaning == "log-ratio":  # GMPO reports its ratio after the log-space clip
+        lo, hi = max(lo, math.exp(-clip_low)), min(hi, math.exp(clip_high))
+    assert metrics["ratio/min"] == pytest.approx(lo, rel=1e-9)
+    assert metrics["ratio/max"] == pytest.approx(hi, rel=1e-9)
 
 
 def expected_loss(cfg: TrainConfig, current, old, advantages, mask, **kw) -> float:
