@@ -1,0 +1,73 @@
+"""The training-backend protocol: what the loop asks of whoever holds the trainable policy.
+
+A backend owns the policy's weights, its optimizer and LR schedule, the frozen reference model
+(KL), and their checkpoint. The loop hands it a rollout batch and gets metrics back; it never
+touches the model itself. The local backend runs in this process; the FSDP2 backend shards the
+same update over N ranks (all-reduced sequence and token denominators, so the update equals
+one process's), placed by Ray.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ..rollout.base import Rollout
+
+
+@runtime_checkable
+class TrainingBackend(Protocol):
+    """The policy update of one batch, wherever the ranks are."""
+
+    def old_logprobs(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """[N, L] old log-probs for the loss: the engine's own (``old_logprobs='engine'``) or a
+        recompute pass of the current weights, with the ``mismatch/*`` metrics of that pass."""
+        ...
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        """[N, L] log-probs of the frozen reference model (None when no KL term is on)."""
+        ...
+
+    def update(
+        self,
+        rollout: Rollout,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        step: int,
+        weights: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """``num_minibatches`` optimizer steps over the batch; the loss/clip/grad metrics.
+
+        ``advantages``: [N] or [N, L]; ``weights``: detached correction weights, [N] or [N, L].
+        """
+        ...
+
+    def push_weights(self, engine: Any) -> None:
+        """Give the rollout engine(s) the current weights (nothing to do for a shared model)."""
+        ...
+
+    def step_metrics(self, rollout: Rollout) -> dict[str, float]:
+        """Per-step policy metrics beyond the update's (MoE routing change; {} for dense)."""
+        ...
+
+    def lr(self) -> float:
+        """The learning rate of the last optimizer step."""
+        ...
+
+    def save_checkpoint(self, directory: Path, extra: dict[str, Any]) -> None:
+        """Write weights, optimizer and schedule state under ``directory`` (atomically)."""
+        ...
+
+    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote; return its ``extra``."""
+        ...
+
+    def export(self, directory: Path) -> None:
+        """The final model as a Hugging Face folder (full weights, gathered from every rank)."""
+        ...
+
+    def close(self) -> None:
+        """Release ranks, process groups and actors; no process may outlive this call."""
+        ...
