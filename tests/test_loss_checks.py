@@ -117,8 +117,9 @@ def test_integer_mask_equals_bool_mask():
     adv = torch.tensor([1.0, -1.0], dtype=F64)
     bool_mask = torch.tensor([[True, True, False], [True, True, True]])
     for algo in sorted(LOSSES):
-        want, m_b = policy_loss(algo, new, old, adv, bool_mask, clip_low=0.2, clip_high=0.2)
-        got, m_i = policy_loss(algo, new, old, adv, bool_mask.long(), clip_low=0.2, clip_high=0.2)
+        kw = {} if LOSSES[algo].clip_meaning == "unused" else dict(clip_low=0.2, clip_high=0.2)
+        want, m_b = policy_loss(algo, new, old, adv, bool_mask, **kw)
+        got, m_i = policy_loss(algo, new, old, adv, bool_mask.long(), **kw)
         assert float(got) == float(want) and m_i == m_b
     with pytest.raises(ValueError, match="only 0 and 1"):
         policy_loss("gspo", new, old, adv, bool_mask.long() * 2)
@@ -144,8 +145,10 @@ def test_argument_checks():
     z = torch.zeros(1, 2, dtype=F64)
     mask = torch.ones(1, 2, dtype=torch.bool)
     adv = torch.ones(1, dtype=F64)
-    with pytest.raises(ValueError, match="clip_low < 1"):
-        policy_loss("grpo", z, z, adv, mask, clip_low=1.0)
+    with pytest.raises(ValueError, match="0 <= clip_low <= 1"):  # 1: no lower bound (CISPO)
+        policy_loss("grpo", z, z, adv, mask, clip_low=1.5)
+    with pytest.raises(ValueError, match="has no clip range"):
+        policy_loss("sapo", z, z, adv, mask, clip_low=0.2)
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         policy_loss("grpo", z, z, adv, mask, kl_coef=0.1)
     with pytest.raises(ValueError, match="needs ref_logprobs"):
