@@ -110,7 +110,8 @@ def test_unknown_aggregation_for_gspo_is_named_with_the_valid_ones():
     assert "algo gspo supports aggregation seq_mean_token_mean, got 'token_mean'" in message
     assert "top_p must be in (0, 1], got 0" in message
     # The same aggregation is fine for GRPO (DAPO's token mean).
-    assert build(TrainConfig, overrides={"algo": "grpo", "aggregation": "token_mean"})
+    cfg = build(TrainConfig, overrides={"algo": "grpo", "aggregation": "token_mean"})
+    assert (cfg.algo, cfg.aggregation) == ("grpo", "token_mean")
 
 
 @pytest.mark.parametrize(
