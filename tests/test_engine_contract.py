@@ -21,6 +21,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
+import gspo.backend.update as update_module
 import gspo.trainer as trainer_module
 from gspo.advantages import group_advantages
 from gspo.config import TrainConfig, build
@@ -136,7 +137,7 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
             dtype=torch.float64,
         )
         advantages = group_advantages(rewards, cfg.group_size)
-        metrics = trainer_module.update_policy(
+        metrics = update_module.update_policy(
             cfg, model, None, optimizer, scheduler, rollout, rollout.logprobs, advantages, step
         )
         assert metrics["grad_norm"] > 0  # the weights moved: a stale copy would show

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gspo.backend.update import _rows
 from gspo.envs import SingleTurnEnv, Step
 from gspo.envs.credit import check_credit, episode_advantages, returns_to_go, turn_advantages
 from gspo.envs.driver import Limits, episode_metrics, run_episodes
@@ -20,7 +21,6 @@ from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 from gspo.tasks import make_task
 from gspo.tasks.base import Example
-from gspo.trainer import _rows
 
 TOK = build_char_tokenizer()
 EX = Example(prompt="12*34=", answer="408")

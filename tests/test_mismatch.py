@@ -69,9 +69,9 @@ def test_sequence_levels_hand_computed(level, rho):
 
 def _update(weights, micro=0):
     """One update_policy call on a fixed rollout with non-zero advantages; the new weights."""
+    from gspo.backend.update import update_policy
     from gspo.build import build_policy
     from gspo.rollout import SamplingParams, TorchEngine
-    from gspo.trainer import update_policy
 
     cfg = build(
         TrainConfig,

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import gspo.backend.update as update_module
 import gspo.trainer as trainer_module
 from gspo import moe
 from gspo.build import build_policy
@@ -399,7 +400,7 @@ def one_update(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     advantages = torch.linspace(-1, 1, rollout.num_samples)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
-    metrics = trainer_module.update_policy(
+    metrics = update_module.update_policy(
         cfg, model, None, optimizer, scheduler, rollout, rollout.logprobs, advantages, 0
     )
     assert "moe/aux_loss" in metrics

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gspo.backend.update as update_module
 import gspo.trainer as trainer_module
 from gspo import checkpoint as ckpt
 from gspo.build import build_policy
@@ -246,7 +247,7 @@ def test_metrics_jsonl_and_truncation_on_resume(tmp_path):
 
 def test_shuffled_minibatches_are_a_permutation_cut_evenly():
     g = torch.Generator().manual_seed(0)
-    parts = trainer_module.minibatch_rows(24, 4, 3, "shuffled", g)
+    parts = update_module.minibatch_rows(24, 4, 3, "shuffled", g)
     assert [len(p) for p in parts] == [8, 8, 8]
     assert sorted(torch.cat(parts).tolist()) == list(range(24))
     # The same draw as a plain randperm of the rows (the layout runs before this option had).
@@ -256,7 +257,7 @@ def test_shuffled_minibatches_are_a_permutation_cut_evenly():
 
 def test_group_minibatches_keep_every_group_whole():
     g = torch.Generator().manual_seed(3)
-    parts = trainer_module.minibatch_rows(24, 4, 3, "groups", g)  # 6 groups, 2 per minibatch
+    parts = update_module.minibatch_rows(24, 4, 3, "groups", g)  # 6 groups, 2 per minibatch
     assert sorted(torch.cat(parts).tolist()) == list(range(24))
     for part in parts:
         groups = sorted({int(r) // 4 for r in part})
@@ -267,7 +268,7 @@ def test_group_minibatches_keep_every_group_whole():
     many = [
         [
             int(p[0]) // 4
-            for p in trainer_module.minibatch_rows(
+            for p in update_module.minibatch_rows(
                 24, 4, 3, "groups", torch.Generator().manual_seed(s)
             )
         ]
@@ -279,9 +280,9 @@ def test_group_minibatches_keep_every_group_whole():
 def test_group_minibatches_reject_uneven_splits():
     g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="split evenly into 4 minibatches"):
-        trainer_module.minibatch_rows(24, 4, 4, "groups", g)  # 6 groups into 4
+        update_module.minibatch_rows(24, 4, 4, "groups", g)  # 6 groups into 4
     with pytest.raises(ValueError, match="one of 'shuffled', 'groups'"):
-        trainer_module.minibatch_rows(24, 4, 3, "random", g)
+        update_module.minibatch_rows(24, 4, 3, "random", g)
 
 
 def test_config_rejects_groups_that_do_not_split(tmp_path):
@@ -303,14 +304,14 @@ def test_config_rejects_groups_that_do_not_split(tmp_path):
 
 def test_group_minibatches_train_and_run_each_prompt_once(tmp_path, monkeypatch):
     seen: list[int] = []  # distinct prompts per training forward
-    inner = trainer_module.token_logprobs
+    inner = update_module.token_logprobs
 
     def spy(model, *args, prompt_index=None, **kw):
         if torch.is_grad_enabled():
             seen.append(len(set(prompt_index.tolist())))
         return inner(model, *args, prompt_index=prompt_index, **kw)
 
-    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    monkeypatch.setattr(update_module, "token_logprobs", spy)
     cfg = make_cfg(tmp_path, minibatch_grouping="groups", steps=2, lr=1e-3, warmup_steps=0)
     result = train(cfg)
     per_minibatch = cfg.prompts_per_step // cfg.num_minibatches
@@ -338,7 +339,7 @@ def test_padding_trim_changes_nothing_but_the_work(tmp_path, monkeypatch, algo):
     monkeypatch.setattr(trainer_module, "build_task", lambda cfg: task)
     common.update(prompts_per_step=4, group_size=2)
     widths: list[tuple[int, int, int, int]] = []
-    inner_rows = trainer_module._rows
+    inner_rows = update_module._rows
 
     def spy(rollout, part, trim):
         rows = inner_rows(rollout, part, trim)
@@ -352,11 +353,11 @@ def test_padding_trim_changes_nothing_but_the_work(tmp_path, monkeypatch, algo):
         )
         return rows
 
-    monkeypatch.setattr(trainer_module, "_rows", spy)
+    monkeypatch.setattr(update_module, "_rows", spy)
     trimmed = train(make_cfg(tmp_path / "trim", **common))
     # Some micro-batch was narrower than the rollout, in its prompts or its completions.
     assert any(p < full_p or c < full_c for p, c, full_p, full_c in widths)
-    monkeypatch.setattr(trainer_module, "_rows", lambda r, part, trim: inner_rows(r, part, False))
+    monkeypatch.setattr(update_module, "_rows", lambda r, part, trim: inner_rows(r, part, False))
     full = train(make_cfg(tmp_path / "full", **common))
     st, sf = trimmed.model.state_dict(), full.model.state_dict()
     for k in sf:
@@ -403,13 +404,13 @@ def count_forwards(monkeypatch) -> tuple[list[int], list[int]]:
     """(rows per forward with grad, rows per no-grad forward) of the training pass, filled as
     the trainer runs."""
     grad_rows, nograd_rows = [], []
-    inner_logprobs = trainer_module.token_logprobs
+    inner_logprobs = update_module.token_logprobs
 
     def spy(model, *args, prompt_index=None, **kw):
         (grad_rows if torch.is_grad_enabled() else nograd_rows).append(len(prompt_index))
         return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
 
-    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    monkeypatch.setattr(update_module, "token_logprobs", spy)
     return grad_rows, nograd_rows
 
 
@@ -425,13 +426,13 @@ def test_zero_advantage_rows_skip_backward_and_change_nothing(
     }
     grad_forwards, nograd_forwards = count_forwards(monkeypatch)
     zeroed = []
-    inner_zero = trainer_module._zero_grads
+    inner_zero = update_module._zero_grads
 
     def spy_zero(model):
         zeroed.append(1)
         inner_zero(model)
 
-    monkeypatch.setattr(trainer_module, "_zero_grads", spy_zero)
+    monkeypatch.setattr(update_module, "_zero_grads", spy_zero)
     skipping = train(make_cfg(tmp_path / "skip", **common))
     assert nograd_forwards, "some rows must have run without a backward"
     if grouping == "groups":  # a minibatch of one constant group has no row with a gradient
@@ -442,7 +443,7 @@ def test_zero_advantage_rows_skip_backward_and_change_nothing(
     grad_forwards.clear()
     nograd_forwards.clear()
     monkeypatch.setattr(
-        trainer_module,
+        update_module,
         "zero_gradient_rows",
         lambda cfg, model, adv: torch.zeros(adv.shape[0], dtype=torch.bool),
     )
@@ -463,11 +464,11 @@ def test_zero_gradient_rows_only_without_kl(tmp_path):
     model, _ = build_policy(cfg, torch.device("cpu"))
     adv = torch.tensor([0.0, 1.0, -0.0, -1.0], dtype=torch.float64)  # [N]
     want = torch.tensor([True, False, True, False])
-    assert torch.equal(trainer_module.zero_gradient_rows(cfg, model, adv), want)
+    assert torch.equal(update_module.zero_gradient_rows(cfg, model, adv), want)
     per_token = torch.tensor([[0.0, 0.0], [0.0, 2.0], [0.0, 0.0], [1.0, 0.0]])  # [N, T]
-    assert torch.equal(trainer_module.zero_gradient_rows(cfg, model, per_token), want)
+    assert torch.equal(update_module.zero_gradient_rows(cfg, model, per_token), want)
     with_kl = make_cfg(tmp_path, kl_coef=0.1)  # the KL term has a gradient in every row
-    assert not trainer_module.zero_gradient_rows(with_kl, model, adv).any()
+    assert not update_module.zero_gradient_rows(with_kl, model, adv).any()
 
 
 @pytest.mark.parametrize("grouping", ["shuffled", "groups"])

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gspo.backend.update as update_module
 import gspo.moe as moe_module
 import gspo.trainer as trainer_module
 from gspo import cli
@@ -134,7 +135,7 @@ def one_update(cfg: TrainConfig, model, rollout, old, advantages, ref_model=None
     """The trainer's update of one rollout batch; its metrics."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
-    return trainer_module.update_policy(
+    return update_module.update_policy(
         cfg, model, ref_model, optimizer, scheduler, rollout, old, advantages, step=0
     )
 
@@ -334,14 +335,14 @@ def test_overlong_penalty_reaches_the_advantages(tmp_path, monkeypatch, source):
 def count_training_forwards(monkeypatch) -> list[torch.Tensor]:
     """prompt_index of every training forward with gradient (a pass-through spy)."""
     seen: list[torch.Tensor] = []
-    inner = trainer_module.token_logprobs
+    inner = update_module.token_logprobs
 
     def spy(model, *args, prompt_index=None, **kw):
         if torch.is_grad_enabled():
             seen.append(prompt_index.clone())
         return inner(model, *args, prompt_index=prompt_index, **kw)
 
-    monkeypatch.setattr(trainer_module, "token_logprobs", spy)
+    monkeypatch.setattr(update_module, "token_logprobs", spy)
     return seen
 
 

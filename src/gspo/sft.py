@@ -12,9 +12,10 @@ import torch
 from . import moe
 from .build import build_policy, build_prompt_format, build_task, resolve_device, set_threads
 from .config import SFTConfig
+from .core.seeding import step_generator
 from .evaluation import evaluate_model
 from .models import save_model, token_logprobs
-from .trainer import lr_lambda, step_generator
+from .trainer import lr_lambda
 
 
 @dataclass

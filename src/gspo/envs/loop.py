@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from gspo.evaluation import CORRECT, mean_and_se
+from gspo.core.metrics import CORRECT, mean_and_se
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.tasks.base import Example
 

@@ -1,0 +1,366 @@
+"""The local policy update of one batch: minibatches, micro-batches, old/ref log-probs.
+
+Moved verbatim from the training loop; ``LocalBackend`` in a later step wraps it behind
+:class:`gspo.backend.base.TrainingBackend`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from gspo import moe
+from gspo.config import MINIBATCH_GROUPINGS, TrainConfig
+from gspo.core.losses import policy_loss
+from gspo.core.mismatch import mismatch_stats
+from gspo.core.seeding import step_generator
+from gspo.models import token_logprobs
+from gspo.rollout.base import Rollout
+from gspo.train_options import loss_kl_coef, loss_options, sequence_weights
+
+
+def update_policy(
+    cfg: TrainConfig,
+    model,
+    ref_model,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    rollout: Rollout,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    step: int,
+    weights: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """Split the rollout batch into ``num_minibatches`` minibatches (``minibatch_rows``), one
+    optimizer step each.
+
+    Inside a minibatch, micro-batches accumulate gradients; each gets the minibatch's global
+    sequence and token counts as denominators, so the gradient equals one pass over the minibatch.
+    """
+    model.train()
+    n = rollout.num_samples
+    gen = step_generator(cfg.seed, step, stream=1, device=torch.device("cpu"))
+    minibatches = minibatch_rows(
+        n, cfg.group_size, cfg.num_minibatches, cfg.minibatch_grouping, gen
+    )
+    micro = cfg.micro_batch_size or n
+    # MoE routing records (replay, aux loss) are laid out over the rollout's full width.
+    trim = not moe.is_moe(model)
+    acc = _Accumulator()
+    constant = cfg.loss_constant or float(cfg.max_new_tokens)
+    # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
+    replay = moe.replay_source(cfg.routing_replay, rollout, model)
+    idle = zero_gradient_rows(cfg, model, advantages)  # [N] rows that only need metrics
+    acc.add_scalar("advantage/zero_fraction", float(_zero_advantage(advantages).float().mean()))
+    for k, mb in enumerate(minibatches):
+        mask = rollout.policy_mask[mb]  # [n_mb, L] policy tokens only (multi-turn: no env)
+        n_seq = int((mask.sum(dim=1) > 0).sum())
+        n_tok = int(mask.sum())
+        mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
+        # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
+        # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
+        # A few idle rows stay in the gradient pass: a second forward costs more than they do.
+        live, rest = mb[~idle[mb]], mb[idle[mb]]
+        if cfg.zero_advantage_metrics and len(rest) < cfg.zero_advantage_split * len(mb):
+            live, rest = mb, mb[:0]
+        parts = [(p, True) for p in live.split(micro) if len(p)]
+        if cfg.zero_advantage_metrics:
+            parts += [(p, False) for p in rest.split(micro) if len(p)]  # (empty split: [[]])
+        if len(live) == 0:
+            _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
+        for part, needs_grad in parts:
+            rows = _rows(rollout, part, trim)  # this micro-batch's rows, padding columns cut
+            # MoE: replay/capture the routing of this forward (a no-op block for dense models).
+            with (
+                torch.set_grad_enabled(needs_grad),
+                moe.training_forward(model, replay, part, aux=True) as routes,
+            ):
+                logprobs, entropy = token_logprobs(
+                    model,
+                    *rows.tensors,
+                    temperature=cfg.temperature,
+                    with_entropy=True,
+                    prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
+                )  # [n_micro, L'] each
+            ref = _ref_logprobs(cfg, ref_model, rows, rollout.prompt_index[part])
+            # Off-policy sequence mask against the engine's log-probs (None unless enabled).
+            keep, opsm = sequence_weights(
+                cfg,
+                logprobs,
+                rollout.logprobs[part][:, rows.completion_cols],
+                advantages[part],
+                rows.loss_mask,
+            )
+            loss, metrics = policy_loss(
+                cfg.algo,
+                logprobs,
+                old_logprobs[part][:, rows.completion_cols].to(logprobs.dtype),
+                _columns(advantages[part], rows.completion_cols).to(logprobs.dtype),
+                rows.loss_mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                aggregation=cfg.aggregation,
+                num_sequences=max(n_seq, 1),
+                num_tokens=max(n_tok, 1),
+                constant=constant,
+                ref_logprobs=ref,
+                kl_coef=loss_kl_coef(cfg),
+                kl_estimator=cfg.kl_estimator,
+                weights=_product(keep, _part_weights(weights, part, rows.completion_cols)),
+                options=loss_options(cfg),
+            )
+            metrics.update(opsm)
+            aux, moe_metrics = moe.micro_batch_terms(
+                model,
+                routes,
+                rollout,
+                part,
+                aux_coef=cfg.router_aux_loss_coef,
+                weight=len(part) / len(mb),
+            )
+            if aux is not None:
+                loss = loss + aux  # load-balancing loss (router_aux_loss_coef > 0)
+            metrics.update(moe_metrics)
+            if needs_grad:
+                loss.backward()
+            m = rows.loss_mask  # [n_micro, L']
+            tokens = int(m.sum())
+            metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
+            mb_loss += float(loss.detach())
+            acc.add(metrics, tokens, int(m.any(dim=1).sum()), off_policy=k > 0)
+        acc.add_scalar("loss", mb_loss)  # mean over minibatches
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+        )
+        if math.isfinite(float(grad_norm)) and math.isfinite(mb_loss):
+            acc.add_scalar("grad_norm", float(grad_norm))
+            optimizer.step()
+            scheduler.step()  # the schedule counts updates made, so a skip does not advance it
+            skipped = 0.0
+        else:
+            # A non-finite loss or gradient would poison the weights and Adam's moments for
+            # good: drop this update and count it.
+            skipped = 1.0
+        acc.add_scalar("faults/skipped_updates", skipped, reduce="sum")
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return acc.result()
+
+
+def zero_gradient_rows(cfg: TrainConfig, model, advantages: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows whose loss term and gradient are exactly 0, so they need no backward.
+
+    A row whose advantage is 0 at every token adds 0 * ratio to the objective (clipped or not),
+    so its gradient is 0 (group-normalized advantages are 0 for every row of a group whose
+    rewards all agree: common on a mostly solved or mostly failed task). Not so with a KL
+    penalty (its gradient reaches every row) or for MoE models (the load-balancing loss and the
+    routing records span the whole forward), where every row keeps its backward.
+    """
+    if cfg.kl_coef != 0.0 or moe.is_moe(model):
+        return torch.zeros(advantages.shape[0], dtype=torch.bool, device=advantages.device)  # [N]
+    return _zero_advantage(advantages)  # [N]
+
+
+def _zero_advantage(advantages: torch.Tensor) -> torch.Tensor:
+    """[N] bool: rows whose advantage ([N] or [N, T]) is 0 at every token."""
+    return (advantages == 0).reshape(advantages.shape[0], -1).all(dim=1)  # [N]
+
+
+def _zero_grads(model) -> None:
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+
+
+def _old_logprobs(
+    cfg: TrainConfig, model, rollout: Rollout
+) -> tuple[torch.Tensor, dict[str, float]]:
+    if cfg.old_logprobs == "engine":
+        return rollout.logprobs, {}
+    # MoE: the same pass records the pre-update policy's routing (what R2 replays).
+    with torch.no_grad(), moe.capture_routing(model) as routes:
+        recomputed, _ = token_logprobs(
+            model,
+            rollout.prompt_ids,
+            rollout.prompt_mask,
+            rollout.completion_ids,
+            rollout.completion_mask,
+            temperature=cfg.temperature,
+            prompt_index=rollout.prompt_index,
+        )  # [N, L]
+    if routes is not None:
+        length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
+        rollout.extras["old_routing"] = routes.routing(rollout.num_samples, length)
+    return recomputed, mismatch_stats(recomputed, rollout.logprobs, rollout.policy_mask)
+
+
+def _product(keep: torch.Tensor | None, weights: torch.Tensor | None) -> torch.Tensor | None:
+    """The off-policy mask [n] times the mismatch-correction weights ([n] or [n, L]), or either."""
+    if keep is None or weights is None:
+        return weights if keep is None else keep
+    keep = keep.to(weights.dtype)  # [n]
+    return keep[:, None] * weights if weights.dim() == 2 else keep * weights
+
+
+def _part_weights(weights: torch.Tensor | None, part: torch.Tensor, cols: slice):
+    """A micro-batch's rows (and kept columns, for token-level weights) of the correction."""
+    if weights is None:
+        return None
+    w = weights[part]  # [n] or [n, L]
+    return w[:, cols] if w.dim() == 2 else w
+
+
+def minibatch_rows(
+    n_rows: int, group_size: int, num_minibatches: int, grouping: str, generator: torch.Generator
+) -> list[torch.Tensor]:
+    """Row indices of each minibatch of a rollout laid out group after group.
+
+    ``shuffled``: rows shuffled across groups, then cut into ``num_minibatches`` equal parts.
+    ``groups``: groups shuffled, each kept whole, so a minibatch holds
+    ``n_rows / group_size / num_minibatches`` complete groups (needs that to divide evenly);
+    the training pass then runs each of its prompts once for all of the group's samples.
+    """
+    if grouping == "shuffled":
+        return list(torch.randperm(n_rows, generator=generator).chunk(num_minibatches))
+    if grouping not in MINIBATCH_GROUPINGS:
+        raise ValueError(
+            f"unknown minibatch_grouping {grouping!r}; one of {', '.join(map(repr, MINIBATCH_GROUPINGS))}"
+        )
+    n_groups = n_rows // group_size
+    if n_groups * group_size != n_rows or n_groups % num_minibatches != 0:
+        raise ValueError(
+            f"minibatch_grouping='groups' needs {n_rows} rows in whole groups of {group_size} "
+            f"that split evenly into {num_minibatches} minibatches"
+        )
+    groups = torch.randperm(n_groups, generator=generator)  # [n_groups]
+    rows = (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)  # [N]
+    return list(rows.chunk(num_minibatches))
+
+
+@dataclass
+class _Rows:
+    """One micro-batch's slice of a rollout, without the columns that are padding in all of its
+    rows: prompts are left-padded to the rollout's longest prompt and completions right-padded
+    to its longest completion, and a micro-batch only needs its own widths (padding columns
+    change no value, only cost FLOPs)."""
+
+    prompt_ids: torch.Tensor  # [n, P']
+    prompt_mask: torch.Tensor  # [n, P']
+    completion_ids: torch.Tensor  # [n, L']
+    completion_mask: torch.Tensor  # [n, L']
+    completion_cols: slice  # which of the rollout's L columns L' is
+    loss_mask: torch.Tensor  # [n, L'] policy tokens (completion_mask but for env tokens)
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+
+def _rows(rollout: Rollout, part: torch.Tensor, trim: bool) -> _Rows:
+    prompt_mask = rollout.prompt_mask[part]  # [n, P]
+    completion_mask = rollout.completion_mask[part]  # [n, L]
+    p_cols, c_cols = slice(None), slice(None)
+    if trim:
+        p_used = prompt_mask.any(dim=0).nonzero()  # [P', 1]
+        c_used = completion_mask.any(dim=0).nonzero()  # [L', 1]
+        # At least one column each: token_logprobs needs a prompt token, and an all-empty
+        # micro-batch keeps one (masked) completion column.
+        p_cols = slice(int(p_used[0]) if len(p_used) else prompt_mask.shape[1] - 1, None)
+        c_cols = slice(0, int(c_used[-1]) + 1 if len(c_used) else 1)
+    return _Rows(
+        prompt_ids=rollout.prompt_ids[part][:, p_cols],
+        prompt_mask=prompt_mask[:, p_cols],
+        completion_ids=rollout.completion_ids[part][:, c_cols],
+        completion_mask=completion_mask[:, c_cols],
+        completion_cols=c_cols,
+        loss_mask=rollout.policy_mask[part][:, c_cols],
+    )
+
+
+def _columns(advantages: torch.Tensor, cols: slice) -> torch.Tensor:
+    """Per-token advantages [n, L] cut to a micro-batch's columns; [n] ones stay as they are."""
+    return advantages[:, cols] if advantages.dim() == 2 else advantages
+
+
+def _ref_logprobs(cfg: TrainConfig, ref_model, rows: _Rows, prompt_index: torch.Tensor):
+    if ref_model is None:
+        return None
+    with torch.no_grad():
+        ref, _ = token_logprobs(
+            ref_model, *rows.tensors, temperature=cfg.temperature, prompt_index=prompt_index
+        )
+    return ref
+
+
+def _frozen_copy(model):
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    ref.eval()
+    return ref
+
+
+def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
+    if rollout.completion_ids.device == device:
+        return rollout
+    moved = {
+        k: getattr(rollout, k).to(device)
+        for k in (
+            "prompt_ids",
+            "prompt_mask",
+            "completion_ids",
+            "completion_mask",
+            "logprobs",
+            "prompt_index",
+        )
+    }
+    if rollout.loss_mask is not None:
+        moved["loss_mask"] = rollout.loss_mask.to(device)
+    return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
+
+
+class _Accumulator:
+    """Token-weighted means of micro-batch metrics (min/max for ratio extremes), all and off-policy."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+        self.extremes: dict[str, float] = {}
+        self.totals: dict[str, float] = {}
+
+    def _put(self, key: str, value: float, weight: float) -> None:
+        base = key.removesuffix("_off_policy")  # ratio/min_off_policy is an extreme too
+        if base.endswith("/min"):
+            self.extremes[key] = min(self.extremes.get(key, math.inf), value)
+        elif base.endswith("/max"):
+            self.extremes[key] = max(self.extremes.get(key, -math.inf), value)
+        else:
+            self.sums[key] = self.sums.get(key, 0.0) + value * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def add(
+        self, metrics: dict[str, float], tokens: int, sequences: int, *, off_policy: bool
+    ) -> None:
+        # Each metric is pooled over what it averages: ratio/mean over its ratios (sequences for
+        # the GSPO family, tokens for GRPO), clip/seq_fraction over sequences, the rest tokens.
+        weights = {"ratio/mean": metrics.pop("ratio/count", tokens), "clip/seq_fraction": sequences}
+        for key, value in metrics.items():
+            weight = weights.get(key, tokens)
+            self._put(key, value, weight)
+            if off_policy and key.startswith(("clip/", "ratio/", "kl/old_new")):
+                self._put(f"{key}_off_policy", value, weight)
+
+    def add_scalar(self, key: str, value: float, reduce: str = "mean") -> None:
+        if reduce == "sum":
+            self.totals[key] = self.totals.get(key, 0.0) + value
+        else:
+            self._put(key, value, 1.0)
+
+    def result(self) -> dict[str, float]:
+        out = {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+        out.update(self.extremes)
+        out.update(self.totals)
+        return out

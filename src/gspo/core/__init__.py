@@ -1,0 +1,1 @@
+"""Algorithm core: pure functions of tensors and scalars (losses, advantages, correction, KL)."""

@@ -1,0 +1,569 @@
+"""Policy losses: GRPO, GSPO, GSPO-token and LUSPO, as pure functions of tensors.
+
+(CISPO, SAPO and GMPO register from ``gspo.losses_family``; KL estimators live in ``gspo.kl``.)
+
+Every loss has two separate parts, so that neither silently changes the other:
+
+1. a *term* function (registered in ``LOSSES``) that turns log-probs, old log-probs and advantages
+   into a per-token objective matrix ``[B, T]`` plus its clip decisions, and
+2. an *aggregation* (``aggregate``) that reduces that matrix to a scalar with an explicit,
+   named denominator.
+
+Sequence-level algorithms (GSPO, LUSPO) broadcast their per-sequence term to the tokens of the
+sequence; the aggregation then decides how length enters:
+
+* GSPO uses ``seq_mean_token_mean``: the token mean of a broadcast term is the term itself, so
+  J = (1/G) Σ_i ℓ_i exactly (GSPO Eq. 5).
+* LUSPO uses ``seq_mean_token_sum``: the token sum of a broadcast term is |y_i| ℓ_i, so
+  J = (1/G) Σ_i |y_i| ℓ_i (LUSPO), with the length entering exactly once.
+
+Pairing GSPO with a batch ``token_mean`` (as several peers do) would give LUSPO up to a per-batch
+constant, not GSPO; each loss therefore declares the aggregations it accepts.
+
+Denominators are passed in (``num_sequences``, ``num_tokens``) so that the sum of the losses of
+k micro-batches, each given the global counts, has the same gradient as the whole batch at once.
+
+The loss returned is the negated objective, -J: minimizing it maximizes J.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gspo.core.kl import KL_ESTIMATORS, kl_estimate
+
+LOG_RATIO_CLAMP = 20.0
+"""Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, so a ratio is at most
+e^20 ≈ 4.9e8: large enough never to bind for sane runs, small enough that exp never overflows into
+inf and 0·inf never turns a gradient into NaN."""
+
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
+
+
+@dataclass
+class LossTerms:
+    """What a term function returns: the per-token objective and the data for clip metrics."""
+
+    objective: torch.Tensor  # [B, T] per-token contribution to J, 0 where mask is 0
+    clipped_low: torch.Tensor  # [B, T] bool: gradient zeroed by the lower clip bound
+    clipped_high: torch.Tensor  # [B, T] bool: gradient zeroed by the upper clip bound
+    ratio: torch.Tensor  # [B] sequence ratios (GSPO family) or [B, T] token ratios (GRPO), detached
+    ratio_mask: torch.Tensor  # same shape as ratio: which entries are real
+
+
+TermFn = Callable[..., LossTerms]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered policy loss and its paper defaults."""
+
+    name: str
+    terms: TermFn
+    clip_low: float
+    clip_high: float
+    default_aggregation: str
+    aggregations: tuple[str, ...]
+    token_advantages: bool
+    """Whether [B, T] per-token advantages are meaningful for this loss."""
+    doc: str
+    formula: str = ""
+    """One line, for ``gspo algos``."""
+    source: str = ""
+    """The paper (and arXiv id) the formula and defaults come from."""
+    clip_meaning: str = "ratio"
+    """What clip_low/clip_high bound: 'ratio' (r in [1-ε_low, 1+ε_high]), 'log-ratio'
+    (log r in [-ε_low, ε_high]), 'weight' (a detached IS weight truncated to that band) or
+    'unused' (the loss has no clip; setting one is an error)."""
+    options: tuple[tuple[str, float | None], ...] = ()
+    """Extra keyword options of the term function and their paper defaults (None: off)."""
+
+
+LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(
+    name: str,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregations: tuple[str, ...],
+    token_advantages: bool,
+    formula: str = "",
+    source: str = "",
+    clip_meaning: str = "ratio",
+    options: dict[str, float | None] | None = None,
+) -> Callable[[TermFn], TermFn]:
+    """Register a term function under ``name``; the first aggregation listed is the default."""
+    for agg in aggregations:
+        if agg not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {agg!r}; valid: {', '.join(AGGREGATIONS)}")
+
+    def decorator(fn: TermFn) -> TermFn:
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is already registered")
+        LOSSES[name] = LossSpec(
+            name=name,
+            terms=fn,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            default_aggregation=aggregations[0],
+            aggregations=aggregations,
+            token_advantages=token_advantages,
+            doc=(fn.__doc__ or "").strip(),
+            formula=formula,
+            source=source,
+            clip_meaning=clip_meaning,
+            options=tuple((options or {}).items()),
+        )
+        return fn
+
+    return decorator
+
+
+def get_loss(name: str) -> LossSpec:
+    """Look up a registered loss; unknown names raise ValueError listing the valid ones."""
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy loss {name!r}; valid: {', '.join(sorted(LOSSES))}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def masked_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """l - o on response tokens, exactly 0 elsewhere (padding may hold any value, even inf/NaN)."""
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    return torch.where(mask, logprobs - old_logprobs, zero)  # [B, T]
+
+
+def sequence_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """GSPO's length-normalized log-ratio: log s_i = (1/|y_i|) Σ_t (l - o), clamped.
+
+    This is the log of the *geometric mean* of token ratios (GSPO Eq. 7), not the full-product
+    sequence ratio used by mismatch corrections (see ``gspo.correction``). Empty rows give 0.
+    """
+    lengths = mask.sum(dim=1).clamp(min=1)  # [B]
+    mean = masked_log_ratio(logprobs, old_logprobs, mask).sum(dim=1) / lengths  # [B]
+    return mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B]
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic term min(r A, clip(r, 1-ε_low, 1+ε_high) A) and where it is clipped.
+
+    A term is *clipped* when the min picks the clipped branch with a constant value, i.e. its
+    gradient is zero: r > 1+ε_high with A > 0, or r < 1-ε_low with A < 0.
+    """
+    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    term = torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    r = ratio.detach()
+    high = (r > 1.0 + clip_high) & (advantages > 0)
+    low = (r < 1.0 - clip_low) & (advantages < 0)
+    return term, low, high
+
+
+# --------------------------------------------------------------------------------------------
+# Registered losses
+# --------------------------------------------------------------------------------------------
+
+
+@register_loss(
+    "grpo",
+    clip_low=0.2,
+    clip_high=0.28,
+    aggregations=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
+    token_advantages=True,
+    formula="min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
+    source="DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
+    "c: Ye et al. arXiv 1912.09729)",
+    options={"dual_clip": None},
+)
+def grpo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+) -> LossTerms:
+    """GRPO (token-level ratio), DeepSeekMath / GSPO Eq. 2.
+
+    w_{i,t} = exp(l_{i,t} - o_{i,t}),  term_{i,t} = min(w A_{i,t}, clip(w, 1-ε_low, 1+ε_high) A_{i,t}).
+    Paper aggregation: seq_mean_token_mean; token_mean is DAPO's, constant is Dr. GRPO's.
+
+    Dual clip (Ye et al. 2020, arXiv 1912.09729; verl ``clip_ratio_c``, default 3 there, off
+    here): for A_{i,t} < 0 the term becomes max(term, c · A_{i,t}), so a negative-advantage token
+    whose ratio grew past c stops pushing (its gradient is 0; it counts in ``clipped_high``).
+    """
+    log_w = masked_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    w = torch.exp(log_w)  # [B, T]
+    term, low, high = clipped_surrogate(w, advantages, clip_low, clip_high)  # [B, T]
+    if dual_clip is not None:
+        if not dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be > 1 (a cap on the ratio), got {dual_clip}")
+        negative = advantages < 0  # [B, T] or [B, 1]
+        term = torch.where(negative, torch.maximum(term, dual_clip * advantages), term)  # [B, T]
+        high = high | (negative & (w.detach() > dual_clip))
+    return LossTerms(
+        objective=term * mask,
+        clipped_low=low & mask,
+        clipped_high=high & mask,
+        ratio=w.detach(),
+        ratio_mask=mask,
+    )
+
+
+def _gspo_sequence_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> LossTerms:
+    """Shared by GSPO and LUSPO: the per-sequence clipped term broadcast to its tokens."""
+    s = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask))  # [B]
+    term, low, high = clipped_surrogate(s, advantages, clip_low, clip_high)  # [B]
+    nonempty = mask.any(dim=1)  # [B]
+    return LossTerms(
+        objective=term[:, None] * mask,  # [B, T]: the same ℓ_i on every token of y_i
+        clipped_low=low[:, None] & mask,
+        clipped_high=high[:, None] & mask,
+        ratio=s.detach(),
+        ratio_mask=nonempty,
+    )
+
+
+@register_loss(
+    "gspo",
+    clip_low=3e-4,
+    clip_high=4e-4,
+    aggregations=("seq_mean_token_mean",),
+    token_advantages=False,
+    formula="(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
+    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
+)
+def gspo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> LossTerms:
+    """GSPO (GSPO Eqs. 5-7): sequence ratio, whole responses clipped.
+
+    s_i = exp((1/|y_i|) Σ_t (l_{i,t} - o_{i,t})),  J = (1/G) Σ_i min(s_i A_i, clip(s_i) A_i).
+    Every token of y_i gets the gradient weight s_i A_i / (G |y_i|), or 0 if y_i is clipped.
+    """
+    return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
+
+
+@register_loss(
+    "luspo",
+    clip_low=2e-3,
+    clip_high=2.5e-3,
+    aggregations=("seq_mean_token_sum",),
+    token_advantages=False,
+    formula="(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
+    source="LUSPO arXiv 2602.05261",
+)
+def luspo_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> LossTerms:
+    """LUSPO: GSPO's clipped term scaled by the response length, constant 1/G normalizer.
+
+    J = (1/G) Σ_i |y_i| · min(s_i A_i, clip(s_i) A_i). The |y_i| comes from the token-sum
+    aggregation of the broadcast term, once; the per-sequence gradient is |y_i| times GSPO's.
+    """
+    return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
+
+
+@register_loss(
+    "gspo_token",
+    clip_low=3e-4,
+    clip_high=4e-4,
+    aggregations=("seq_mean_token_mean",),
+    token_advantages=True,
+    formula="(1/G) Σ_i (1/|y_i|) Σ_t min(s_it A_it, clip(s_it) A_it), s_it = sg[s_i] π/sg[π]",
+    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 13-17)",
+)
+def gspo_token_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> LossTerms:
+    """GSPO-token (GSPO Eqs. 13-17): per-token advantages with the sequence ratio's value.
+
+    s_{i,t} = sg[s_i] · exp(l_{i,t} - sg[l_{i,t}]); numerically s_{i,t} = s_i, and
+    J = (1/G) Σ_i (1/|y_i|) Σ_t min(s_{i,t} A_{i,t}, clip(s_{i,t}) A_{i,t}).
+    With A_{i,t} = A_i its value, clip decisions and gradient equal GSPO's.
+    """
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    lp = torch.where(mask, logprobs, zero)  # [B, T]: keeps padding NaN out of the graph
+    log_s = sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # [B]
+    log_s_t = log_s[:, None] + lp - lp.detach()  # [B, T]: value log s_i, gradient d l_{i,t}
+    s_t = torch.exp(log_s_t)  # [B, T]
+    term, low, high = clipped_surrogate(s_t, advantages, clip_low, clip_high)  # [B, T]
+    return LossTerms(
+        objective=term * mask,
+        clipped_low=low & mask,
+        clipped_high=high & mask,
+        ratio=torch.exp(log_s),
+        ratio_mask=mask.any(dim=1),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Aggregation
+# --------------------------------------------------------------------------------------------
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
+    constant: float | None = None,
+) -> torch.Tensor:
+    """Reduce a per-token matrix [B, T] (already 0 off the mask) to a scalar.
+
+    * ``seq_mean_token_mean``: (1/N_seq) Σ_i (1/|y_i|) Σ_t x_{i,t}   (GRPO paper, GSPO)
+    * ``token_mean``:          (1/N_tok) Σ_i Σ_t x_{i,t}             (DAPO)
+    * ``seq_mean_token_sum``:  (1/N_seq) Σ_i Σ_t x_{i,t}             (LUSPO)
+    * ``constant``:            (1/(N_seq · C)) Σ_i Σ_t x_{i,t}       (Dr. GRPO, C e.g. L_max)
+
+    N_seq defaults to this batch's non-empty rows and N_tok to its response tokens; pass the
+    global counts when the batch is one micro-batch of a larger one. Empty rows contribute 0.
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
+    lengths = mask.sum(dim=1)  # [B]
+    n_seq = float(num_sequences) if num_sequences is not None else max(int((lengths > 0).sum()), 1)
+    n_tok = float(num_tokens) if num_tokens is not None else max(int(lengths.sum()), 1)
+    if n_seq <= 0 or n_tok <= 0:
+        raise ValueError(
+            f"denominators must be positive, got num_sequences={n_seq}, num_tokens={n_tok}"
+        )
+    if mode == "seq_mean_token_mean":
+        per_seq = per_token.sum(dim=1) / lengths.clamp(min=1).to(per_token.dtype)  # [B]
+        return per_seq.sum() / n_seq
+    if mode == "token_mean":
+        return per_token.sum() / n_tok
+    if mode == "seq_mean_token_sum":
+        return per_token.sum() / n_seq
+    if constant is None or constant <= 0:
+        raise ValueError(
+            "aggregation 'constant' needs a positive `constant` (e.g. max response length)"
+        )
+    return per_token.sum() / (n_seq * float(constant))
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry point
+# --------------------------------------------------------------------------------------------
+
+
+def _validate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    spec: LossSpec,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check shapes (a [B, 1] tensor must never broadcast to [B, B]) and normalize mask/advantages."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    shape = tuple(logprobs.shape)
+    for label, t in (("old_logprobs", old_logprobs), ("mask", mask)):
+        if tuple(t.shape) != shape:
+            raise ValueError(
+                f"{label} must have the shape of logprobs {shape}, got {tuple(t.shape)}"
+            )
+    if not logprobs.is_floating_point():
+        raise ValueError(f"logprobs must be floating point, got {logprobs.dtype}")
+    if mask.dtype != torch.bool:
+        if ((mask != 0) & (mask != 1)).any():
+            raise ValueError("mask must hold only 0 and 1")
+        mask = mask.bool()
+    if advantages.dim() == 1 and advantages.shape[0] == shape[0]:
+        advantages = advantages[:, None]  # [B, 1]: one advantage per sequence
+    elif tuple(advantages.shape) == shape:
+        if not spec.token_advantages:
+            raise ValueError(
+                f"loss {spec.name!r} takes one advantage per sequence ([B]); per-token advantages "
+                "[B, T] need a token-level loss such as 'gspo_token' or 'grpo'"
+            )
+    else:
+        raise ValueError(
+            f"advantages must be [B]={shape[0]} or [B, T]={shape}, got {tuple(advantages.shape)}"
+        )
+    if spec.name in ("gspo", "luspo"):
+        advantages = advantages[:, 0]  # [B]: sequence-level terms work on per-sequence values
+    return mask, advantages.to(logprobs.dtype)
+
+
+def policy_loss(
+    name: str,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float | None = None,
+    clip_high: float | None = None,
+    aggregation: str | None = None,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
+    constant: float | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    weights: torch.Tensor | None = None,
+    options: dict[str, float | None] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Compute a registered policy loss, -J, and its metrics.
+
+    Args:
+        name: a key of ``LOSSES`` ("grpo", "gspo", "gspo_token", "luspo", ...).
+        logprobs: [B, T] log-probs of the sampled tokens under the current policy (differentiable).
+        old_logprobs: [B, T] the same under the policy that sampled them (no gradient needed).
+        advantages: [B] per sequence, or [B, T] per token (token-level losses only).
+        mask: [B, T] 1 for response tokens, 0 for prompt and padding.
+        clip_low, clip_high: ε below and above 1; None takes the loss's paper default.
+        aggregation: None takes the loss's paper default; others must be listed by the loss.
+        num_sequences, num_tokens: global denominators for micro-batching (see ``aggregate``).
+        constant: the normalizer C of the ``constant`` aggregation (Dr. GRPO's L_max).
+        ref_logprobs: [B, T] reference-policy log-probs for an optional KL penalty.
+        kl_coef: β of the KL penalty β·KL(π_θ || π_ref) (per token, aggregated with the same
+            aggregation as the policy term, so LUSPO weighs it by length once).
+        kl_estimator: k1, k2, k3 (default) or k3+ (see ``gspo.kl``).
+        weights: detached behaviour-correction weights, [B] or [B, T] (e.g. truncated importance
+            sampling against the rollout engine, or the 0/1 off-policy sequence mask of
+            ``gspo.offpolicy``), multiplying the per-token policy term.
+        options: the loss's extra options (``LossSpec.options``, e.g. GRPO's ``dual_clip``,
+            SAPO's ``tau_pos``/``tau_neg``); missing ones take the registered defaults.
+
+    Returns:
+        (loss, metrics): loss is a scalar tensor; metrics holds Python floats, including
+        ``clip/fraction`` (share of response tokens whose gradient is zeroed by clipping),
+        ``clip/seq_fraction`` (share of sequences with any clipped token), ``clip/low_fraction``,
+        ``clip/high_fraction``, ``ratio/mean|min|max`` (sequence ratios for the GSPO family,
+        token ratios for GRPO), and ``kl/old_new`` (k3 estimate of KL(π_old || π_θ) per token).
+    """
+    spec = get_loss(name)
+    aggregation = spec.default_aggregation if aggregation is None else aggregation
+    if aggregation not in spec.aggregations:
+        raise ValueError(
+            f"loss {name!r} does not support aggregation {aggregation!r}; "
+            f"valid: {', '.join(spec.aggregations)}"
+        )
+    if spec.clip_meaning == "unused" and (clip_low is not None or clip_high is not None):
+        raise ValueError(f"loss {name!r} has no clip range; clip_low/clip_high must be None")
+    clip_low = spec.clip_low if clip_low is None else float(clip_low)
+    clip_high = spec.clip_high if clip_high is None else float(clip_high)
+    # clip_low = 1 removes the lower bound of a ratio (1 - ε_low = 0): CISPO's default.
+    if not (0.0 <= clip_low <= 1.0 or spec.clip_meaning == "log-ratio") or clip_high < 0.0:
+        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if clip_low < 0.0:
+        raise ValueError(f"clip_low must be >= 0, got {clip_low}")
+    known = dict(spec.options)
+    unknown = sorted(set(options or {}) - set(known))
+    if unknown:
+        raise ValueError(
+            f"loss {name!r} has no option {', '.join(unknown)}; valid: {', '.join(known) or 'none'}"
+        )
+    known.update({k: v for k, v in (options or {}).items() if v is not None})
+    mask, advantages = _validate(logprobs, old_logprobs, advantages, mask, spec)
+    old_logprobs = old_logprobs.detach()
+
+    terms = spec.terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **known)
+    objective = terms.objective  # [B, T]
+    if weights is not None:
+        w = weights.detach().to(objective.dtype)
+        w = w[:, None] if w.dim() == 1 else w  # [B, 1] or [B, T]
+        if w.shape[0] != objective.shape[0] or w.shape[1] not in (1, objective.shape[1]):
+            raise ValueError(f"weights must be [B] or [B, T], got {tuple(weights.shape)}")
+        objective = objective * w
+    denominators = {"num_sequences": num_sequences, "num_tokens": num_tokens, "constant": constant}
+    loss = -aggregate(objective, mask, aggregation, **denominators)
+
+    kl_ref = None
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(
+            f"unknown kl_estimator {kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}"
+        )
+    if kl_coef != 0.0:
+        if ref_logprobs is None or tuple(ref_logprobs.shape) != tuple(logprobs.shape):
+            raise ValueError("kl_coef != 0 needs ref_logprobs of the shape of logprobs")
+        kl_ref = kl_estimate(logprobs, ref_logprobs.detach(), mask, kl_estimator)  # [B, T]
+        loss = loss + kl_coef * aggregate(kl_ref, mask, aggregation, **denominators)
+
+    metrics = _metrics(terms, logprobs, old_logprobs, mask)
+    if kl_ref is not None:
+        metrics["kl/ref"] = float(kl_ref.detach().sum()) / max(int(mask.sum()), 1)
+    return loss, metrics
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π_θ || π_ref) on samples of π_θ: e^(r-l) - (r-l) - 1, r=ref.
+
+    Non-negative, unbiased, lower variance than log-ratio; 0 off the mask. See ``gspo.kl``.
+    """
+    return kl_estimate(logprobs, ref_logprobs, mask, "k3")  # [B, T]
+
+
+def _metrics(
+    terms: LossTerms, logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """Clip shares and ratio statistics as Python floats (counts divided in double precision)."""
+    with torch.no_grad():
+        n_tok = max(int(mask.sum()), 1)
+        nonempty = mask.any(dim=1)  # [B]
+        n_seq = max(int(nonempty.sum()), 1)
+        clipped = terms.clipped_low | terms.clipped_high  # [B, T]
+        ratios = terms.ratio[terms.ratio_mask]
+        # k3 estimate of KL(π_old || π_θ) with samples from π_old: e^(l-o) - (l-o) - 1.
+        d = masked_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl = (torch.exp(d) - d - 1.0) * mask
+        has = ratios.numel() > 0
+        return {
+            "clip/fraction": int(clipped.sum()) / n_tok,
+            "clip/low_fraction": int(terms.clipped_low.sum()) / n_tok,
+            "clip/high_fraction": int(terms.clipped_high.sum()) / n_tok,
+            "clip/seq_fraction": int((clipped.any(dim=1) & nonempty).sum()) / n_seq,
+            "ratio/mean": float(ratios.mean()) if has else 1.0,
+            "ratio/min": float(ratios.min()) if has else 1.0,
+            "ratio/max": float(ratios.max()) if has else 1.0,
+            "ratio/count": float(ratios.numel()),  # what ratio/mean averages over, for pooling
+            "kl/old_new": float(kl.sum()) / n_tok,
+        }
+
+
+# The rest of the family registers itself on import (kept in its own module for size).
+from gspo.core import losses_family as _losses_family  # noqa: E402, F401

@@ -1,0 +1,349 @@
+"""A lean forward for Llama-family decoders (Llama, Qwen2, Qwen3): rollout decoding and the
+training pass, computed from the Hugging Face module's own parameters with far fewer ops.
+
+Why: for the small models this project trains on CPU, a forward through the Hugging Face
+modules is mostly per-op and Python overhead (module wrappers, mask construction, a
+``DynamicCache`` that concatenates keys and values every decode step), not arithmetic. This
+module computes the same function with:
+
+- q/k/v and gate/up projections fused into one matmul each (weights concatenated per call;
+  under autograd the concatenation is differentiable, so gradients reach the original
+  parameters), for models small enough that this pays (``FUSE_MAX_PARAMS``);
+- Qwen3's q- and k-norms as one RMSNorm over all heads, RoPE on q and k in one pass, written
+  as ``x * cos + roll(x) * signed_sin`` (bit-identical to ``rotate_half``);
+- RoPE cos/sin from the model's own rotary module, computed once for all positions;
+- for decoding (:class:`FastDecoder`): a preallocated static KV cache written in place, with
+  left-padded prompts every row writes the same column each step;
+- for training (:func:`completion_logits`): rows that share a prompt (the G samples of a
+  group) run that prompt's forward once; its keys and values are gathered for every sample,
+  which then run only their completion tokens. Gradients are those of the full pass up to
+  float rounding (the gather sums the samples' gradients into the shared prompt).
+
+:func:`supports` says whether this path computes exactly what the model's own forward
+computes; anything else (MoE, LoRA/peft wrappers, sliding-window layers, forward hooks such as
+routing capture, RoPE types whose table depends on the sequence length) uses the Hugging Face
+forward. Tests check log-probs and gradients against it (1e-9 in float64).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["FUSE_MAX_PARAMS", "FastDecoder", "completion_logits", "has_forward_hooks", "supports"]
+
+_SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+FUSE_MAX_PARAMS = 50_000_000
+"""Fuse q/k/v and gate/up weights only below this many parameters: the fused copy costs one
+more copy of those weights per call, which pays only while per-op overhead dominates."""
+
+
+def has_forward_hooks(model: torch.nn.Module) -> bool:
+    """Whether any forward (pre-)hook is registered on ``model``'s modules or globally."""
+    glob = torch.nn.modules.module
+    if (
+        getattr(glob, "_global_forward_hooks", None)
+        or getattr(glob, "_global_forward_pre_hooks", None)
+        or getattr(glob, "_global_forward_hooks_always_called", None)
+    ):
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def supports(model: torch.nn.Module) -> bool:
+    """Whether this module computes exactly what ``model``'s own forward computes."""
+    if type(model).__name__ not in _SUPPORTED or has_forward_hooks(model):
+        return False
+    cfg = model.config
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "layers"):
+        return False
+    if (
+        getattr(cfg, "hidden_act", "silu") != "silu"
+        or (getattr(cfg, "pretraining_tp", 1) or 1) != 1
+    ):
+        return False
+    if getattr(inner.rotary_emb, "rope_type", "default") not in _STATIC_ROPE:
+        return False
+    if model.training and float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
+        return False  # attention dropout is not modelled
+    if type(model.lm_head) is not torch.nn.Linear:
+        return False
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        mlp = getattr(layer, "mlp", None)
+        if attn is None or mlp is None or getattr(attn, "sliding_window", None) is not None:
+            return False
+        linears = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if not all(type(m) is torch.nn.Linear for m in linears):
+            return False  # e.g. a LoRA or quantized wrapper
+    return True
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm exactly as transformers writes it: in float32, cast back, then the weight.
+    (``F.rms_norm`` gave the same value in float32 but no measurable speed-up.)"""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _cat_linear(mods: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One (weight, bias) computing all of ``mods`` side by side (outputs concatenated)."""
+    weight = torch.cat([m.weight for m in mods], dim=0)  # [sum(out), in]
+    if all(m.bias is None for m in mods):
+        return weight, None
+    bias = torch.cat(
+        [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods]
+    )
+    return weight, bias
+
+
+class _Stack:
+    """The model's parameters arranged for the lean forward, and its RoPE tables."""
+
+    def __init__(self, model: torch.nn.Module, max_len: int, fuse: bool | None = None) -> None:
+        cfg = model.config
+        inner = model.model
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        attn0 = inner.layers[0].self_attn
+        self.head_dim = int(getattr(attn0, "head_dim", cfg.hidden_size // self.n_heads))
+        self.scaling = float(getattr(attn0, "scaling", self.head_dim**-0.5))
+        self.eps = float(cfg.rms_norm_eps)
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        if fuse is None:
+            fuse = sum(x.numel() for x in model.parameters()) <= FUSE_MAX_PARAMS
+        self.layers = [self._layer(layer, fuse) for layer in inner.layers]
+        self.embed = inner.embed_tokens.weight  # [V, hidden]
+        self.norm = inner.norm.weight  # [hidden]
+        self.lm_head = (model.lm_head.weight, model.lm_head.bias)
+        # RoPE tables for positions 0..max_len-1, from the model's own rotary module.
+        with torch.no_grad():
+            pos = torch.arange(max_len, device=self.device)[None]  # [1, T]
+            probe = torch.zeros((), device=self.device, dtype=self.dtype)
+            cos, sin = inner.rotary_emb(probe, pos)  # [1, T, D] each
+        half = self.head_dim // 2
+        self.cos = cos[0]  # [T, D]
+        # rotate_half(x) * sin == roll(x, half) * [-sin[:half], sin[half:]], exactly.
+        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)  # [T, D]
+
+    def _layer(self, layer: torch.nn.Module, fuse: bool) -> dict:
+        a, m = layer.self_attn, layer.mlp
+        w: dict = {
+            "ln1": layer.input_layernorm.weight,
+            "ln2": layer.post_attention_layernorm.weight,
+            "o": (a.o_proj.weight, a.o_proj.bias),
+            "down": (m.down_proj.weight, m.down_proj.bias),
+            "qk_norm": None,
+        }
+        qn, kn = getattr(a, "q_norm", None), getattr(a, "k_norm", None)
+        if qn is not None and kn is not None:
+            d = self.head_dim
+            # One weight row per head: q heads then k heads, [H + KV, D].
+            w["qk_norm"] = torch.cat(
+                [qn.weight.expand(self.n_heads, d), kn.weight.expand(self.n_kv, d)]
+            )
+        qkv = (a.q_proj, a.k_proj, a.v_proj)
+        gu = (m.gate_proj, m.up_proj)
+        if fuse:
+            w["qkv"], w["gate_up"] = [_cat_linear(qkv)], [_cat_linear(gu)]
+        else:
+            w["qkv"] = [(x.weight, x.bias) for x in qkv]
+            w["gate_up"] = [(x.weight, x.bias) for x in gu]
+        return w
+
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [N, 1, T, D] at positions ``pos`` [N, T] (once per forward)."""
+        return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+
+    def qkv(self, w: dict, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+        """q [N, H, T, D], k and v [N, KV, T, D] of hidden states ``x`` [N, T, hidden], with
+        ``rope`` = :meth:`rope` of their positions."""
+        n, t, _ = x.shape
+        h = _rms(x, w["ln1"], self.eps)
+        parts = [F.linear(h, wt, b) for wt, b in w["qkv"]]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)  # [N, T, (H+2KV)*D]
+        d, nq, nkv = self.head_dim, self.n_heads, self.n_kv
+        qk = out[..., : (nq + nkv) * d].view(n, t, nq + nkv, d)  # [N, T, H+KV, D]
+        v = out[..., (nq + nkv) * d :].view(n, t, nkv, d)  # [N, T, KV, D]
+        if w["qk_norm"] is not None:
+            qk = _rms(qk, w["qk_norm"], self.eps)  # Qwen3: per-head RMSNorm of q and k
+        qk = qk.transpose(1, 2)  # [N, H+KV, T, D]
+        cos, sin = rope  # [N, 1, T, D] each
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+        return qk[:, :nq], qk[:, nq:], v.transpose(1, 2)
+
+    def out_and_mlp(self, w: dict, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Residual + o_proj(o), then residual + SwiGLU MLP; ``o`` is [N, T, H*D]."""
+        x = x + F.linear(o, *w["o"])
+        h = _rms(x, w["ln2"], self.eps)
+        if len(w["gate_up"]) == 1:
+            gate, up = F.linear(h, *w["gate_up"][0]).chunk(2, dim=-1)
+        else:
+            gate, up = (F.linear(h, wt, b) for wt, b in w["gate_up"])
+        return x + F.linear(F.silu(gate) * up, *w["down"])
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [..., V] of hidden states ``x`` [..., hidden] (final norm, LM head)."""
+        return F.linear(_rms(x, self.norm, self.eps), *self.lm_head)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+        """SDPA of q [N, H, Tq, D] over k, v [N, KV, Tk, D] with a bool ``mask``
+        [N, 1, Tq, Tk]; returns [N, Tq, H*D]."""
+        groups = self.n_heads // self.n_kv
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)  # [N, H, Tk, D]; head h uses kv h // groups
+            v = v.repeat_interleave(groups, dim=1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+        return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def prompt_pass(self, ids: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor):
+        """Left-padded prompts ``ids`` [U, P] (``valid`` [U, P] bool): the last position's
+        hidden state [U, hidden] and each layer's keys and values [U, KV, P, D]."""
+        p = ids.shape[1]
+        causal = torch.ones((p, p), dtype=torch.bool, device=ids.device).tril()  # [P, P]
+        # Padded query positions attend to themselves only, so no row is fully masked (that
+        # would give NaN, and NaN values times zero weights poison real rows); their outputs
+        # are never used and their keys are masked for every real query.
+        eye = torch.eye(p, dtype=torch.bool, device=ids.device)  # [P, P]
+        mask = ((causal & valid[:, None, :]) | eye)[:, None]  # [U, 1, P, P]
+        x = F.embedding(ids, self.embed)  # [U, P, hidden]
+        kv = []
+        rope = self.rope(pos)
+        for w in self.layers:
+            q, k, v = self.qkv(w, x, rope)
+            kv.append((k, v))
+            x = self.out_and_mlp(w, x, self.attend(q, k, v, mask))
+        return x[:, -1], kv
+
+
+def completion_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    prompt_index: torch.Tensor,
+) -> torch.Tensor:
+    """Logits [N, L, V] predicting each completion token (row i, token j from position
+    P - 1 + j), as the model's forward over ``cat(prompt, completion)`` gives them.
+
+    Rows with equal ``prompt_index`` [N] must hold the same prompt (the samples of one group):
+    that prompt's forward runs once, its keys and values are shared by those rows, and each row
+    then runs only its first L - 1 completion tokens (float64 models: no sharing, see below).
+    Differentiable. Needs :func:`supports`.
+    """
+    n, p = prompt_ids.shape
+    length = completion_ids.shape[1]
+    stack = _Stack(model, max_len=p + length)
+    if stack.dtype == torch.float64:
+        # transformers' RMSNorm runs in float32 even in a float64 model, so its gradient carries
+        # float32 rounding, and summing the samples' gradients before or after that cast differs
+        # at ~1e-7. float64 runs exist to check invariances (micro-batching, resume) exactly:
+        # there every row runs its own prompt, as the plain forward does.
+        prompt_index = torch.arange(n, device=prompt_ids.device)
+    uniq, inv = torch.unique(prompt_index, return_inverse=True)  # inv: row -> distinct prompt
+    first = torch.zeros(len(uniq), dtype=torch.long, device=prompt_ids.device)
+    first.scatter_(0, inv, torch.arange(n, device=prompt_ids.device))  # one row per prompt
+    valid = prompt_mask.bool()  # [N, P]
+    positions = (torch.cat([prompt_mask, completion_mask], dim=1).long().cumsum(-1) - 1).clamp(
+        min=0
+    )  # [N, P+L], as gspo.models.positions_from_mask
+    last, kv = stack.prompt_pass(prompt_ids[first], valid[first], positions[first, :p])
+    out = [stack.logits(last)[inv][:, None]]  # [N, 1, V]: predicts completion token 0
+    lc = length - 1
+    if lc > 0:
+        # Completion query j sees the row's real prompt tokens and completion tokens 0..j.
+        causal = torch.ones((lc, lc), dtype=torch.bool, device=prompt_ids.device).tril()
+        mask = torch.cat([valid[:, None, :].expand(n, lc, p), causal.expand(n, lc, lc)], dim=-1)[
+            :, None
+        ]  # [N, 1, Lc, P+Lc]
+        x = F.embedding(completion_ids[:, :lc], stack.embed)  # [N, Lc, hidden]
+        rope = stack.rope(positions[:, p : p + lc])  # at positions [N, Lc]
+        for w, (kp, vp) in zip(stack.layers, kv, strict=True):
+            q, k, v = stack.qkv(w, x, rope)
+            keys = torch.cat([kp[inv], k], dim=2)  # [N, KV, P+Lc, D]
+            values = torch.cat([vp[inv], v], dim=2)
+            x = stack.out_and_mlp(w, x, stack.attend(q, keys, values, mask))
+        out.append(stack.logits(x))  # [N, Lc, V]
+    return torch.cat(out, dim=1)  # [N, L, V]
+
+
+class FastDecoder:
+    """Static-cache prefill and one-token decode steps for one rollout batch (inference only).
+
+    Build one per ``generate`` call: ``FastDecoder(model, batch=N, max_len=P + M)``, then
+    ``prefill(ids, mask, positions)`` once and ``decode(tokens, positions)`` per new token; both
+    return last-position logits [N, V].
+    """
+
+    supports = staticmethod(supports)
+
+    def __init__(
+        self, model: torch.nn.Module, *, batch: int, max_len: int, fuse: bool | None = None
+    ) -> None:
+        self.stack = _Stack(model, max_len=max_len, fuse=fuse)
+        st = self.stack
+        shape = (batch, st.n_kv, max_len, st.head_dim)
+        self.keys = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
+        self.values = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
+        self.length = 0  # cache columns filled
+        self.key_bias = torch.zeros((batch, 1, 1, max_len), device=st.device, dtype=st.dtype)
+        self.has_padding = False
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        repeats: int = 1,
+    ) -> torch.Tensor:
+        """Run the left-padded prompts [B, P] through the model once and fill the cache for
+        ``repeats`` rows each (row ``i * repeats + j`` is copy j of prompt i; N = B x repeats).
+        Returns the last-position logits [N, V]."""
+        p = input_ids.shape[1]
+        valid = attention_mask.bool()  # [B, P]
+        rows = valid.repeat_interleave(repeats, dim=0)  # [N, P]
+        self.key_bias[:, 0, 0, :p].masked_fill_(~rows, float("-inf"))  # padded columns
+        self.has_padding = bool((~valid).any())
+        last, kv = self.stack.prompt_pass(input_ids, valid, position_ids)
+        b = input_ids.shape[0]
+        for i, (k, v) in enumerate(kv):  # k, v [B, KV, P, D] -> cache rows [N, KV, P, D]
+            shape = (b, repeats, *k.shape[1:])
+            self.keys[i][:, :, :p].view(shape).copy_(k.unsqueeze(1).expand(shape))
+            self.values[i][:, :, :p].view(shape).copy_(v.unsqueeze(1).expand(shape))
+        self.length = p
+        return self.stack.logits(last).repeat_interleave(repeats, dim=0)  # [N, V]
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``tokens`` [N]) at RoPE ``positions`` [N]; logits [N, V]."""
+        st = self.stack
+        n = tokens.shape[0]
+        col = self.length
+        if col >= self.keys[0].shape[2]:
+            raise RuntimeError(f"KV cache full ({col} columns)")
+        x = F.embedding(tokens[:, None], st.embed)  # [N, 1, hidden]
+        rope = st.rope(positions[:, None])  # at positions [N, 1]
+        s = col + 1
+        groups = st.n_heads // st.n_kv
+        bias = self.key_bias[..., :s] if self.has_padding else None  # [N, 1, 1, S]
+        for i, w in enumerate(st.layers):
+            q, k, v = st.qkv(w, x, rope)  # q [N, H, 1, D], k and v [N, KV, 1, D]
+            self.keys[i][:, :, col] = k[:, :, 0]
+            self.values[i][:, :, col] = v[:, :, 0]
+            keys = self.keys[i][:, :, :s]  # [N, KV, S, D]
+            values = self.values[i][:, :, :s]  # [N, KV, S, D]
+            qg = q.reshape(n, st.n_kv, groups, st.head_dim)  # [N, KV, G, D]; head = kv*G + g
+            scores = torch.matmul(qg, keys.transpose(-1, -2)) * st.scaling  # [N, KV, G, S]
+            if bias is not None:
+                scores = scores + bias
+            o = torch.matmul(scores.softmax(dim=-1), values)  # [N, KV, G, D]
+            x = st.out_and_mlp(w, x, o.reshape(n, 1, -1))
+        self.length = s
+        return st.logits(x[:, -1])  # [N, V]

@@ -1,0 +1,1 @@
+"""Orchestration: the training loop and evaluation over built parts."""

@@ -1,0 +1,307 @@
+"""Held-out evaluation: greedy accuracy, avg@k and pass@k with standard errors.
+
+The same function runs inside training (every ``eval_every`` steps) and from ``gspo eval``.
+A sample counts as *correct* when its reward is at least ``CORRECT`` (rewards of the built-in
+tasks are 0 or 1); avg@k is the mean reward over k samples per problem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gspo.build import decode_completions
+from gspo.chat import PromptFormat
+from gspo.chat import prompt_format as prompt_format_for
+from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
+from gspo.envs.rewards import reward_workers, score
+from gspo.rollout.base import SamplingParams
+from gspo.tasks.base import Example, RewardFn
+
+
+def summarize(rewards: list[list[float]], k: int) -> dict[str, float]:
+    """avg@k and pass@k (with standard errors over problems) from per-problem sample rewards."""
+    per_avg = [sum(r) / len(r) for r in rewards]
+    per_pass = [pass_at_k(len(r), sum(x >= CORRECT for x in r), k) for r in rewards]
+    avg, avg_se = mean_and_se(per_avg)
+    pas, pas_se = mean_and_se(per_pass)
+    return {f"avg@{k}": avg, f"avg@{k}_se": avg_se, f"pass@{k}": pas, f"pass@{k}_se": pas_se}
+
+
+def _generate_scored(engine, fmt, examples, reward_fn, params, n, generator, batch_size, bar):
+    """Per problem: sample rewards and texts; per sample: lengths and truncation flags; and
+    the number of rewards that raised. Prompts go to the engine ``batch_size // n`` at a time."""
+    rewards: list[list[float]] = []
+    texts_out: list[list[str]] = []
+    lengths: list[int] = []
+    truncated: list[bool] = []
+    errors = 0
+    per_batch = max(batch_size // n, 1)
+    for start in range(0, len(examples), per_batch):
+        chunk = list(examples[start : start + per_batch])
+        rollout = engine.generate(fmt.encode([e.prompt for e in chunk]), n, params, generator)
+        texts = decode_completions(fmt.tokenizer, rollout.completion_ids, rollout.completion_mask)
+        repeated = [e for e in chunk for _ in range(n)]
+        r, err = score(reward_fn, texts, repeated, workers=reward_workers(reward_fn))
+        errors += err
+        rewards += [r[i * n : (i + 1) * n] for i in range(len(chunk))]
+        texts_out += [texts[i * n : (i + 1) * n] for i in range(len(chunk))]
+        lengths += rollout.completion_lengths().tolist()
+        truncated += [f == "length" for f in rollout.finish_reasons]
+        if bar is not None:
+            bar.update(len(chunk) * n)
+    return rewards, texts_out, lengths, truncated, errors
+
+
+def evaluate(
+    engine,
+    tokenizer,
+    examples: Sequence[Example],
+    reward_fn: RewardFn,
+    *,
+    max_new_tokens: int,
+    samples: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    batch_size: int = 256,
+    greedy: bool = True,
+    prompt_format: PromptFormat | None = None,
+    details: list[dict[str, Any]] | None = None,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Metrics on ``examples``: greedy accuracy (one greedy completion each) and avg@k / pass@k
+    of ``samples`` sampled completions each (k = ``samples``; pass@1 too when k > 1), each with
+    its standard error over problems, mean response length and truncated share.
+
+    ``prompt_format`` turns prompts into ids and gives the stop tokens (chat models); None
+    means raw prompts ending on EOS. With a ``details`` list, one record per problem (prompt,
+    answer, completions, rewards) is appended to it.
+    """
+    if not examples:
+        return {}
+    fmt = prompt_format if prompt_format is not None else prompt_format_for(tokenizer, mode="none")
+    stops = tuple(fmt.stop_token_ids)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = len(examples) * (int(greedy) + samples)
+        bar = tqdm(total=total, desc="eval", unit="completion", dynamic_ncols=True)
+    out: dict[str, float] = {"problems": float(len(examples))}
+    errors = 0
+    greedy_texts: list[list[str]] = []
+    greedy_rewards: list[list[float]] = []
+    if greedy:
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stops
+        )
+        greedy_rewards, greedy_texts, lengths, trunc, err = _generate_scored(
+            engine, fmt, examples, reward_fn, params, 1, None, batch_size, bar
+        )
+        errors += err
+        acc, se = mean_and_se([float(x[0] >= CORRECT) for x in greedy_rewards])
+        out.update(
+            {
+                "greedy_accuracy": acc,
+                "greedy_accuracy_se": se,
+                "greedy_response_length": sum(lengths) / len(lengths),
+                "greedy_truncated_fraction": sum(trunc) / len(trunc),
+            }
+        )
+    sampled_texts: list[list[str]] = []
+    sampled_rewards: list[list[float]] = []
+    if samples > 0:
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop_token_ids=stops,
+        )
+        sampled_rewards, sampled_texts, lengths, trunc, err = _generate_scored(
+            engine, fmt, examples, reward_fn, params, samples, generator, batch_size, bar
+        )
+        errors += err
+        out.update(summarize(sampled_rewards, samples))
+        if samples > 1:
+            out.update(
+                {k: v for k, v in summarize(sampled_rewards, 1).items() if k.startswith("pass@1")}
+            )
+        out["response_length"] = sum(lengths) / len(lengths)
+        out["truncated_fraction"] = sum(trunc) / len(trunc)
+    out["reward_errors"] = float(errors)
+    if bar is not None:
+        bar.close()
+    if details is not None:
+        for i, example in enumerate(examples):
+            record: dict[str, Any] = {"prompt": example.prompt, "answer": example.answer}
+            if greedy:
+                record["greedy"] = greedy_texts[i][0]
+                record["greedy_reward"] = greedy_rewards[i][0]
+            if samples > 0:
+                record["samples"] = sampled_texts[i]
+                record["rewards"] = sampled_rewards[i]
+            details.append(record)
+    return out
+
+
+def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
+    """(problems, reward, description) that ``gspo eval`` scores: a data file's rows
+    (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
+    if cfg.data:
+        from gspo.envs.rewards import get_reward
+        from gspo.tasks.files import load_examples
+
+        reward = get_reward(cfg.reward)
+        examples = load_examples(
+            cfg.data,
+            prompt_key=cfg.prompt_key,
+            answer_key=cfg.answer_key,
+            answer_format=cfg.answer_format,
+            split="test",
+        )
+        where = f"file {cfg.data} (reward {cfg.reward})"
+    else:
+        from gspo.tasks import make_task
+
+        task = make_task(
+            cfg.task, n_train=0, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
+        )
+        examples, reward, where = task.test, task.reward, f"task {task.description}, test split"
+    if cfg.limit > 0:
+        examples = examples[: cfg.limit]
+    return list(examples), reward, where
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    examples: Sequence[Example],
+    reward_fn: RewardFn,
+    *,
+    max_new_tokens: int,
+    prompt_format: PromptFormat | None = None,
+    **kwargs: Any,
+) -> dict[str, float]:
+    """:func:`evaluate` of a model in hand: the held-out score after SFT, of a starting
+    checkpoint, or of ``gspo eval``'s model (one rollout engine over ``model``, no copy).
+    ``kwargs`` are :func:`evaluate`'s (samples, temperature, generator, greedy, ...)."""
+    from gspo.rollout.torch_engine import TorchEngine
+
+    eos = tokenizer.eos_token_id
+    if eos is None and prompt_format is not None and prompt_format.stop_token_ids:
+        eos = prompt_format.stop_token_ids[0]
+    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=eos)
+    return evaluate(
+        engine,
+        tokenizer,
+        examples,
+        reward_fn,
+        max_new_tokens=max_new_tokens,
+        prompt_format=prompt_format,
+        **kwargs,
+    )
+
+
+def run_eval(cfg: Any) -> dict[str, Any]:
+    """``gspo eval``: load the model, score the problems, write the JSON report, return it."""
+    import dataclasses
+    import json
+    import time
+    from pathlib import Path
+
+    from gspo.build import build_policy, build_prompt_format, resolve_device, set_threads
+    from gspo.engine_config import build_engine, check_engine_available, close_engine
+    from gspo.orchestration.trainer import step_generator
+
+    check_engine_available(cfg)  # e.g. vLLM missing: say so before loading anything
+    set_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    t0 = time.perf_counter()
+    examples, reward, where = eval_examples(cfg)
+    if not examples:
+        raise ValueError(f"nothing to evaluate: {where} has no problems")
+    model, tokenizer = build_policy(cfg, device)
+    model.eval()
+    fmt = build_prompt_format(cfg, tokenizer, model)
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
+    engine = build_engine(cfg, model, tokenizer, pad_id=tokenizer.pad_token_id, eos_id=eos)
+    t_load = time.perf_counter() - t0
+    details: list[dict[str, Any]] = []
+    try:
+        metrics = evaluate(
+            engine,
+            tokenizer,
+            examples,
+            reward,
+            max_new_tokens=cfg.max_new_tokens,
+            samples=cfg.samples,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            generator=step_generator(cfg.seed, 0, stream=3, device=engine.device),
+            batch_size=cfg.batch_size,
+            greedy=cfg.greedy,
+            prompt_format=fmt,
+            details=details,
+            progress=cfg.progress,
+        )
+    finally:
+        close_engine(engine)  # vLLM: shut it down (the torch engine has nothing to close)
+    report = {
+        "model": cfg.model,
+        "data": where,
+        "chat_template": fmt.chat,
+        "stop_token_ids": list(fmt.stop_token_ids),
+        "metrics": metrics,
+        "seconds": {"load": t_load, "total": time.perf_counter() - t0},
+        "config": dataclasses.asdict(cfg),
+        "examples": details[: cfg.show] if cfg.show > 0 else details,
+    }
+    if cfg.output:
+        path = Path(cfg.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
+    """Add ``gspo eval`` (kept in :mod:`gspo.cli_parsers`, which imports nothing heavy)."""
+    from gspo.cli_parsers import add_eval_parser as add
+
+    add(sub, add_config_flags)
+
+
+def run_eval_cli(args: Any, overrides: Any) -> int:
+    """``gspo eval``: build the config from the flags, run, print a summary."""
+    from gspo.config import EvalConfig, build
+
+    cfg = build(
+        EvalConfig, preset=args.preset, file=args.config, overrides=overrides(args, EvalConfig)
+    )
+    report = run_eval(cfg)
+    m = report["metrics"]
+    print(f"{report['data']}: {int(m['problems'])} problems, model {cfg.model}")
+    rows = [("greedy accuracy", "greedy_accuracy")]
+    if cfg.samples > 0:
+        rows += [
+            (f"avg@{cfg.samples}", f"avg@{cfg.samples}"),
+            (f"pass@{cfg.samples}", f"pass@{cfg.samples}"),
+        ]
+    for label, key in rows:
+        if key in m:
+            print(f"  {label:16s} {m[key]:.3f} ± {m[key + '_se']:.3f}")
+    for label, key in (
+        ("greedy length", "greedy_response_length"),
+        ("sampled length", "response_length"),
+        ("greedy truncated", "greedy_truncated_fraction"),
+        ("sampled truncated", "truncated_fraction"),
+    ):
+        if key in m:
+            print(f"  {label:16s} {m[key]:.3g}")
+    print(
+        f"  time {report['seconds']['total']:.0f} s"
+        + (f"; report: {cfg.output}" if cfg.output else "")
+    )
+    return 0
