@@ -1,0 +1,1 @@
+"""Orchestration: who runs where (Ray placement of training ranks and rollout workers)."""
