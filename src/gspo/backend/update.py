@@ -21,6 +21,11 @@ from gspo.rollout.base import Rollout
 from gspo.train_options import loss_kl_coef, loss_options, sequence_weights
 
 
+def lr_lambda(warmup_steps: int):
+    """The LR schedule's factor: linear warmup over ``warmup_steps``, then constant."""
+    return lambda i: min(1.0, (i + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
 def update_policy(
     cfg: TrainConfig,
     model,
@@ -32,6 +37,7 @@ def update_policy(
     advantages: torch.Tensor,
     step: int,
     weights: torch.Tensor | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> dict[str, float]:
     """Split the rollout batch into ``num_minibatches`` minibatches (``minibatch_rows``), one
     optimizer step each.
@@ -58,6 +64,8 @@ def update_policy(
         mask = rollout.policy_mask[mb]  # [n_mb, L] policy tokens only (multi-turn: no env)
         n_seq = int((mask.sum(dim=1) > 0).sum())
         n_tok = int(mask.sum())
+        if shard is not None:  # data-parallel rank (rank, world): its rows, global denominators
+            mb = mb[shard[0] :: shard[1]]
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
         # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
         # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
@@ -134,6 +142,8 @@ def update_policy(
         grad_norm = torch.nn.utils.clip_grad_norm_(
             model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
         )
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm, as a plain tensor
+            grad_norm = grad_norm.full_tensor()
         if math.isfinite(float(grad_norm)) and math.isfinite(mb_loss):
             acc.add_scalar("grad_norm", float(grad_norm))
             optimizer.step()

@@ -29,7 +29,13 @@ import torch
 
 from gspo import checkpoint as ckpt
 from gspo import moe
-from gspo.backend.update import _frozen_copy, _old_logprobs, _to_device, update_policy
+from gspo.backend.update import (
+    _frozen_copy,
+    _old_logprobs,
+    _to_device,
+    lr_lambda,
+    update_policy,
+)
 from gspo.build import (
     DTYPES,
     build_policy,
@@ -86,10 +92,6 @@ def ensure_writable(path: Path) -> None:
         raise PermissionError(
             f"output_dir {str(path)!r} is not writable: {exc.strerror or exc}"
         ) from None
-
-
-def lr_lambda(warmup_steps: int):
-    return lambda i: min(1.0, (i + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
