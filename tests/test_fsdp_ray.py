@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-import gspo.trainer as trainer_module
+import gspo.backend.update as update_module
 from gspo.build import build_policy
 from gspo.config import TrainConfig, build
 from gspo.losses import LOSSES
@@ -64,7 +64,7 @@ def _batch(cfg: TrainConfig, model):
         prompt_index=torch.arange(n),
     )
     with torch.no_grad():
-        current, _ = trainer_module.token_logprobs(
+        current, _ = update_module.token_logprobs(
             model, prompt_ids, rollout.prompt_mask, completion_ids, completion_mask
         )  # [N, L]
     old = (
@@ -87,8 +87,8 @@ def test_two_ranks_equal_one_process(ray_session, algo):
 
     local = copy.deepcopy(model)
     opt = torch.optim.AdamW(local.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, trainer_module.lr_lambda(cfg.warmup_steps))
-    local_metrics = trainer_module.update_policy(
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, update_module.lr_lambda(cfg.warmup_steps))
+    local_metrics = update_module.update_policy(
         cfg, local, None, opt, sched, rollout, old, advantages, 0
     )
 
