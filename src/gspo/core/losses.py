@@ -1,6 +1,7 @@
 """Policy losses: GRPO, GSPO, GSPO-token and LUSPO, as pure functions of tensors.
 
-(CISPO, SAPO and GMPO register from ``gspo.losses_family``; KL estimators live in ``gspo.kl``.)
+(The term functions register from ``gspo.core.objectives`` (GRPO, GSPO, LUSPO, GSPO-token) and
+``gspo.core.losses_family`` (CISPO, SAPO, GMPO); KL estimators live in ``gspo.core.kl``.)
 
 Every loss has two separate parts, so that neither silently changes the other:
 
@@ -28,6 +29,7 @@ The loss returned is the negated objective, -J: minimizing it maximizes J.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -174,167 +176,6 @@ def clipped_surrogate(
     high = (r > 1.0 + clip_high) & (advantages > 0)
     low = (r < 1.0 - clip_low) & (advantages < 0)
     return term, low, high
-
-
-# --------------------------------------------------------------------------------------------
-# Registered losses
-# --------------------------------------------------------------------------------------------
-
-
-@register_loss(
-    "grpo",
-    clip_low=0.2,
-    clip_high=0.28,
-    aggregations=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
-    token_advantages=True,
-    formula="min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
-    source="DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
-    "c: Ye et al. arXiv 1912.09729)",
-    options={"dual_clip": None},
-)
-def grpo_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    dual_clip: float | None = None,
-) -> LossTerms:
-    """GRPO (token-level ratio), DeepSeekMath / GSPO Eq. 2.
-
-    w_{i,t} = exp(l_{i,t} - o_{i,t}),  term_{i,t} = min(w A_{i,t}, clip(w, 1-ε_low, 1+ε_high) A_{i,t}).
-    Paper aggregation: seq_mean_token_mean; token_mean is DAPO's, constant is Dr. GRPO's.
-
-    Dual clip (Ye et al. 2020, arXiv 1912.09729; verl ``clip_ratio_c``, default 3 there, off
-    here): for A_{i,t} < 0 the term becomes max(term, c · A_{i,t}), so a negative-advantage token
-    whose ratio grew past c stops pushing (its gradient is 0; it counts in ``clipped_high``).
-    """
-    log_w = masked_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    w = torch.exp(log_w)  # [B, T]
-    term, low, high = clipped_surrogate(w, advantages, clip_low, clip_high)  # [B, T]
-    if dual_clip is not None:
-        if not dual_clip > 1.0:
-            raise ValueError(f"dual_clip must be > 1 (a cap on the ratio), got {dual_clip}")
-        negative = advantages < 0  # [B, T] or [B, 1]
-        term = torch.where(negative, torch.maximum(term, dual_clip * advantages), term)  # [B, T]
-        high = high | (negative & (w.detach() > dual_clip))
-    return LossTerms(
-        objective=term * mask,
-        clipped_low=low & mask,
-        clipped_high=high & mask,
-        ratio=w.detach(),
-        ratio_mask=mask,
-    )
-
-
-def _gspo_sequence_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> LossTerms:
-    """Shared by GSPO and LUSPO: the per-sequence clipped term broadcast to its tokens."""
-    s = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask))  # [B]
-    term, low, high = clipped_surrogate(s, advantages, clip_low, clip_high)  # [B]
-    nonempty = mask.any(dim=1)  # [B]
-    return LossTerms(
-        objective=term[:, None] * mask,  # [B, T]: the same ℓ_i on every token of y_i
-        clipped_low=low[:, None] & mask,
-        clipped_high=high[:, None] & mask,
-        ratio=s.detach(),
-        ratio_mask=nonempty,
-    )
-
-
-@register_loss(
-    "gspo",
-    clip_low=3e-4,
-    clip_high=4e-4,
-    aggregations=("seq_mean_token_mean",),
-    token_advantages=False,
-    formula="(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
-    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
-)
-def gspo_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> LossTerms:
-    """GSPO (GSPO Eqs. 5-7): sequence ratio, whole responses clipped.
-
-    s_i = exp((1/|y_i|) Σ_t (l_{i,t} - o_{i,t})),  J = (1/G) Σ_i min(s_i A_i, clip(s_i) A_i).
-    Every token of y_i gets the gradient weight s_i A_i / (G |y_i|), or 0 if y_i is clipped.
-    """
-    return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
-
-
-@register_loss(
-    "luspo",
-    clip_low=2e-3,
-    clip_high=2.5e-3,
-    aggregations=("seq_mean_token_sum",),
-    token_advantages=False,
-    formula="(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
-    source="LUSPO arXiv 2602.05261",
-)
-def luspo_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> LossTerms:
-    """LUSPO: GSPO's clipped term scaled by the response length, constant 1/G normalizer.
-
-    J = (1/G) Σ_i |y_i| · min(s_i A_i, clip(s_i) A_i). The |y_i| comes from the token-sum
-    aggregation of the broadcast term, once; the per-sequence gradient is |y_i| times GSPO's.
-    """
-    return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
-
-
-@register_loss(
-    "gspo_token",
-    clip_low=3e-4,
-    clip_high=4e-4,
-    aggregations=("seq_mean_token_mean",),
-    token_advantages=True,
-    formula="(1/G) Σ_i (1/|y_i|) Σ_t min(s_it A_it, clip(s_it) A_it), s_it = sg[s_i] π/sg[π]",
-    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 13-17)",
-)
-def gspo_token_terms(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> LossTerms:
-    """GSPO-token (GSPO Eqs. 13-17): per-token advantages with the sequence ratio's value.
-
-    s_{i,t} = sg[s_i] · exp(l_{i,t} - sg[l_{i,t}]); numerically s_{i,t} = s_i, and
-    J = (1/G) Σ_i (1/|y_i|) Σ_t min(s_{i,t} A_{i,t}, clip(s_{i,t}) A_{i,t}).
-    With A_{i,t} = A_i its value, clip decisions and gradient equal GSPO's.
-    """
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    lp = torch.where(mask, logprobs, zero)  # [B, T]: keeps padding NaN out of the graph
-    log_s = sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # [B]
-    log_s_t = log_s[:, None] + lp - lp.detach()  # [B, T]: value log s_i, gradient d l_{i,t}
-    s_t = torch.exp(log_s_t)  # [B, T]
-    term, low, high = clipped_surrogate(s_t, advantages, clip_low, clip_high)  # [B, T]
-    return LossTerms(
-        objective=term * mask,
-        clipped_low=low & mask,
-        clipped_high=high & mask,
-        ratio=torch.exp(log_s),
-        ratio_mask=mask.any(dim=1),
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -565,5 +406,13 @@ def _metrics(
         }
 
 
-# The rest of the family registers itself on import (kept in its own module for size).
-from gspo.core import losses_family as _losses_family  # noqa: E402, F401
+# The objectives register themselves on import, in this order (their own modules, for size):
+# GRPO, GSPO, LUSPO and GSPO-token, then the rest of the family.
+for _module in ("gspo.core.objectives", "gspo.core.losses_family"):
+    importlib.import_module(_module)
+from gspo.core.objectives import (  # noqa: E402, F401  (re-exported)
+    grpo_terms,
+    gspo_terms,
+    gspo_token_terms,
+    luspo_terms,
+)
