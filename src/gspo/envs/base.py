@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # gspo.tasks registers the built-in environments' tasks: no import cycle
-    from gspo.tasks.base import Example, RewardFn, Task
+if TYPE_CHECKING:  # gspo.envs.tasks registers the built-in environments' tasks: no import cycle
+    from gspo.envs.tasks.base import Example, RewardFn, Task
 
 Message = dict[str, str]
 """A chat message: ``{"role": "user" | "tool" | ..., "content": str}``."""

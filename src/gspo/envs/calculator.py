@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import random
 
-from gspo.tasks.base import Example, Task
-from gspo.tasks.synthetic import DIFFICULTIES, TASKS, _build, _Spec
+from gspo.envs.tasks.base import Example, Task
+from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, _build, _Spec
 
 from .base import register_env
 from .tool_env import ToolEnv

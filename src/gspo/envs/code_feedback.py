@@ -2,7 +2,7 @@
 
 The problems of the ``code`` task (write ``f(x)`` applying a chain of integer operations),
 multi-turn: each policy turn is a program, run against the unit tests in the sandbox
-(:func:`gspo.sandbox.run_tests`). All tests passing ends the episode with reward 1; otherwise
+(:func:`gspo.envs.sandbox.run_tests`). All tests passing ends the episode with reward 1; otherwise
 the failing tests' messages go back to the policy, which may retry ``retries`` times; after the
 last attempt the reward is the share of tests passed. A chat-model task: programs need
 newlines, which the tiny char models' charset lacks.
@@ -14,9 +14,9 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from gspo.tasks.base import Example, Task
-from gspo.tasks.code import SPEC as CODE_SPEC
-from gspo.tasks.synthetic import DIFFICULTIES, TASKS, _build
+from gspo.envs.tasks.base import Example, Task
+from gspo.envs.tasks.code import SPEC as CODE_SPEC
+from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, _build
 
 from .base import Step, register_env
 
@@ -44,7 +44,7 @@ class CodeFeedbackEnv:
         return _State(example)
 
     def step(self, state: _State, text: str, finished: bool) -> Step:
-        from gspo.sandbox import TestSuite, extract_code, run_tests
+        from gspo.envs.sandbox import TestSuite, extract_code, run_tests
 
         state.attempts += 1
         code = extract_code(text)

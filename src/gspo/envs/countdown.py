@@ -11,7 +11,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gspo.tasks.base import Example
+    from gspo.envs.tasks.base import Example
 
 
 _COUNTDOWN_CHARS = re.compile(r"[0-9+\-*/() ]+")

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
-from gspo.tasks.base import Example
 
 from .base import Environment, Step
 from .trajectory import Trajectory, to_rollout

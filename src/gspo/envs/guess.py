@@ -21,8 +21,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from gspo.tasks.base import Example, Task
-from gspo.tasks.synthetic import DIFFICULTIES, TASKS, split_of
+from gspo.envs.tasks.base import Example, Task
+from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, split_of
 
 from .base import Step, register_env
 from .calculator import final_answer_reward

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from gspo.core.metrics import CORRECT, mean_and_se
+from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
-from gspo.tasks.base import Example
 
 from .base import Environment
 from .credit import check_credit, episode_advantages, turn_advantages

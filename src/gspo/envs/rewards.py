@@ -1,7 +1,7 @@
 """Reward functions: map (completion text, example) to a float.
 
-Every reward here is a plain function with the :data:`gspo.tasks.base.RewardFn` signature. They
-are pure (no state, no I/O) and cheap, so the trainer can call them once per sample. Use
+Every reward here is a plain function with the :data:`gspo.envs.tasks.base.RewardFn` signature.
+They are pure (no state, no I/O) and cheap, so the trainer can call them once per sample. Use
 :func:`score` to apply one to a batch: it turns any failure of the reward into a 0 reward and
 counts it, so a buggy user reward cannot crash a training run.
 """
@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from gspo.sandbox import code_reward, with_timeout
+from gspo.envs.sandbox import code_reward, with_timeout
 
 if TYPE_CHECKING:
-    # Only for annotations: importing gspo.tasks at runtime would be circular, since the
+    # Only for annotations: importing gspo.envs.tasks at runtime would be circular, since the
     # task modules import their rewards from here.
-    from gspo.tasks.base import Example, RewardFn
+    from gspo.envs.tasks.base import Example, RewardFn
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ def score(
     NaN, inf; bools count as 0/1), gives that sample 0.0 and adds one to ``n_errors``; other
     samples keep their reward. Failures of the reward never propagate (KeyboardInterrupt does).
     With ``timeout_s``, a call still running after that many seconds also scores 0.0 and
-    counts as an error (:func:`gspo.sandbox.with_timeout`, thread mode: the late call is left
+    counts as an error (:func:`gspo.envs.sandbox.with_timeout`, thread mode: the late call is left
     running in the background; wrap the reward with ``mode="process"`` yourself to have it
     killed). Without it a hanging reward blocks the caller.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gspo.tasks.base import Example, RewardFn
+from gspo.envs.tasks.base import Example, RewardFn
 
 from .base import Step
 from .tools import (

@@ -168,13 +168,13 @@ def calculate(expression: str) -> str:
 
 
 def python_tool(timeout_s: float = 5.0) -> Tool:
-    """Run a program in the sandbox (:func:`gspo.sandbox.run_python`); the reply is its
+    """Run a program in the sandbox (:func:`gspo.envs.sandbox.run_python`); the reply is its
     stdout, with stderr's last line when it failed."""
 
     def run(code: str) -> str:
         import dataclasses
 
-        from gspo.sandbox import DEFAULT_CONFIG, run_python
+        from gspo.envs.sandbox import DEFAULT_CONFIG, run_python
 
         config = dataclasses.replace(DEFAULT_CONFIG, timeout_s=timeout_s)
         result = run_python(code, config=config)

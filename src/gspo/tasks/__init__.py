@@ -1,24 +1,25 @@
-"""Tasks: problems with verifiable answers plus the reward that checks them.
+"""Moved to `gspo.envs.tasks`; this path stays so existing imports keep working.
 
-Built-in synthetic tasks come from :func:`make_task`; user data files from
-:func:`load_examples` / :func:`make_file_task` (which import ``datasets`` only when called).
+The package re-exports the public names; each old submodule path (``gspo.tasks.base``, ...)
+is an alias of the moved module, so its objects are the very same.
 """
 
-from gspo.envs import calculator as _calculator  # noqa: F401  registers "calculator"
-from gspo.envs import code_feedback as _code_feedback  # noqa: F401  registers "code_feedback"
-from gspo.envs import guess as _guess  # noqa: F401  registers "guess"
-from gspo.tasks.base import Example, RewardFn, Task
-from gspo.tasks.code import sample_code_problem  # registers "code" (sandboxed unit tests)
-from gspo.tasks.files import DataError, load_examples, make_file_task
-from gspo.tasks.synthetic import (
+from gspo.envs.tasks import (
     DIFFICULTIES,
     TASKS,
+    DataError,
+    Example,
+    RewardFn,
+    Task,
     countdown_reward,
+    load_examples,
+    make_file_task,
     make_task,
     max_lengths,
+    sample_code_problem,
+    sample_word_problem,
     split_of,
 )
-from gspo.tasks.word_problems import sample_word_problem  # registers "word_problems"
 
 __all__ = [
     "DIFFICULTIES",

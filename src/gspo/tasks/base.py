@@ -1,38 +1,7 @@
-"""A task is a dataset of prompts with verifiable answers plus the reward function that checks them."""
+"""Moved to `gspo.envs.tasks.base`; this path stays so existing imports keep working."""
 
-from __future__ import annotations
+import sys
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from gspo.envs.tasks import base as _moved
 
-
-@dataclass(frozen=True)
-class Example:
-    """One problem."""
-
-    prompt: str
-    """Text the policy is conditioned on (for tiny char-level models, e.g. "37+45=")."""
-    answer: str
-    """Reference answer the reward compares against (e.g. "82")."""
-    demo: str | None = None
-    """A correct completion, for the supervised cold start (None where a task has none)."""
-    meta: dict[str, Any] = field(default_factory=dict)
-    """Anything else a reward needs (numbers of a countdown problem, difficulty, source row)."""
-
-
-RewardFn = Callable[[str, Example], float]
-"""A reward maps (completion text, example) to a float. It may raise; the trainer then scores 0."""
-
-
-@dataclass
-class Task:
-    """A named problem family: deterministic splits and a reward."""
-
-    name: str
-    train: list[Example]
-    test: list[Example]
-    reward: RewardFn
-    description: str = ""
-    skipped_rows: list[str] = field(default_factory=list)
-    """Messages for data-file rows dropped as malformed (``bad_rows="skip"``), one per row."""
+sys.modules[__name__] = _moved

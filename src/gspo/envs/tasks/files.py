@@ -1,0 +1,270 @@
+"""Tasks from user data files: local .jsonl / .json / .parquet, one problem per row.
+
+Files are read with :func:`datasets.load_dataset` from local paths only (no hub access). Every
+problem with a file is reported as a :class:`DataError` that names the file, the row (0-based,
+plus the line number for .jsonl) and the field, so a bad row can be found and fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gspo.envs.rewards import get_reward
+from gspo.envs.tasks.base import Example, Task
+
+__all__ = ["ANSWER_FORMATS", "EXTENSIONS", "DataError", "load_examples", "make_file_task"]
+
+EXTENSIONS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+"""Supported file extensions and the ``datasets`` builder that reads each."""
+
+
+class DataError(ValueError):
+    """A user data file is missing, unreadable or has a bad row."""
+
+
+def _jsonl_line_numbers(path: Path) -> list[int]:
+    """1-based line number of each row of a JSON-lines file (datasets skips blank lines)."""
+    with path.open(encoding="utf-8") as f:
+        return [number for number, line in enumerate(f, start=1) if line.strip()]
+
+
+def _json_lines_error(path: Path, text: str) -> str | None:
+    """The first line of ``text`` that is not a JSON object, as an error message, or None."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            return f"{path} line {number}: invalid JSON: {e}"
+        if not isinstance(value, dict):
+            return f"{path} line {number}: expected a JSON object, got {type(value).__name__}"
+    return None
+
+
+def _find_json_error(path: Path) -> str | None:
+    """Locate invalid JSON ourselves: datasets only reports a deep, position-less error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        return f"{path}: not UTF-8 text: {e}"
+    if path.suffix == ".jsonl":
+        return _json_lines_error(path, text)
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        # datasets also accepts JSON lines in a .json file: only an error if it is neither.
+        if _json_lines_error(path, text) is None:
+            return None
+        return f"{path}: invalid JSON: {e}"
+    return None
+
+
+def _read_json_rows(path: Path) -> list[Any]:
+    """Rows of a valid JSON / JSON-lines file, for files whose columns mix types."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
+        # Column-oriented {"prompt": [...], "answer": [...]}.
+        columns = list(data)
+        length = min((len(v) for v in data.values()), default=0)
+        return [{c: data[c][i] for c in columns} for i in range(length)]
+    # A .jsonl with a single row parses as one object.
+    return [data] if isinstance(data, dict) else list(data)
+
+
+def _load_rows(path: Path, split: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """(column names, rows) of a local data file, read with ``datasets``."""
+    import datasets  # heavy; only needed when a file is actually loaded
+
+    builder = EXTENSIONS[path.suffix]
+    if path.suffix == ".jsonl":
+        # Checked up front: datasets would read a line like "[1, 2]" as a "text" column.
+        problem = _find_json_error(path)
+        if problem is not None:
+            raise DataError(problem)
+    try:
+        dataset = datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+    except Exception as e:
+        if builder != "json":
+            raise DataError(f"{path}: could not be read as {builder}: {e}") from e
+        problem = _find_json_error(path)
+        if problem is not None:
+            raise DataError(problem) from e
+        # Valid JSON that pyarrow cannot put in one schema (e.g. a column holding numbers in
+        # some rows and strings in others): read it directly instead of failing.
+        try:
+            rows = _read_json_rows(path)
+        except (ValueError, TypeError, KeyError, IndexError) as inner:
+            raise DataError(f"{path}: could not be read as JSON rows: {e}") from inner
+        if not all(isinstance(row, dict) for row in rows):
+            raise DataError(f"{path}: expected a list of JSON objects") from e
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        return columns, [{c: row.get(c) for c in columns} for row in rows]
+    return list(dataset.column_names), dataset.to_list()
+
+
+def _where(path: Path, index: int, lines: list[int] | None) -> str:
+    line = f" (line {lines[index]})" if lines is not None and index < len(lines) else ""
+    return f"{path} row {index}{line}"
+
+
+def _text_field(value: Any, field: str, where: str, *, numbers_ok: bool) -> str:
+    """A row's prompt/answer/demo as a non-empty string, or DataError saying what is wrong."""
+    if value is None:
+        raise DataError(f"{where}: field {field!r} is missing or null")
+    if numbers_ok and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if numbers_ok and isinstance(value, float) and math.isfinite(value):
+        # Integral floats print as ints: a column mixing 3 and 2.5 is read as 3.0 and 2.5.
+        return str(int(value)) if value.is_integer() else repr(value)
+    if not isinstance(value, str):
+        expected = "a string or a number" if numbers_ok else "a string"
+        raise DataError(
+            f"{where}: field {field!r} must be {expected}, got {type(value).__name__} {value!r}"
+        )
+    if not value.strip():
+        raise DataError(f"{where}: field {field!r} is empty")
+    return value
+
+
+ANSWER_FORMATS = ("raw", "gsm8k", "boxed")
+"""How a data file's answer field holds the final answer (see :func:`load_examples`)."""
+
+
+def _final_answer(text: str, answer_format: str, field: str, where: str) -> str:
+    """The final answer inside an answer field written in ``answer_format``."""
+    if answer_format == "raw":
+        return text
+    from gspo.envs.rewards import extract_boxed, extract_hashes
+
+    if answer_format == "gsm8k":
+        found = extract_hashes(text)
+        marker = "'#### <answer>'"
+    else:
+        found = extract_boxed(text)
+        marker = "'\\boxed{...}'"
+    if found is None:
+        raise DataError(
+            f"{where}: field {field!r} has no {marker} final answer (answer_format="
+            f"{answer_format!r}): {text[-80:]!r}"
+        )
+    return found
+
+
+def load_examples(
+    path: str | Path,
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    demo_key: str | None = None,
+    split: str = "train",
+    on_error: str = "raise",
+    skipped: list[str] | None = None,
+    answer_format: str = "raw",
+) -> list[Example]:
+    """Load problems from a local .jsonl, .json or .parquet file.
+
+    Each row needs a non-empty string ``prompt_key`` and a non-empty ``answer_key`` (numbers
+    are converted to strings). With ``demo_key``, that column gives the demo (null allowed,
+    meaning no demo for that row). All other columns go into ``Example.meta``. ``split`` names
+    the split for ``datasets``; it does not select part of the file. Raises :class:`DataError`
+    (a ValueError) naming the file, row and field for any problem.
+
+    ``on_error="skip"`` drops malformed rows instead (problems with the file as a whole still
+    raise); each dropped row's message is appended to ``skipped`` when a list is given, so the
+    caller can report the count. Nothing is dropped silently.
+
+    ``answer_format`` says how to read the reference answer: ``raw`` takes the field as it is;
+    ``gsm8k`` takes what follows the last ``####`` (GSM8K's answer field is the worked
+    solution, then ``#### 72``); ``boxed`` takes the last ``\\boxed{...}`` (MATH's
+    ``solution`` field). The full field is then kept in ``meta["solution"]``; a row without
+    the marker is a :class:`DataError` naming it.
+    """
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(
+            f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
+        )
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if path.suffix not in EXTENSIONS:
+        raise DataError(
+            f"{path}: unsupported extension {path.suffix!r} "
+            f"(expected one of {', '.join(EXTENSIONS)})"
+        )
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: file is empty")
+    columns, rows = _load_rows(path, split)
+    wanted = [prompt_key, answer_key] + ([demo_key] if demo_key is not None else [])
+    for key in wanted:
+        if key not in columns:
+            raise DataError(
+                f"{path}: missing column {key!r} (available columns: {', '.join(columns)})"
+            )
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    lines = _jsonl_line_numbers(path) if path.suffix == ".jsonl" else None
+    examples = []
+    for index, row in enumerate(rows):
+        where = _where(path, index, lines)
+        try:
+            prompt = _text_field(row[prompt_key], prompt_key, where, numbers_ok=False)
+            answer = _text_field(row[answer_key], answer_key, where, numbers_ok=True)
+            solution = answer
+            answer = _final_answer(answer, answer_format, answer_key, where)
+            demo = None
+            if demo_key is not None and row[demo_key] is not None:
+                demo = _text_field(row[demo_key], demo_key, where, numbers_ok=False)
+        except DataError as exc:
+            if on_error == "raise":
+                raise
+            if skipped is not None:
+                skipped.append(str(exc))
+            continue
+        meta = {key: value for key, value in row.items() if key not in wanted}
+        if answer_format != "raw":
+            meta["solution"] = solution
+        examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta))
+    return examples
+
+
+def make_file_task(
+    train_path: str | Path,
+    test_path: str | Path | None,
+    reward_name: str,
+    **keys: Any,
+) -> Task:
+    """A task from a train file, an optional test file (None = no test split) and a reward name.
+
+    ``keys`` are passed to :func:`load_examples` (``prompt_key``, ``answer_key``,
+    ``demo_key``). The reward is looked up with :func:`gspo.envs.rewards.get_reward` first, so a
+    typo fails before any file is read.
+    """
+    reward = get_reward(reward_name)
+    unknown = set(keys) - {"prompt_key", "answer_key", "demo_key", "on_error", "answer_format"}
+    if unknown:
+        raise ValueError(f"unknown keyword(s) for load_examples: {', '.join(sorted(unknown))}")
+    skipped: list[str] = []
+    train = load_examples(train_path, split="train", skipped=skipped, **keys)
+    test = (
+        load_examples(test_path, split="test", skipped=skipped, **keys)
+        if test_path is not None
+        else []
+    )
+    return Task(
+        name=f"file:{Path(train_path).stem}",
+        train=train,
+        test=test,
+        reward=reward,
+        description=f"user data: train {train_path}, test {test_path}, reward {reward_name}",
+        skipped_rows=skipped,
+    )

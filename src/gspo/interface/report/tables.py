@@ -1,0 +1,112 @@
+"""Markdown tables of the report: one run's curve over blocks of steps (:func:`curve_table`),
+the summary over seeds, the per-run numbers and the table paired by seed."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gspo.interface.report.stats import (
+    COLUMNS,
+    PAIRED_COLUMNS,
+    Column,
+    Summary,
+    block_means,
+    mean_se,
+    paired_differences,
+)
+
+
+def curve_table(history: list[dict[str, Any]], blocks: int = 8) -> str:
+    """A Markdown table of reward, response length and clip fraction over blocks of steps."""
+    keys = ("reward/mean", "response_length/mean", "clip/fraction")
+    cols = {k: block_means(history, k, blocks) for k in keys}
+    lines = ["| steps | reward | response length | clip fraction |", "|---|---|---|---|"]
+    for i, (a, b, r) in enumerate(cols["reward/mean"]):
+        length = cols["response_length/mean"][i][2]
+        clip = cols["clip/fraction"][i][2] if i < len(cols["clip/fraction"]) else float("nan")
+        lines.append(f"| {a}-{b} | {r:.3f} | {length:.2f} | {clip:.3f} |")
+    return "\n".join(lines)
+
+
+def fmt_number(x: float) -> str:
+    """Three decimals, or three significant digits in scientific notation below 0.01."""
+    if math.isnan(x):
+        return "—"
+    if x != 0 and abs(x) < 0.01:
+        return f"{x:.2e}"
+    if abs(x) >= 1000:
+        return f"{x:.0f}"
+    return f"{x:.3f}"
+
+
+def fmt_mean_se(mean: float, se: float) -> str:
+    if math.isnan(mean):
+        return "—"
+    return f"{fmt_number(mean)} ± {fmt_number(se)}"
+
+
+def summary_table(summary: Summary, columns: Sequence[Column] = COLUMNS) -> str:
+    """Markdown: one row per group, mean ± standard error over seeds."""
+    header = ["condition", "seeds", *(c.name for c in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, runs in summary.groups.items():
+        cells = [f"`{label}`", str(len(runs))]
+        for c in columns:
+            mean, se, _ = summary.stats(label, c.name)
+            cells.append(fmt_mean_se(mean, se))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def per_run_table(summary: Summary, columns: Sequence[Column] = COLUMNS) -> str:
+    """Markdown: one row per run (the numbers behind the means)."""
+    header = ["condition", "seed", "steps", *(c.name for c in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for label, runs in summary.groups.items():
+        for i, run in enumerate(runs):
+            cells = [f"`{label}`", str(run.seed), str(len(run.train))]
+            cells += [fmt_number(summary.values[label][c.name][i]) for c in columns]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_table(
+    summary: Summary, reference: str | None = None, columns: Sequence[str] = PAIRED_COLUMNS
+) -> str:
+    """Markdown: mean ± standard error over shared seeds of each group's per-seed difference to
+    ``reference`` (default: the first group), plus the per-seed ratio of clip fractions."""
+    labels = list(summary.groups)
+    reference = labels[0] if reference is None else reference
+    if reference not in summary.groups:
+        raise ValueError(f"unknown reference condition {reference!r}; have {', '.join(labels)}")
+    if len(labels) < 2:
+        return "(one condition: nothing to pair)"
+    clip = "clip fraction (whole run)"
+    header = ["condition", "paired seeds", *(f"Δ {c}" for c in columns), f"ratio {clip}"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    diffs = {c: paired_differences(summary, reference, c) for c in columns}
+    ref_clip = {
+        r.seed: v
+        for r, v in zip(summary.groups[reference], summary.values[reference][clip], strict=True)
+    }
+    for label in labels:
+        if label == reference:
+            continue
+        # The seeds both conditions ran; a column a run did not log (e.g. held-out accuracy
+        # with evaluation off) shows "—" rather than hiding the pairing of the others.
+        seeds = sorted({r.seed for r in summary.groups[label]} & set(ref_clip))
+        cells = [f"`{label}`", ", ".join(map(str, seeds)) or "none"]
+        for c in columns:
+            mean, se, _ = mean_se(diffs[c][label][0]) if seeds else (math.nan, math.nan, 0)
+            cells.append(fmt_mean_se(mean, se))
+        ratios = [
+            v / ref_clip[r.seed]
+            for r, v in zip(summary.groups[label], summary.values[label][clip], strict=True)
+            if r.seed in ref_clip and ref_clip[r.seed] > 0 and not math.isnan(v)
+        ]
+        mean, se, _ = mean_se(ratios) if seeds else (math.nan, math.nan, 0)
+        cells.append(fmt_mean_se(mean, se))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
