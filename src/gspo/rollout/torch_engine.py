@@ -131,7 +131,7 @@ class TorchEngine:
     for the char tokenizer; with BPE tokenizers a string produced by a different tokenisation
     would not be matched.
 
-    ``fast=True`` (default) decodes through :class:`gspo.fast_forward.FastDecoder`
+    ``fast=True`` (default) decodes through :class:`gspo.models.fast_forward.FastDecoder`
     (static KV cache, fused projections, few ops per step) whenever it supports the model
     (dense Llama / Qwen2 / Qwen3 without hooks or adapters); other models, and ``fast=False``,
     use the model's own Hugging Face forward with a ``DynamicCache``. Both give the same
