@@ -11,7 +11,14 @@ import math
 from typing import Any
 
 from .evaluation import EvalConfig
-from .fields import CORRECTIONS, DTYPES, MINIBATCH_GROUPINGS, OLD_LOGPROBS, ROLLOUT_ENGINES, ConfigError
+from .fields import (
+    CORRECTIONS,
+    DTYPES,
+    MINIBATCH_GROUPINGS,
+    OLD_LOGPROBS,
+    ROLLOUT_ENGINES,
+    ConfigError,
+)
 from .train import SFTConfig, TrainConfig
 
 

@@ -15,8 +15,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
+
+from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -147,8 +148,8 @@ def _train(args: argparse.Namespace) -> int:
     else:
         cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
     _quiet_transformers()
-    from gspo.report import curve_table, plot_run
     from gspo.orchestration.trainer import train
+    from gspo.report import curve_table, plot_run
 
     result = train(cfg, resume=args.resume)
     out = result.output_dir
@@ -181,9 +182,9 @@ def _sft(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Cold start, then RL, on the same held-out set; prints before/after and writes a plot."""
     _quiet_transformers()
+    from gspo.orchestration.trainer import train
     from gspo.report import curve_table, eval_records, plot_run
     from gspo.sft import run_sft
-    from gspo.orchestration.trainer import train
 
     out = Path(args.output_dir)
     progress = args.progress
