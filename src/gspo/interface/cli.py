@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        from gspo.orchestration.trainer import NonFiniteTrainingError
+        from gspo.trainer import NonFiniteTrainingError
 
         if not isinstance(exc, NonFiniteTrainingError):
             raise
@@ -148,8 +148,8 @@ def _train(args: argparse.Namespace) -> int:
     else:
         cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
     _quiet_transformers()
-    from gspo.orchestration.trainer import train
     from gspo.report import curve_table, plot_run
+    from gspo.trainer import train
 
     result = train(cfg, resume=args.resume)
     out = result.output_dir
@@ -182,9 +182,9 @@ def _sft(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Cold start, then RL, on the same held-out set; prints before/after and writes a plot."""
     _quiet_transformers()
-    from gspo.orchestration.trainer import train
     from gspo.report import curve_table, eval_records, plot_run
     from gspo.sft import run_sft
+    from gspo.trainer import train
 
     out = Path(args.output_dir)
     progress = args.progress

@@ -183,9 +183,9 @@ def run_compare(
     log=print,
 ) -> CompareResult:
     """Run every (algo, seed) pair from the same start and write ``<output_dir>/report``."""
-    from gspo.orchestration.trainer import train
     from gspo.report import build_report
     from gspo.sft import run_sft
+    from gspo.trainer import train
 
     t0 = time.perf_counter()
     out = Path(output_dir)

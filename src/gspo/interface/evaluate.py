@@ -1,5 +1,6 @@
-"""``gspo eval``: build the model and engine from an ``EvalConfig``, score the held-out problems
-with :func:`gspo.orchestration.evaluation.evaluate`, write and print the report."""
+"""``gspo eval``: the composition root of an evaluation (model, engine, problems from an
+``EvalConfig``) and its command-line summary; the scoring itself is
+:mod:`gspo.orchestration.evaluation`."""
 
 from __future__ import annotations
 

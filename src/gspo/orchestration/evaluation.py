@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from gspo.build import decode_completions
 from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
 from gspo.envs.rewards import reward_workers, score
 from gspo.models.chat import PromptFormat
 from gspo.models.chat import prompt_format as prompt_format_for
+from gspo.models.text import decode_completions
 from gspo.rollout.base import SamplingParams
 from gspo.tasks.base import Example, RewardFn
 
