@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import restore, save_checkpoint
 from ..models import save_model, token_logprobs
 from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
-from ..train_options import reward_kl_penalty
+from .checkpoint import restore, save_checkpoint
+from .options import reward_kl_penalty
 from .update import _frozen_copy, _old_logprobs, lr_lambda, update_policy
 
 

@@ -257,7 +257,7 @@ def save_model(
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        from gspo.checkpoint import replace_dir
+        from gspo.core.atomic import replace_dir
 
         replace_dir(tmp, p)
     except BaseException:

@@ -31,26 +31,59 @@ those positions only, so prompt padding and completion padding never count.
 Experts kernel: transformers' default ``grouped_mm`` kernel works on CPU in float32/bf16 but has
 no float64 kernel, and ``batched_mm`` is 10-60x slower on CPU (cpu-feasibility.md §2), so
 :func:`fit_experts_kernel` switches float64 models to ``eager`` and never picks ``batched_mm``.
+
+Files: this module holds the tiny MoE models, the experts kernel, the trainer glue and every
+public name; capture and replay are in :mod:`gspo.models.moe_routing`, the metrics and the aux
+loss in :mod:`gspo.models.moe_metrics`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .moe_metrics import _load_balancing_fn, aux_loss, load_stats, routing_change, scored_positions
+from .moe_routing import (
+    ROUTER_CLASS_SUFFIX,
+    Routing,
+    RoutingCapture,
+    _gate_weights,
+    capture_routing,
+    is_moe,
+    moe_routers,
+    replay_routing,
+    routing_hooks,
+)
+
+__all__ = [
+    "ROUTER_CLASS_SUFFIX",
+    "ROUTING_REPLAY",
+    "Routing",
+    "RoutingCapture",
+    "_gate_weights",
+    "_load_balancing_fn",
+    "aux_loss",
+    "build_tiny_moe_model",
+    "capture_routing",
+    "fit_experts_kernel",
+    "generate_with_routing",
+    "is_moe",
+    "load_stats",
+    "micro_batch_terms",
+    "moe_routers",
+    "old_routing",
+    "replay_routing",
+    "replay_source",
+    "routing_change",
+    "routing_hooks",
+    "scored_positions",
+    "step_metrics",
+    "training_forward",
+]
 
 ROUTING_REPLAY = ("none", "old", "engine")
 """``routing_replay`` values: none (also None: off); old = R2 (the recompute pass of the pre-update policy);
 engine = R3 (the rollout engine's own routing during generation)."""
-
-ROUTER_CLASS_SUFFIX = "TopKRouter"
-"""Router modules are found by class name (``Qwen3MoeTopKRouter``, ``Qwen2MoeTopKRouter``, and
-the same-shaped routers of other transformers 5.x MoE models) plus the attributes they need."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,22 +148,6 @@ def build_tiny_moe_model(
     )
 
 
-def moe_routers(model: nn.Module) -> list[nn.Module]:
-    """The model's router modules in forward (layer) order; empty for a dense model."""
-    return [
-        m
-        for m in model.modules()
-        if type(m).__name__.endswith(ROUTER_CLASS_SUFFIX)
-        and hasattr(m, "top_k")
-        and hasattr(m, "num_experts")
-    ]
-
-
-def is_moe(model: nn.Module) -> bool:
-    """Whether ``model`` has at least one router this module knows how to hook."""
-    return bool(moe_routers(model))
-
-
 def fit_experts_kernel(model: nn.Module) -> nn.Module:
     """Pick an experts kernel that runs at the model's dtype on its device (returns the model).
 
@@ -145,276 +162,6 @@ def fit_experts_kernel(model: nn.Module) -> nn.Module:
     if dtype == torch.float64 and current in (None, "grouped_mm", "batched_mm"):
         model.set_experts_implementation("eager")
     return model
-
-
-# --------------------------------------------------------------------------------------------
-# Routing records
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Routing:
-    """Top-k expert indices per MoE layer, aligned with the ``[N, P+L]`` token positions.
-
-    ``indices[r, i, t]`` are the k experts (in the router's slot order) that MoE layer r used for
-    token position t of row i; ``-1`` marks positions that were not recorded (e.g. the last
-    completion token, which the rollout engine never feeds back).
-    """
-
-    indices: torch.Tensor  # [R, N, T, k] long
-    num_experts: int
-
-    @property
-    def num_layers(self) -> int:
-        return self.indices.shape[0]
-
-    @property
-    def top_k(self) -> int:
-        return self.indices.shape[-1]
-
-    def rows(self, index: torch.Tensor) -> Routing:
-        """The routing of rows ``index`` (a trainer micro-batch), same positions."""
-        return Routing(self.indices[:, index.to(self.indices.device)], self.num_experts)
-
-
-class RoutingCapture:
-    """What the routers did during the forward calls inside a :func:`capture_routing` block.
-
-    Per MoE layer and per forward call, ``used`` holds the flat ``[M, k]`` expert indices the
-    experts received (the forced ones under replay), ``own`` the router's own top-k choice, and
-    ``logits`` (when ``keep_logits``) the ``[M, E]`` router logits, still attached to the graph.
-    M = rows x positions of that call (the MoE block flattens ``[B, S, H]`` to ``[B*S, H]``).
-    """
-
-    def __init__(self, num_layers: int, num_experts: int, keep_logits: bool) -> None:
-        self.num_experts = num_experts
-        self.keep_logits = keep_logits
-        self.used: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
-        self.own: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
-        self.logits: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
-
-    def routing(self, num_rows: int, length: int | None = None, *, own: bool = False) -> Routing:
-        """Stack the recorded calls into a :class:`Routing` of ``num_rows`` rows.
-
-        Calls of one layer are consecutive token positions of the same rows (one full forward,
-        or the engine's prefill then one call per decoded token), so each call is reshaped to
-        ``[num_rows, S_call, k]`` and they are concatenated along positions. ``length`` pads
-        (with -1) or trims the position axis to that many positions. ``own=True`` gives the
-        router's own choices instead of the ones the experts used.
-        """
-        source = self.own if own else self.used
-        if not source or not source[0]:
-            raise ValueError("no routing was recorded (no forward call inside the block?)")
-        layers = []
-        for calls in source:
-            parts = [c.reshape(num_rows, -1, c.shape[-1]) for c in calls]  # [N, S_c, k] each
-            layers.append(torch.cat(parts, dim=1))  # [N, S, k]
-        # clone(): the engine records under inference_mode; plain tensors can enter autograd.
-        indices = torch.stack(layers).clone()  # [R, N, S, k]
-        if length is not None:
-            have = indices.shape[2]
-            if have >= length:
-                indices = indices[:, :, :length]
-            else:
-                pad = indices.new_full((*indices.shape[:2], length - have, indices.shape[3]), -1)
-                indices = torch.cat([indices, pad], dim=2)  # [R, N, length, k]
-        return Routing(indices, self.num_experts)
-
-
-def _gate_weights(router: nn.Module, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Gate weights [M, k] of experts ``index`` [M, k] from router ``logits`` [M, E].
-
-    The same arithmetic as the HF router (softmax over all experts in float32, the chosen
-    probabilities, renormalized when ``norm_topk_prob``), so when ``index`` equals the router's
-    own top-k the result is bitwise the router's; gradients flow through ``logits``.
-    """
-    probs = F.softmax(logits, dim=-1, dtype=torch.float)  # [M, E]
-    weights = probs.gather(-1, index)  # [M, k]
-    if getattr(router, "norm_topk_prob", False):
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(logits.dtype)
-
-
-@contextlib.contextmanager
-def routing_hooks(
-    model: nn.Module,
-    *,
-    replay: Routing | None = None,
-    capture: bool = True,
-    keep_logits: bool = False,
-) -> Iterator[RoutingCapture | None]:
-    """Hook every router of ``model`` for the duration of the block.
-
-    ``replay``: force these expert indices (``-1`` entries keep the router's own choice) in
-    every forward call whose token count matches ``replay``'s rows x positions. ``capture``:
-    record what the routers did (yields a :class:`RoutingCapture`, else None). A dense model
-    yields None and is not touched, so callers need no MoE special case.
-    """
-    routers = moe_routers(model)
-    if not routers or (replay is None and not capture):
-        yield None
-        return
-    if replay is not None and replay.num_layers != len(routers):
-        raise ValueError(
-            f"replayed routing has {replay.num_layers} MoE layers, the model {len(routers)}"
-        )
-    rec = RoutingCapture(len(routers), routers[0].num_experts, keep_logits) if capture else None
-    forced: list[torch.Tensor] = []
-    if replay is not None:
-        # The MoE block flattens [B, S, H] -> [B*S, H] row-major; flatten the record the same way.
-        forced = [layer.reshape(-1, replay.top_k) for layer in replay.indices]  # [N*T, k] each
-
-    def make_hook(layer: int):
-        def hook(module: nn.Module, args: tuple, output: tuple) -> tuple | None:
-            logits, weights, index = output  # [M, E], [M, k], [M, k]
-            own = index
-            if replay is not None:
-                f = forced[layer].to(index.device)
-                if f.shape != index.shape:
-                    raise ValueError(
-                        f"routing replay: layer {layer} routes {tuple(index.shape)} "
-                        f"(tokens, k) but the record has {tuple(f.shape)}; replay needs the "
-                        "same rows and positions as the recorded pass"
-                    )
-                index = torch.where(f >= 0, f, own)  # [M, k]
-                weights = _gate_weights(module, logits, index)  # [M, k]
-            if rec is not None:
-                rec.used[layer].append(index.detach())
-                rec.own[layer].append(own.detach())
-                if rec.keep_logits:
-                    rec.logits[layer].append(logits)
-            return (logits, weights, index) if replay is not None else None
-
-        return hook
-
-    handles = [r.register_forward_hook(make_hook(i)) for i, r in enumerate(routers)]
-    try:
-        yield rec
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def capture_routing(
-    model: nn.Module, *, keep_logits: bool = False
-) -> contextlib.AbstractContextManager[RoutingCapture | None]:
-    """``with capture_routing(model) as rec: model(...)`` records every router's choice
-    (``rec`` is None for a dense model)."""
-    return routing_hooks(model, capture=True, keep_logits=keep_logits)
-
-
-def replay_routing(
-    model: nn.Module, routing: Routing, *, capture: bool = False, keep_logits: bool = False
-) -> contextlib.AbstractContextManager[RoutingCapture | None]:
-    """``with replay_routing(model, routing): model(...)`` forces ``routing``'s experts; the gate
-    weights are the current router's softmax over the forced experts (so the router trains)."""
-    return routing_hooks(model, replay=routing, capture=capture, keep_logits=keep_logits)
-
-
-# --------------------------------------------------------------------------------------------
-# Metrics
-# --------------------------------------------------------------------------------------------
-
-
-def scored_positions(prompt_len: int, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Mask [N, P+L] of the positions whose output scores a completion token.
-
-    Completion token j (mask 1) is predicted at position P-1+j, so those are the positions whose
-    experts decide each response token's likelihood; prompt and padding positions are 0.
-    """
-    n, length = completion_mask.shape
-    out = torch.zeros((n, prompt_len + length), dtype=torch.bool, device=completion_mask.device)
-    out[:, prompt_len - 1 : prompt_len - 1 + length] = completion_mask.bool()
-    return out  # [N, P+L]
-
-
-def routing_change(a: Routing, b: Routing, positions: torch.Tensor) -> dict[str, float]:
-    """How much routing ``b`` differs from ``a`` over ``positions`` [N, T] (both recorded there).
-
-    - ``change``: the share of (position, layer, top-k slot) selections of ``b`` whose expert is
-      not among the k experts ``a`` chose for that position and layer, i.e.
-      Σ |E_b \\ E_a| / (k · #positions · #layers). Top-k experts are distinct, so this equals the
-      share of "experts activated under b that differ from those under a" (the GSPO paper's
-      ~10%); it is symmetric in a and b.
-    - ``any``: the share of (position, layer) pairs whose expert *set* differs at all.
-    - ``token``: the share of positions that differ in at least one layer.
-
-    Positions where either record is -1 are left out. All three are 0 when nothing is left.
-    """
-    ia, ib = a.indices, b.indices.to(a.indices.device)  # [R, N, T, k]
-    if ia.shape != ib.shape:
-        raise ValueError(f"routing shapes differ: {tuple(ia.shape)} vs {tuple(ib.shape)}")
-    valid = positions.to(ia.device).bool().unsqueeze(0)  # [1, N, T]
-    valid = valid & (ia >= 0).all(-1) & (ib >= 0).all(-1)  # [R, N, T]
-    missing = (ib.unsqueeze(-1) != ia.unsqueeze(-2)).all(-1)  # [R, N, T, k] slot of b not in a
-    slots_changed = missing.sum(-1)  # [R, N, T]
-    n_pairs = int(valid.sum())
-    if n_pairs == 0:
-        return {"change": 0.0, "any": 0.0, "token": 0.0}
-    k = ia.shape[-1]
-    changed = (slots_changed > 0) & valid  # [R, N, T]
-    token_valid = valid.all(0)  # [N, T] valid in every layer
-    n_tokens = int(token_valid.sum())
-    return {
-        "change": float(slots_changed[valid].sum()) / (k * n_pairs),
-        "any": float(changed.sum()) / n_pairs,
-        "token": float((changed.any(0) & token_valid).sum()) / max(n_tokens, 1),
-    }
-
-
-def load_stats(routing: Routing, positions: torch.Tensor) -> dict[str, float]:
-    """Expert load over ``positions`` [N, T]: per layer, share_e = selections of expert e /
-    (k · #positions), so the shares sum to 1. ``max_share`` is 1/E when balanced and 1/k at
-    worst (the same k experts for every token); ``cv`` is std / mean of the shares over experts
-    (population std; 0 when balanced). Both are averaged over layers."""
-    idx = routing.indices  # [R, N, T, k]
-    mask = positions.to(idx.device).bool()  # [N, T]
-    e = routing.num_experts
-    max_share, cv = [], []
-    for layer in idx:  # [N, T, k]
-        chosen = layer[mask]  # [n, k]
-        chosen = chosen[(chosen >= 0).all(-1)]
-        if chosen.numel() == 0:
-            continue
-        counts = torch.bincount(chosen.reshape(-1), minlength=e).double()  # [E]
-        share = counts / counts.sum()  # [E]
-        max_share.append(float(share.max()))
-        cv.append(float(share.std(correction=0) / share.mean()))
-    if not max_share:
-        return {"max_share": 0.0, "cv": 0.0}
-    return {"max_share": sum(max_share) / len(max_share), "cv": sum(cv) / len(cv)}
-
-
-def _load_balancing_fn(model: nn.Module):
-    """transformers' own ``load_balancing_loss_func`` from the model's modeling module (the
-    function ``model(..., output_router_logits=True)`` uses for ``aux_loss``)."""
-    module = sys.modules.get(type(model).__module__)
-    fn = getattr(module, "load_balancing_loss_func", None)
-    if fn is None:
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
-
-        fn = load_balancing_loss_func
-    return fn
-
-
-def aux_loss(
-    model: nn.Module, rec: RoutingCapture, attention_mask: torch.Tensor | None
-) -> torch.Tensor:
-    """The Switch-Transformer load-balancing loss of the captured router logits (differentiable).
-
-    E · Σ_e f_e · P_e over non-padding tokens, with f_e the share of top-k assignments to expert
-    e (from the router's own top-k, also under replay) and P_e its mean router probability;
-    it equals ``model(..., output_router_logits=True).aux_loss`` for the same forward and is
-    ``top_k`` for perfectly balanced routing. Needs a capture made with ``keep_logits=True``
-    of one forward over ``attention_mask``'s [N, T] tokens.
-    """
-    if not rec.keep_logits or not rec.logits[0]:
-        raise ValueError("aux_loss needs capture_routing(..., keep_logits=True) around a forward")
-    if any(len(calls) != 1 for calls in rec.logits):
-        raise ValueError("aux_loss expects exactly one forward call per layer")
-    logits = tuple(calls[0] for calls in rec.logits)  # R x [N*T, E]
-    router = moe_routers(model)[0]
-    return _load_balancing_fn(model)(logits, router.num_experts, router.top_k, attention_mask)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Held-out evaluation: greedy accuracy, avg@k and pass@k with standard errors.
 
-The same function runs inside training (every ``eval_every`` steps) and from ``gspo eval``.
+The same function runs inside training (every ``eval_every`` steps) and from ``gspo eval``
+(:mod:`gspo.interface.evaluate`).
 A sample counts as *correct* when its reward is at least ``CORRECT`` (rewards of the built-in
 tasks are 0 or 1); avg@k is the mean reward over k samples per problem.
 """

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import latest_checkpoint
-from ..logging import MetricsLogger, progress_postfix
-from ..signals import SignalWatch
+from ..backend.checkpoint import latest_checkpoint
 from . import steps
+from .logging import MetricsLogger, progress_postfix
+from .signals import SignalWatch
 from .state import Parts, StepState
 
 

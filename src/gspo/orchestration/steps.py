@@ -18,10 +18,10 @@ from ..backend.update import _to_device
 from ..core.advantages import group_advantages
 from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices
-from ..dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
 from ..envs.rewards import overlong_penalty, score
 from ..models import moe
 from ..models.text import decode_completions
+from .dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
 from .evaluation import evaluate
 from .state import Batch, Parts, StepState
 
@@ -236,7 +236,7 @@ def checkpoint(parts: Parts, state: StepState, last: int) -> None:
     """8. The resumable checkpoint every checkpoint_every steps and at the run's last step."""
     cfg = parts.cfg
     if (cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0) or state.step == last:
-        from ..config import to_dict
+        from ..config.fields import to_dict
 
         parts.backend.save_checkpoint(
             parts.output_dir,

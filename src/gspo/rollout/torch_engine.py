@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from gspo.fast_forward import FastDecoder, has_forward_hooks
 from gspo.models import forward_kwargs_support, positions_from_mask
+from gspo.models.fast_forward import FastDecoder, has_forward_hooks
 from gspo.rollout.base import Rollout, SamplingParams
 
 
@@ -131,7 +131,7 @@ class TorchEngine:
     for the char tokenizer; with BPE tokenizers a string produced by a different tokenisation
     would not be matched.
 
-    ``fast=True`` (default) decodes through :class:`gspo.fast_forward.FastDecoder`
+    ``fast=True`` (default) decodes through :class:`gspo.models.fast_forward.FastDecoder`
     (static KV cache, fused projections, few ops per step) whenever it supports the model
     (dense Llama / Qwen2 / Qwen3 without hooks or adapters); other models, and ``fast=False``,
     use the model's own Hugging Face forward with a ``DynamicCache``. Both give the same

@@ -1,0 +1,149 @@
+"""Checkpoints: everything that defines a run at a step, written atomically, kept N deep.
+
+Layout of ``<output_dir>/checkpoints/step_000050/``: the policy in Hugging Face format
+(safetensors) with its tokenizer, ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` and
+``state.json`` (step, config, metrics position). A checkpoint is built in a temporary folder
+and renamed into place, so a crash mid-write never leaves a half checkpoint under a real name;
+``latest`` is then replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gspo.core.atomic import replace_dir  # also gspo.checkpoint.replace_dir, as before
+
+PREFIX = "step_"
+FAULT_DELAY_S = float(os.environ.get("GSPO_FAULT_CHECKPOINT_DELAY_S", "0"))
+"""Seconds to pause inside every checkpoint write, before it is renamed into place. Only for
+fault-injection tests (a SIGKILL during a write must never corrupt the last good checkpoint)."""
+
+
+def checkpoint_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    *,
+    model,
+    tokenizer,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    config: dict[str, Any],
+    keep: int = 2,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint of ``step`` atomically and prune all but the ``keep`` newest."""
+    root = checkpoint_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{step:06d}"
+    for stale in root.glob(".tmp-*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        if FAULT_DELAY_S > 0:  # fault-injection hook: widens the window a kill can land in
+            time.sleep(FAULT_DELAY_S)
+        state = {"step": step, "config": config, **(extra or {})}
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        for f in tmp.rglob("*"):  # flush file contents before the rename makes them visible
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_text_atomic(root / "latest", final.name + "\n")
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary folders of interrupted writes are ignored)."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    done = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()
+    ]
+    return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / "state.json").read_text())
+
+
+def restore(path: Path, *, model, optimizer, scheduler) -> dict[str, Any]:
+    """Load weights, optimizer, scheduler and RNG states from ``path``; return its state.json."""
+    from safetensors.torch import load_file
+
+    weights = load_file(
+        str(path / "model.safetensors"), device=str(next(model.parameters()).device)
+    )
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    # Tied embeddings are stored once; anything else missing is a real mismatch.
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    return load_state(path)

@@ -1,0 +1,74 @@
+"""Run configuration: flat dataclasses, each field documented, plus presets and validation.
+
+Split by job:
+
+- plain data, importable from any layer (they import nothing else of gspo): ``fields`` (the
+  shared, engine and correction field sets, ``ConfigError``, ``to_dict``, ``field_docs``),
+  ``train`` (``TrainConfig``, ``SFTConfig``), ``evaluation`` (``EvalConfig``), ``presets``;
+- the interface side, for the CLI and the composition root: ``validation`` (every problem of a
+  config, checked against the registries) and ``coercion`` (``build``: defaults < preset < file
+  < flags, values coerced to field types).
+
+Lower layers import the plain-data modules (``gspo.config.train``), not this package's names.
+"""
+
+from .coercion import _base_type, build, coerce, from_dict, load_file
+from .evaluation import EvalConfig
+from .fields import (
+    ALGOS,
+    CORRECTIONS,
+    DTYPES,
+    MINIBATCH_GROUPINGS,
+    OLD_LOGPROBS,
+    ROLLOUT_ENGINES,
+    ConfigError,
+    CorrectionFields,
+    EngineFields,
+    SharedFields,
+    _doc,
+    field_docs,
+    to_dict,
+)
+from .presets import PRESETS
+from .train import SFTConfig, TrainConfig
+from .validation import (
+    _validate_eval,
+    _validate_model_fields,
+    _validate_moe,
+    _validate_train,
+    validate,
+    validate_engine,
+    validate_options,
+)
+
+__all__ = [
+    "ALGOS",
+    "CORRECTIONS",
+    "DTYPES",
+    "MINIBATCH_GROUPINGS",
+    "OLD_LOGPROBS",
+    "PRESETS",
+    "ROLLOUT_ENGINES",
+    "ConfigError",
+    "CorrectionFields",
+    "EngineFields",
+    "EvalConfig",
+    "SFTConfig",
+    "SharedFields",
+    "TrainConfig",
+    "_base_type",
+    "_doc",
+    "_validate_eval",
+    "_validate_model_fields",
+    "_validate_moe",
+    "_validate_train",
+    "build",
+    "coerce",
+    "field_docs",
+    "from_dict",
+    "load_file",
+    "to_dict",
+    "validate",
+    "validate_engine",
+    "validate_options",
+]

@@ -1,0 +1,119 @@
+"""Turning outside values into a config: coercion of file and flag values to field types,
+config files (YAML or JSON), and ``build`` with its precedence.
+
+Precedence when building a config: defaults < preset < config file (YAML or JSON) < command-line
+flags. Unknown keys and bad values are rejected before any work starts, with messages naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from .fields import ConfigError
+from .presets import PRESETS
+from .validation import validate
+
+
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(the scalar type, whether None is allowed) of a field annotation like ``int | None``."""
+    hint = annotation
+    if isinstance(hint, str):  # `from __future__ import annotations`
+        hint = eval(hint, {"typing": typing}, {})
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        non_none = [a for a in args if a is not type(None)]
+        return non_none[0], True
+    return hint, False
+
+
+def coerce(cls: type, key: str, value: Any) -> Any:
+    """Convert ``value`` (from a file or the command line) to the type of field ``key``."""
+    by_name = {f.name: f for f in fields(cls)}
+    if key not in by_name:
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(by_name)}")
+    typ, optional = _base_type(by_name[key].type)
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{key} cannot be None")
+    try:
+        if typ is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if typ is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value) if not isinstance(value, str) else int(value, 10)
+        if typ is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        return str(value)
+    except ValueError:
+        raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}") from None
+
+
+def load_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a dict (keys may use - or _)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text()
+    try:
+        if p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # parse errors of either format
+        raise ConfigError(f"{p}: cannot parse config: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a config file must hold a mapping of keys to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build(
+    cls: type,
+    *,
+    preset: str | None = None,
+    file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Any:
+    """Defaults < preset < file < overrides, every value coerced and the result validated."""
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+        valid = {f.name for f in fields(cls)}
+        values.update({k: v for k, v in PRESETS[preset].items() if k in valid})
+    if file is not None:
+        for k, v in load_file(file).items():
+            values[k] = coerce(cls, k, v)
+    for k, v in (overrides or {}).items():
+        values[k] = coerce(cls, k, v)
+    for k, v in list(values.items()):
+        values[k] = coerce(cls, k, v)
+    cfg = cls(**values)
+    validate(cfg)
+    return cfg
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild a saved config (unknown keys rejected, values validated)."""
+    return build(cls, overrides=data)

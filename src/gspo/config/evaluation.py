@@ -1,0 +1,59 @@
+"""Plain config data: ``EvalConfig`` (``gspo eval``). Imports nothing else of gspo."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .fields import EngineFields, _doc
+
+
+@dataclass
+class EvalConfig(EngineFields):
+    """``gspo eval``: score a model on a data file or a built-in task's held-out split."""
+
+    model: str = _doc(
+        "'smollm2-135m-instruct', a local Hugging Face checkpoint directory (e.g. a run's "
+        "final/), or 'tiny' (random init: a smoke test only).",
+        "smollm2-135m-instruct",
+    )
+    dtype: str = _doc("Model dtype: float32, bfloat16, float16 or float64.", "float32")
+    device: str = _doc("'cpu', 'cuda' or 'auto'.", "auto")
+    threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
+    seed: int = _doc("Seed of the held-out split of built-in tasks and of sampling.", 0)
+    hidden_size: int = _doc("Tiny model: hidden width.", 64)
+    num_layers: int = _doc("Tiny model: transformer layers.", 2)
+    num_heads: int = _doc("Tiny model: attention heads.", 4)
+    num_kv_heads: int = _doc("Tiny model: key/value heads.", 2)
+    chat_template: str = _doc("Prompt formatting: 'auto', 'none' or 'always'.", "auto")
+    system_prompt: str | None = _doc("System turn of chat-formatted prompts.", None)
+    data: str | None = _doc(
+        "A local .jsonl/.json/.parquet file of problems; None: the held-out split of --task.",
+        None,
+    )
+    task: str = _doc(
+        "Built-in task whose held-out split is scored when --data is not given.", "word_problems"
+    )
+    difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
+    n_test: int = _doc("Held-out problems drawn from the built-in task.", 200)
+    prompt_key: str = _doc("Prompt column of --data (GSM8K: question, MATH: problem).", "prompt")
+    answer_key: str = _doc("Answer column of --data (MATH: solution).", "answer")
+    answer_format: str = _doc(
+        "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
+        "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
+        "raw",
+    )
+    reward: str = _doc(
+        "Reward for --data (exact_match, numeric, math_verify, format).", "math_verify"
+    )
+    limit: int = _doc("Score only the first N problems; 0: all.", 0)
+    samples: int = _doc("Sampled completions per problem (k of avg@k and pass@k); 0: none.", 4)
+    greedy: bool = _doc("Also score one greedy completion per problem.", True)
+    max_new_tokens: int = _doc("Maximum completion length in tokens.", 256)
+    temperature: float = _doc("Sampling temperature of the k samples.", 1.0)
+    top_p: float = _doc("Nucleus sampling mass (1 disables it).", 1.0)
+    batch_size: int = _doc("Sequences generated together.", 64)
+    output: str | None = _doc("Write the JSON report here; None: print only.", "eval.json")
+    show: int = _doc(
+        "Per-problem records (prompt, completions, rewards) kept in the JSON; 0: all.", 20
+    )
+    progress: bool = _doc("Show a live progress bar.", True)

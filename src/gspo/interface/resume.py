@@ -1,0 +1,124 @@
+"""Resuming a run: the saved config is the run's identity; flags may change only safe fields.
+
+``gspo train --output-dir D --resume`` rebuilds the config saved in D's latest checkpoint.
+Flags given with ``--resume`` (and ``--config`` / ``--preset``) may change the fields of
+:data:`SAFE_ON_RESUME` (how long the run goes, how often it evaluates and checkpoints, how it
+logs); each change is printed. Any other difference (model, task, algorithm, batch shape, seed,
+learning rate, ...) would make the weights, optimizer state and data order of the checkpoint
+belong to another run, so it is refused with a message naming the fields.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gspo.config import PRESETS, ConfigError, TrainConfig, build, coerce, load_file
+
+SAFE_ON_RESUME = frozenset(
+    {
+        "output_dir",
+        "steps",
+        "stop_after",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "max_bad_steps",
+        "progress",
+        "tensorboard",
+        "wandb",
+        "threads",
+        "reward_workers",
+    }
+)
+"""Fields a resumed run may change: they decide how long the run goes and what it reports, not
+what a step computes (``threads`` changes only the float reduction order; ``reward_workers`` only how many rewards
+are scored at once)."""
+
+
+def requested_values(
+    preset: str | None, file: str | Path | None, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """What a command line asks for explicitly: preset < config file < flags (no defaults)."""
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+        names = TrainConfig.__dataclass_fields__
+        values.update({k: v for k, v in PRESETS[preset].items() if k in names})
+    if file is not None:
+        values.update(load_file(file))
+    values.update(overrides)
+    return values
+
+
+def saved_config(output_dir: str | Path) -> tuple[dict[str, Any], int, Path]:
+    """(config dict, step, checkpoint folder) of the latest checkpoint under ``output_dir``."""
+    from gspo.backend.checkpoint import checkpoint_root, latest_checkpoint
+
+    found = latest_checkpoint(output_dir)
+    if found is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoint_root(output_dir)}")
+    state = json.loads((found / "state.json").read_text())
+    return dict(state["config"]), int(state["step"]), found
+
+
+def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{field: (saved value, requested value)} for requested values that differ from saved."""
+    defaults = TrainConfig()
+    out: dict[str, tuple[Any, Any]] = {}
+    for key, value in requested.items():
+        new = coerce(TrainConfig, key, value)
+        old = saved.get(key, getattr(defaults, key))
+        if key == "output_dir":
+            same = Path(str(old)).resolve() == Path(str(new)).resolve()
+        else:
+            same = old == new
+        if not same:
+            out[key] = (old, new)
+    return out
+
+
+def check_changes(saved: dict[str, Any], requested: dict[str, Any], where: str) -> dict[str, Any]:
+    """The safe changes ``requested`` makes to ``saved``; ConfigError naming any unsafe one."""
+    diff = _differences(saved, requested)
+    unsafe = {k: v for k, v in diff.items() if k not in SAFE_ON_RESUME}
+    if unsafe:
+        listed = "\n  - ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in unsafe.items())
+        raise ConfigError(
+            f"--resume continues the run saved in {where}; these settings would make a "
+            f"different run:\n  - {listed}\nDrop them to resume (the run's own config is "
+            f"restored), or start a new run in another --output-dir. A resumed run may change "
+            f"only: {', '.join(sorted(SAFE_ON_RESUME))}."
+        )
+    return {k: new for k, (_, new) in diff.items()}
+
+
+def resume_config(
+    output_dir: str | Path, requested: dict[str, Any], *, echo: Any = print
+) -> TrainConfig:
+    """The config of the run in ``output_dir`` with the safe ``requested`` changes applied.
+
+    ``requested`` holds what the user asked for explicitly (preset, config file and flags).
+    Prints which run and step it resumes, and each change.
+    """
+    saved, step, found = saved_config(output_dir)
+    asked = {k: v for k, v in requested.items() if k != "output_dir"}
+    changes = check_changes(saved, asked, str(found))
+    # The folder holding the checkpoint is the run's folder, wherever it was first written.
+    values = {**saved, **changes, "output_dir": str(output_dir)}
+    cfg = build(TrainConfig, overrides=values)
+    if cfg.steps < step:
+        raise ConfigError(
+            f"--resume: the checkpoint in {output_dir} is at step {step}, past steps={cfg.steps}"
+            f" (pass --steps N with N > {step} to train further)"
+        )
+    echo(
+        f"resuming {output_dir} at step {step} of {cfg.steps} (checkpoint {found.name}): "
+        f"{cfg.algo} on {cfg.task}, model {cfg.model}, seed {cfg.seed}"
+    )
+    for key, new in changes.items():
+        old = saved.get(key, getattr(TrainConfig(), key))
+        echo(f"  changed on resume: {key} {old!r} -> {new!r}")
+    return cfg

