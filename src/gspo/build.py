@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from .envs.tasks.base import Task
 from .models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
 from .models.text import decode_completions, encode_prompts  # noqa: F401  (re-exported)
-from .tasks.base import Task
 
 DTYPES = {
     "float32": torch.float32,
@@ -107,7 +107,7 @@ def build_prompt_format(cfg, tokenizer, model=None):
 def build_task(cfg) -> Task:
     """A built-in synthetic task, or a task made of the user's data files."""
     if cfg.task == "file":
-        from .tasks.files import make_file_task
+        from .envs.tasks.files import make_file_task
 
         return make_file_task(
             cfg.train_file,
@@ -119,7 +119,7 @@ def build_task(cfg) -> Task:
             answer_format=getattr(cfg, "answer_format", "raw"),
             **({"demo_key": cfg.demo_key} if getattr(cfg, "demo_key", None) else {}),
         )
-    from .tasks import make_task
+    from .envs.tasks import make_task
 
     return make_task(
         cfg.task, n_train=cfg.n_train, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty

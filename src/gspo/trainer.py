@@ -110,7 +110,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     episodes = make_episodes(cfg, env_for(task, cfg, fmt.chat), tokenizer, fmt)
     workers = reward_workers(train_reward, cfg.reward_workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
-        from .sandbox import isolation
+        from .envs.sandbox import isolation
 
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from gspo import moe
-from gspo.config import MINIBATCH_GROUPINGS, TrainConfig
+from gspo.backend.options import loss_kl_coef, loss_options, sequence_weights
+from gspo.config.fields import MINIBATCH_GROUPINGS
+from gspo.config.train import TrainConfig
 from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
-from gspo.models import token_logprobs
+from gspo.models import moe, token_logprobs
 from gspo.rollout.base import Rollout
-from gspo.train_options import loss_kl_coef, loss_options, sequence_weights
 
 
 def lr_lambda(warmup_steps: int):

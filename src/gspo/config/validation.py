@@ -109,8 +109,8 @@ def _validate_moe(cfg: Any, need: Any) -> None:
 
 def _validate_model_fields(cfg: Any, need: Any) -> None:
     """Prompt formatting, LoRA and answer-format fields shared by the train, SFT and eval configs."""
+    from gspo.envs.tasks.files import ANSWER_FORMATS
     from gspo.models.chat import CHAT_MODES
-    from gspo.tasks.files import ANSWER_FORMATS
 
     need(
         cfg.chat_template in CHAT_MODES,

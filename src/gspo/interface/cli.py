@@ -148,7 +148,7 @@ def _train(args: argparse.Namespace) -> int:
     else:
         cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
     _quiet_transformers()
-    from gspo.report import curve_table, plot_run
+    from gspo.interface.report import curve_table, plot_run
     from gspo.trainer import train
 
     result = train(cfg, resume=args.resume)
@@ -182,7 +182,7 @@ def _sft(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Cold start, then RL, on the same held-out set; prints before/after and writes a plot."""
     _quiet_transformers()
-    from gspo.report import curve_table, eval_records, plot_run
+    from gspo.interface.report import curve_table, eval_records, plot_run
     from gspo.sft import run_sft
     from gspo.trainer import train
 

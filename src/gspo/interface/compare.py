@@ -183,7 +183,7 @@ def run_compare(
     log=print,
 ) -> CompareResult:
     """Run every (algo, seed) pair from the same start and write ``<output_dir>/report``."""
-    from gspo.report import build_report
+    from gspo.interface.report import build_report
     from gspo.sft import run_sft
     from gspo.trainer import train
 
@@ -299,7 +299,7 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
 
 def run_cli(args: Any, overrides_of: Any) -> int:
     """Run ``gspo compare`` or ``gspo report`` from parsed arguments; returns the exit code."""
-    from gspo.report import build_report
+    from gspo.interface.report import build_report
 
     if args.command == "compare":
         from transformers.utils import logging as hf_logging

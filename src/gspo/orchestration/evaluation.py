@@ -15,11 +15,11 @@ import torch
 
 from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
 from gspo.envs.rewards import reward_workers, score
+from gspo.envs.tasks.base import Example, RewardFn
 from gspo.models.chat import PromptFormat
 from gspo.models.chat import prompt_format as prompt_format_for
 from gspo.models.text import decode_completions
 from gspo.rollout.base import SamplingParams
-from gspo.tasks.base import Example, RewardFn
 
 
 def summarize(rewards: list[list[float]], k: int) -> dict[str, float]:

@@ -11,8 +11,8 @@ import torch
 from ..backend.base import TrainingBackend
 from ..core.seeding import step_generator
 from ..envs.loop import Episodes
+from ..envs.tasks.base import Example, Task
 from ..rollout.base import Rollout, SamplingParams
-from ..tasks.base import Example, Task
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gspo.logging import read_metrics
+from gspo.orchestration.logging import read_metrics
 
 
 def train_records(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

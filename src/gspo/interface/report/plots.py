@@ -12,7 +12,7 @@ from typing import Any
 
 from gspo.interface.report.data import Run, eval_records, eval_series, series, train_records
 from gspo.interface.report.stats import block_means, mean_se, smooth
-from gspo.logging import read_metrics
+from gspo.orchestration.logging import read_metrics
 
 
 def _pyplot():
