@@ -78,7 +78,7 @@ def _batch(cfg: TrainConfig, model):
 
 @pytest.mark.parametrize("algo", sorted(LOSSES))
 def test_two_ranks_equal_one_process(ray_session, algo):
-    from gspo.backend.fsdp import RayFSDPBackend
+    from gspo.backend.ray_backend import RayFSDPBackend
 
     cfg = _cfg(algo)
     torch.manual_seed(0)

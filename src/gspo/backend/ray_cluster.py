@@ -25,9 +25,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_ray(address: str | None, num_cpus: int, object_store_bytes: int = 256 << 20) -> Any:
+def start_ray(
+    address: str | None,
+    num_cpus: int,
+    object_store_bytes: int = 256 << 20,
+    temp_dir: str | None = None,
+) -> Any:
     """Join the cluster at ``address``, or start a private local Ray (bounded CPUs and object
-    store, its own temp dir, no dashboard) so that other runs on the machine are untouched."""
+    store, its own temp dir, no dashboard) so that other runs on the machine are untouched.
+    ``temp_dir``: that private folder (a fresh one when None; Ray's socket paths must stay
+    short, so keep it near /tmp)."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
@@ -39,6 +46,6 @@ def start_ray(address: str | None, num_cpus: int, object_store_bytes: int = 256 
             object_store_memory=object_store_bytes,
             include_dashboard=False,
             log_to_driver=False,
-            _temp_dir=tempfile.mkdtemp(prefix="gspo-ray-"),
+            _temp_dir=temp_dir or tempfile.mkdtemp(prefix="gspo-ray-"),
         )
     return ray
