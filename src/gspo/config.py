@@ -17,6 +17,7 @@ from typing import Any
 
 from .config_base import SharedFields, _doc
 from .engine_config import CorrectionFields, EngineFields, validate_engine
+from .scale_config import ScaleFields
 
 ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
 OLD_LOGPROBS = ("engine", "recompute")
@@ -29,7 +30,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig(SharedFields, EngineFields, CorrectionFields):
+class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields):
     """Everything that defines an RL run; saved with every checkpoint."""
 
     # --- run, model, task: SharedFields (gspo.config_base); what differs here ---------------
