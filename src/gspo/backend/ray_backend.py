@@ -92,6 +92,7 @@ class RayFSDPBackend:
         refuse_unsupported(cfg, model)
         self.cfg, self.model, self.output_dir = cfg, model, output_dir
         self.owns_ray = not import_ray().is_initialized()  # then close() shuts it down
+        self.after_close: Any = None  # called by close() once the ranks are gone
         self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
         port = free_port()
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -235,5 +236,8 @@ class RayFSDPBackend:
         finally:
             for r in ranks:
                 self.ray.kill(r)
+            after, self.after_close = self.after_close, None
+            if after is not None:  # placement groups, the session of whoever placed the ranks
+                after()
             if self.owns_ray and self.ray.is_initialized():
                 self.ray.shutdown()
