@@ -103,11 +103,13 @@ def check_backend_available(cfg: Any, timeout_s: float = 3.0) -> None:
     """Before any work: Ray importable (backend='ray') and ``ray_address`` reachable."""
     if getattr(cfg, "backend", "local") != "ray":
         return
+    from .config import ConfigError
+
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ImportError(
-            "backend='ray' needs Ray: pip install 'gspo[ray]' (ray==2.60.0)"
+        raise ConfigError(
+            "backend='ray' needs Ray, which is not installed: pip install 'gspo[ray]' (ray==2.60.0)"
         ) from None
     address = cfg.ray_address
     if address and address != "auto":
@@ -116,7 +118,7 @@ def check_backend_available(cfg: Any, timeout_s: float = 3.0) -> None:
             with socket.create_connection((host, port), timeout=timeout_s):
                 pass
         except OSError as err:
-            raise ConnectionError(
+            raise ConfigError(
                 f"ray_address {address!r}: nothing answers at {host}:{port} ({err}); start the "
                 "cluster (ray start --head) or leave ray_address unset for a local Ray"
             ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 from typing import Any
@@ -33,8 +34,8 @@ def start_ray(
 ) -> Any:
     """Join the cluster at ``address``, or start a private local Ray (bounded CPUs and object
     store, its own temp dir, no dashboard) so that other runs on the machine are untouched.
-    ``temp_dir``: that private folder (a fresh one when None; Ray's socket paths must stay
-    short, so keep it near /tmp)."""
+    ``temp_dir``: that private folder (None: $GSPO_RAY_TEMP_DIR, else a fresh one; Ray's
+    socket paths must stay short, so keep it near /tmp)."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
@@ -46,6 +47,8 @@ def start_ray(
             object_store_memory=object_store_bytes,
             include_dashboard=False,
             log_to_driver=False,
-            _temp_dir=temp_dir or tempfile.mkdtemp(prefix="gspo-ray-"),
+            _temp_dir=temp_dir
+            or os.environ.get("GSPO_RAY_TEMP_DIR")
+            or tempfile.mkdtemp(prefix="gspo-ray-"),
         )
     return ray
