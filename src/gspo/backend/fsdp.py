@@ -118,7 +118,8 @@ class FSDPRank:
         return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
 
     def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
-        """This rank's share of the update; its raw metric sums (merged by the driver)."""
+        """This rank's share of the update: its raw metric sums (merged by the driver) and
+        the learning rate after it (one round trip)."""
         from .update import _Accumulator, update_policy
 
         acc = _Accumulator()
@@ -136,7 +137,7 @@ class FSDPRank:
             shard=(self.rank, self.world),
             acc=acc,
         )
-        return vars(acc)
+        return {"metrics": vars(acc), "lr": self.scheduler.get_last_lr()[0]}
 
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]

@@ -142,8 +142,8 @@ class RayFSDPBackend:
         states = self._all(
             lambda r: r.update.remote(args[0], args[1], args[2], step, args[3]), "the update"
         )
-        self._lr = self._rank0(lambda r: r.lr.remote(), "lr")
-        return merge_rank_metrics(states)
+        self._lr = states[0]["lr"]
+        return merge_rank_metrics([s["metrics"] for s in states])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self._all(lambda r: r.full_state_dict.remote(), "the weight gather")[0]
