@@ -24,11 +24,11 @@ TOLERANCE = 1e-12  # float64 weights (see test_fsdp_ray.py); measured difference
 
 @pytest.fixture(scope="module")
 def ray_session():
-    from gspo.backend.ray_cluster import start_ray
+    from gspo.backend.ray_cluster import start_ray, stop_ray
 
     ray = start_ray(None, num_cpus=2)
     yield ray
-    ray.shutdown()
+    stop_ray(ray)
 
 
 def _cfg(**kw) -> TrainConfig:

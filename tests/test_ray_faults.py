@@ -179,3 +179,66 @@ def test_cli_killed_worker_stops_with_message_then_resumes(tmp_path):
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 40
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_sigkilled_driver_leaves_nothing_and_resumes_exactly(tmp_path):
+    """SIGKILL `gspo train --backend ray` itself after its second checkpoint: every process it
+    had started is gone within seconds (the watchdog), and --resume ends with the metrics and
+    final weights of an unbroken run."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    temp_dir = tempfile.mkdtemp(prefix="gspo-ray-t-")
+    env = {**os.environ, "GSPO_RAY_TEMP_DIR": temp_dir, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def args(out):
+        return [
+            sys.executable, "-m", "gspo.cli", "train", "--preset", "smoke", "--backend", "ray",
+            "--trainer-workers", "2", "--rollout-workers", "1", "--steps", "6",
+            "--checkpoint-every", "1", "--threads", "1", "--max-new-tokens", "8",
+            "--overlong-buffer", "6", "--lr", "3e-3", "--output-dir", str(out),
+        ]  # fmt: skip
+
+    killed = tmp_path / "killed"
+    child = subprocess.Popen(
+        args(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (killed / "checkpoints" / "step_000002").is_dir():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        started = _descendants(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert len(started) >= 4  # Ray's own processes, 2 ranks, 1 worker, the watchdog
+    assert _wait_gone(started, temp_dir, seconds=20) == []
+    resumed = subprocess.run(
+        [*args(killed), "--resume"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    unbroken = tmp_path / "unbroken"
+    done = subprocess.run(args(unbroken), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def steps(out):
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        by_step = {r["step"]: r for r in records if "grad_norm" in r}  # a resumed step: last wins
+        return {
+            k: {m: v for m, v in r.items() if not m.startswith(("time/", "throughput/"))}
+            for k, r in by_step.items()
+        }
+
+    a, b = steps(unbroken), steps(killed)
+    assert sorted(a) == list(range(1, 7)) and a == b
+    assert max(r["grad_norm"] for r in a.values()) > 0  # real updates, not zero gradients
+    wa = load_file(str(unbroken / "final" / "model.safetensors"))
+    wb = load_file(str(killed / "final" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    shutil.rmtree(temp_dir, ignore_errors=True)

@@ -33,6 +33,7 @@ from ..checkpoint import (
 )
 from ..core.mismatch import mismatch_stats
 from ..rollout.base import Rollout
+from .ray_cluster import stop_ray
 from .update import merge_rank_metrics
 
 
@@ -239,5 +240,5 @@ class RayFSDPBackend:
             after, self.after_close = self.after_close, None
             if after is not None:  # placement groups, the session of whoever placed the ranks
                 after()
-            if self.owns_ray and self.ray.is_initialized():
-                self.ray.shutdown()
+            if self.owns_ray:
+                stop_ray(self.ray)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -41,14 +45,43 @@ def start_ray(
         return ray
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=num_cpus,
-            object_store_memory=object_store_bytes,
-            include_dashboard=False,
-            log_to_driver=False,
-            _temp_dir=temp_dir
-            or os.environ.get("GSPO_RAY_TEMP_DIR")
-            or tempfile.mkdtemp(prefix="gspo-ray-"),
-        )
+        return ray
+    chosen = temp_dir or os.environ.get("GSPO_RAY_TEMP_DIR")
+    if chosen is None:
+        chosen = tempfile.mkdtemp(prefix="gspo-ray-")
+        _SESSION["remove"] = chosen  # ours: removed by stop_ray
+    ray.init(
+        num_cpus=num_cpus,
+        object_store_memory=object_store_bytes,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=chosen,
+    )
+    # A driver killed without stop_ray (SIGKILL) would leave some of Ray's processes running:
+    # a watchdog in its own session kills them once this process is gone.
+    _SESSION["watchdog"] = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("ray_watchdog.py")), str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return ray
+
+
+def stop_ray(ray: Any) -> None:
+    """Shut down the Ray this process started (its watchdog and, when start_ray made it, its
+    temp dir too); a cluster joined by address is only disconnected from."""
+    if ray.is_initialized():
+        ray.shutdown()
+    watchdog = _SESSION.pop("watchdog", None)
+    if watchdog is not None:
+        watchdog.kill()
+        watchdog.wait()
+    remove = _SESSION.pop("remove", None)
+    if remove is not None:
+        shutil.rmtree(remove, ignore_errors=True)
+
+
+_SESSION: dict[str, Any] = {}
+"""The local Ray this process started: its watchdog process and the temp dir to remove."""

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
-from ..backend.ray_cluster import import_ray, start_ray
+from ..backend.ray_cluster import import_ray, start_ray, stop_ray
 from .ray_rollout import RolloutPool
 
 READY_TIMEOUT_S = 60.0
@@ -119,4 +119,4 @@ def _release(ray: Any, groups: list[Any], owns: bool) -> None:
         with contextlib.suppress(Exception):  # gone with a dead cluster: nothing left to free
             remove_placement_group(pg)
     if owns:
-        ray.shutdown()
+        stop_ray(ray)
