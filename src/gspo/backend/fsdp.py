@@ -68,6 +68,7 @@ class FSDPRank:
             lr=cfg.lr,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             weight_decay=cfg.weight_decay,
+            fused=True,  # as the local backend (CPU and CUDA): DTensor shards take it too
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.warmup_steps)
