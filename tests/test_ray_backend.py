@@ -166,3 +166,43 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "final", torch_dtype=torch.float64)
     assert _weights_diff(unbroken, exported.state_dict()) == 0.0
+
+
+def test_activation_checkpointing_same_update_and_bf16_close(ray_session):
+    """Activation checkpointing recomputes the same numbers (float64: equal to local); bf16
+    compute with fp32 reduction stays near the float32 update (its rounding, ~1e-2 rel)."""
+    from gspo.backend.ray_backend import RayFSDPBackend
+
+    cfg = _cfg(backend="ray", activation_checkpointing=True)
+    torch.manual_seed(0)
+    model, _ = build_policy(cfg, torch.device("cpu"))
+    rollout, advantages = _batch(model)
+    local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
+    local.update(rollout, rollout.logprobs, advantages, 0)
+    backend = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
+    try:
+        backend.update(rollout, rollout.logprobs, advantages, 0)
+        diff = _weights_diff(local.model.state_dict(), backend.full_state_dict())
+    finally:
+        backend.close()
+    print(f"activation checkpointing: weights vs local {diff:.1e}")
+    assert diff < TOLERANCE
+
+    cfg32 = _cfg(dtype="float32", backend="ray", fsdp_param_dtype="bfloat16")
+    torch.manual_seed(0)
+    model, _ = build_policy(cfg32, torch.device("cpu"))
+    rollout, advantages = _batch(model.double())
+    model.float()
+    rollout.logprobs = rollout.logprobs.float()
+    local = LocalBackend(cfg32, copy.deepcopy(model), torch.device("cpu"))
+    m_local = local.update(rollout, rollout.logprobs, advantages.float(), 0)
+    backend = RayFSDPBackend(cfg32, copy.deepcopy(model), workers=2)
+    try:
+        m_bf16 = backend.update(rollout, rollout.logprobs, advantages.float(), 0)
+        state = backend.full_state_dict()
+    finally:
+        backend.close()
+    assert all(v.dtype == torch.float32 for v in state.values())  # master weights stay fp32
+    rel = abs(m_bf16["grad_norm"] - m_local["grad_norm"]) / m_local["grad_norm"]
+    print(f"bf16 compute: grad norm {m_bf16['grad_norm']:.4f} vs fp32 {m_local['grad_norm']:.4f}")
+    assert 0 < rel < 0.05

@@ -24,6 +24,8 @@ from gspo.scale_config import check_backend_available
         (dict(backend="ray", placement="colocated"), "set rollout_workers >= 1"),
         (dict(backend="ray", model="tiny-moe"), "does not support MoE"),
         (dict(backend="ray", lora_rank=4), "does not support LoRA"),
+        (dict(activation_checkpointing=True), "activation_checkpointing need backend='ray'"),
+        (dict(backend="ray", fsdp_param_dtype="int8"), "fsdp_param_dtype must be bfloat16"),
     ],
 )
 def test_bad_scale_fields(overrides, message):

@@ -53,6 +53,18 @@ class ScaleFields:
         "separate",
     )
 
+    fsdp_param_dtype: str | None = _doc(
+        "backend='ray': FSDP2 mixed precision: the dtype the ranks all-gather and compute in "
+        "('bfloat16' or 'float16'; gradients are reduced in float32 and the sharded master "
+        "weights keep dtype); None: compute in dtype.",
+        None,
+    )
+    activation_checkpointing: bool = _doc(
+        "backend='ray': recompute each decoder layer's activations in the backward pass "
+        "(less memory, one more forward per layer; the gradients are the same).",
+        False,
+    )
+
     def __post_init__(self) -> None:
         problems = scale_problems(self)
         if problems:
@@ -78,6 +90,12 @@ def scale_problems(cfg: Any) -> list[str]:
                 problems.append(f"{name}={getattr(cfg, name)} needs backend='ray'")
         if cfg.ray_address is not None:
             problems.append("ray_address needs backend='ray'")
+        if cfg.fsdp_param_dtype is not None or cfg.activation_checkpointing:
+            problems.append("fsdp_param_dtype and activation_checkpointing need backend='ray'")
+    if cfg.fsdp_param_dtype not in (None, "bfloat16", "float16"):
+        problems.append(
+            f"fsdp_param_dtype must be bfloat16, float16 or None, got {cfg.fsdp_param_dtype!r}"
+        )
     if cfg.backend == "ray":
         if getattr(cfg, "model", None) == "tiny-moe" or getattr(
             cfg, "routing_replay", None

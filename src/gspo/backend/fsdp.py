@@ -53,9 +53,20 @@ class FSDPRank:
         model.load_state_dict(state)
         # The frozen reference stays whole on every rank: no collectives, used row by row.
         self.ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
+        if cfg.activation_checkpointing:  # recompute each layer in backward (HF's wrapper)
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        shard_kw = {}
+        if cfg.fsdp_param_dtype is not None:  # compute in bf16/fp16, reduce in fp32
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            shard_kw["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=getattr(torch, cfg.fsdp_param_dtype), reduce_dtype=torch.float32
+            )
         for layer in model.model.layers:  # one all-gather per decoder layer, then the rest
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, **shard_kw)
+        fully_shard(model, **shard_kw)
         # Sum the ranks' parts (the denominators are already global). gloo has no PREMUL_SUM:
         # a plain SUM reduce-scatter with a post-divide of 1 is that sum.
         for module in model.modules():  # each fully_shard unit has its own setting
