@@ -30,25 +30,41 @@ driver notices a dead rank sooner, from Ray."""
 class FSDPRank:
     """One training rank (run as a Ray actor): model shard, optimizer, schedule, reference."""
 
-    def __init__(self, cfg, rank: int, world: int, port: int, state: dict[str, torch.Tensor]):
+    def __init__(self, cfg, rank: int, world: int):
+        from ..build import set_threads
+
+        set_threads(cfg.threads)
+        self.cfg, self.rank, self.world = cfg, rank, world
+        cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")  # Ray: 1 GPU each
+
+    def rendezvous(self) -> str:
+        """(Rank 0) ``tcp://IP:PORT`` of a free port on this rank's node, where the process
+        group meets (the node's address, so that ranks on other nodes of a cluster reach it)."""
+        import ray
+
+        from .ray_cluster import free_port
+
+        ip = ray.util.get_node_ip_address()
+        return f"tcp://{ip}:{free_port(ip)}"
+
+    def setup(self, init_method: str, state: dict[str, torch.Tensor]) -> None:
+        """Join the process group, build the policy from the driver's weights, shard it."""
         import torch.distributed as dist
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        from ..build import build_policy, set_threads
+        from ..build import build_policy
         from .update import _frozen_copy, lr_lambda
 
-        set_threads(cfg.threads)
+        cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
-        self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")  # Ray: 1 GPU each
         dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
+            "nccl" if self.device.type == "cuda" else "gloo",
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world,
             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         )
-        self.cfg, self.rank, self.world = cfg, rank, world
         model, _ = build_policy(cfg, self.device)
         model.load_state_dict(state)
         # The frozen reference stays whole on every rank: no collectives, used row by row.

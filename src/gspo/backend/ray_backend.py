@@ -88,21 +88,20 @@ class RayFSDPBackend:
         temp_dir: str | None = None,
     ):
         from .fsdp import FSDPRank
-        from .ray_cluster import free_port, import_ray, start_ray
+        from .ray_cluster import import_ray, start_ray
 
         refuse_unsupported(cfg, model)
         self.cfg, self.model, self.output_dir = cfg, model, output_dir
         self.owns_ray = not import_ray().is_initialized()  # then close() shuts it down
         self.after_close: Any = None  # called by close() once the ranks are gone
         self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
-        port = free_port()
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         actor = self.ray.remote(num_cpus=1)(FSDPRank)
         options = actor_options or [{} for _ in range(workers)]
         self.names = [f"training rank {r}" for r in range(workers)]
-        self.ranks = [
-            actor.options(**options[r]).remote(cfg, r, workers, port, state) for r in range(workers)
-        ]
+        self.ranks = [actor.options(**options[r]).remote(cfg, r, workers) for r in range(workers)]
+        meet = self._rank0(lambda r: r.rendezvous.remote(), "start-up")
+        state = self.ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        self._all(lambda r: r.setup.remote(meet, state), "start-up")
         self.pids = self._all(lambda r: r.pid.remote(), "start-up")
         self.names = [f"training rank {r} (pid {p})" for r, p in enumerate(self.pids)]
         self._lr = self._rank0(lambda r: r.lr.remote(), "lr")
