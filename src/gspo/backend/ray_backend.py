@@ -34,7 +34,7 @@ from ..checkpoint import (
 from ..core.mismatch import mismatch_stats
 from ..rollout.base import Rollout
 from .ray_cluster import stop_ray
-from .update import merge_rank_metrics
+from .shard import merge_rank_metrics
 
 
 class WorkerLostError(RuntimeError):

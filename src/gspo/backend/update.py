@@ -20,6 +20,8 @@ from gspo.models import token_logprobs
 from gspo.rollout.base import Rollout
 from gspo.train_options import loss_kl_coef, loss_options, sequence_weights
 
+from .shard import all_ranks_sum, rank_parts
+
 
 def lr_lambda(warmup_steps: int):
     """The LR schedule's factor: linear warmup over ``warmup_steps``, then constant."""
@@ -51,7 +53,7 @@ def update_policy(
     all in the gradient pass (no idle-row split) and pads with zero-weight passes up to the
     largest share's micro-batch count; the minibatch loss is all-reduced so that a non-finite
     loss on any rank skips the update on all. ``acc``: where the metrics accumulate (a rank's
-    raw sums, merged over ranks by :func:`merge_rank_metrics`).
+    raw sums, merged over ranks by :func:`gspo.backend.shard.merge_rank_metrics`).
     """
     model.train()
     n = rollout.num_samples
@@ -74,7 +76,7 @@ def update_policy(
         n_tok = int(mask.sum())
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
         if shard is not None:  # data-parallel rank (rank, world): its rows, global denominators
-            parts = _rank_parts(mb, shard, micro)
+            parts = rank_parts(mb, shard, micro)
         else:
             # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
             # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
@@ -153,7 +155,7 @@ def update_policy(
             mb_loss += float(loss.detach())
             acc.add(metrics, tokens, int(m.any(dim=1).sum()), off_policy=k > 0)
         if shard is not None:  # the whole minibatch's loss: the same skip decision on every rank
-            mb_loss = _all_ranks_sum(mb_loss)
+            mb_loss = all_ranks_sum(mb_loss)
         acc.add_scalar("loss", mb_loss)  # mean over minibatches
         grad_norm = torch.nn.utils.clip_grad_norm_(
             model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
@@ -173,52 +175,6 @@ def update_policy(
         optimizer.zero_grad(set_to_none=True)
     model.eval()
     return acc.result()
-
-
-def _rank_parts(
-    mb: torch.Tensor, shard: tuple[int, int], micro: int
-) -> list[tuple[torch.Tensor, bool | None]]:
-    """A rank's micro-batches of minibatch ``mb`` (rows ``mb[rank::world]``), padded with
-    zero-weight passes (``None``: over the minibatch's first row) to the count of the largest
-    share, so that every rank runs as many forwards and backwards."""
-    rank, world = shard
-    own = mb[rank::world]
-    widest = -(-len(mb) // world)  # rows of the largest share
-    count = max(-(-widest // micro), 1)
-    parts: list[tuple[torch.Tensor, bool | None]] = [(p, True) for p in own.split(micro) if len(p)]
-    parts += [(mb[:1], None)] * (count - len(parts))
-    return parts
-
-
-def _all_ranks_sum(value: float) -> float:
-    import torch.distributed as dist
-
-    total = torch.tensor([value], dtype=torch.float64)  # [1]
-    dist.all_reduce(total)  # SUM (a NaN or inf on any rank reaches all)
-    return float(total)
-
-
-def merge_rank_metrics(states: list[dict[str, dict[str, float]]]) -> dict[str, float]:
-    """One process's metrics from the ranks' raw accumulators (``vars(_Accumulator)``): weighted
-    sums and their weights added up, extremes min/max over ranks. Scalars (loss, grad_norm,
-    skipped updates) are global by construction, the same on every rank: rank 0's."""
-    acc = _Accumulator()
-    for state in states:
-        for key, value in state["sums"].items():
-            acc.sums[key] = acc.sums.get(key, 0.0) + value
-            acc.weights[key] = acc.weights.get(key, 0.0) + state["weights"][key]
-        for key, value in state["extremes"].items():
-            pick = min if key.removesuffix("_off_policy").endswith("/min") else max
-            acc.extremes[key] = pick(acc.extremes.get(key, value), value)
-    # Scalars sit in every rank's sums with weight 1 per minibatch: the mean of equal values.
-    scalars = {k for k, w in states[0]["weights"].items() if k in _GLOBAL_SCALARS}
-    for key in scalars:
-        acc.sums[key], acc.weights[key] = states[0]["sums"][key], states[0]["weights"][key]
-    acc.totals.update(states[0]["totals"])
-    return acc.result()
-
-
-_GLOBAL_SCALARS = ("loss", "grad_norm", "advantage/zero_fraction")
 
 
 def zero_gradient_rows(cfg: TrainConfig, model, advantages: torch.Tensor) -> torch.Tensor:
