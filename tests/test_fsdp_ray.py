@@ -25,11 +25,11 @@ TOLERANCE = 1e-12
 
 @pytest.fixture(scope="module")
 def ray_session():
-    from gspo.backend.ray_cluster import start_ray
+    from gspo.backend.ray_cluster import start_ray, stop_ray
 
     ray = start_ray(None, num_cpus=2)
     yield ray
-    ray.shutdown()
+    stop_ray(ray)
 
 
 def _cfg(algo: str) -> TrainConfig:
@@ -78,7 +78,7 @@ def _batch(cfg: TrainConfig, model):
 
 @pytest.mark.parametrize("algo", sorted(LOSSES))
 def test_two_ranks_equal_one_process(ray_session, algo):
-    from gspo.backend.fsdp import RayFSDPBackend
+    from gspo.backend.ray_backend import RayFSDPBackend
 
     cfg = _cfg(algo)
     torch.manual_seed(0)

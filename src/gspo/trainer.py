@@ -39,6 +39,7 @@ from .logging import MetricsLogger
 from .orchestration.loop import NonFiniteTrainingError, RunResult, run
 from .orchestration.state import Parts, StepState
 from .rollout.base import SamplingParams
+from .scale_config import check_backend_available
 
 __all__ = ["NonFiniteTrainingError", "RunResult", "ensure_writable", "train"]
 
@@ -59,6 +60,7 @@ def ensure_writable(path: Path) -> None:
 def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     """Run (or resume) the RL run described by ``cfg``."""
     check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
+    check_backend_available(cfg)  # backend='ray': Ray installed, ray_address reachable
     set_threads(cfg.threads)
     out = Path(cfg.output_dir)
     found = None
@@ -116,19 +118,24 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
         cfg, task, fmt, tokenizer, model
     )
-    # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
-    engine = build_engine(
-        cfg,
-        model,
-        tokenizer,
-        pad_id=tokenizer.pad_token_id,
-        eos_id=tokenizer.eos_token_id,
-        dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-        share_weights=cfg.engine_dtype is None,
-    )
-    if engine.model is not None:  # an engine copy in float64 needs the eager experts
-        moe.fit_experts_kernel(engine.model)
-    backend = LocalBackend(cfg, model, device)
+    if cfg.backend == "ray":  # FSDP2 ranks (+ rollout workers) as Ray actors
+        from .orchestration.ray_parts import build_ray_parts
+
+        backend, engine = build_ray_parts(cfg, model, tokenizer, out)
+    else:
+        # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
+        engine = build_engine(
+            cfg,
+            model,
+            tokenizer,
+            pad_id=tokenizer.pad_token_id,
+            eos_id=tokenizer.eos_token_id,
+            dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
+            share_weights=cfg.engine_dtype is None,
+        )
+        if engine.model is not None:  # an engine copy in float64 needs the eager experts
+            moe.fit_experts_kernel(engine.model)
+        backend = LocalBackend(cfg, model, device)
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,

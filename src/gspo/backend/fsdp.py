@@ -1,41 +1,88 @@
-"""FSDP2 training ranks in Ray actors: the trainer's own update, sharded over N gloo ranks.
+"""One FSDP2 training rank (a Ray actor): the trainer's own update, sharded over N ranks.
 
 Each rank builds the same policy from the driver's weights, wraps it with ``fully_shard`` and
 runs :func:`gspo.backend.update.update_policy` on its share of every minibatch (``shard=(rank, N)``).
 The sequence and token denominators are those of the whole minibatch, and FSDP2's gradient
 reduce-scatter sums (divide factor 1) instead of averaging, so the summed gradient equals one
-process's; ``clip_grad_norm_`` on DTensor gradients clips on the global norm.
+process's; ``clip_grad_norm_`` on DTensor gradients clips on the global norm. gloo on CPU,
+NCCL on GPU. The driver side is :class:`gspo.backend.ray_backend.RayFSDPBackend`.
+
+Every forward of a sharded model is a collective (its layers are all-gathered), so every
+method that runs one must be called on all ranks at once, with the same number of passes.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..rollout.base import Rollout
 
+COLLECTIVE_TIMEOUT_S = 300
+"""A rank waiting on a dead peer gives up after this long (gloo's default is 30 minutes); the
+driver notices a dead rank sooner, from Ray."""
+
 
 class FSDPRank:
-    """One training rank (run as a Ray actor): model shard, optimizer, schedule."""
+    """One training rank (run as a Ray actor): model shard, optimizer, schedule, reference."""
 
-    def __init__(self, cfg, rank: int, world: int, port: int, state: dict[str, torch.Tensor]):
+    def __init__(self, cfg, rank: int, world: int):
+        from ..build import set_threads
+
+        set_threads(cfg.threads)
+        self.cfg, self.rank, self.world = cfg, rank, world
+        cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+        self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")  # Ray: 1 GPU each
+
+    def rendezvous(self) -> str:
+        """(Rank 0) ``tcp://IP:PORT`` of a free port on this rank's node, where the process
+        group meets (the node's address, so that ranks on other nodes of a cluster reach it)."""
+        import ray
+
+        from .ray_cluster import free_port
+
+        ip = ray.util.get_node_ip_address()
+        return f"tcp://{ip}:{free_port(ip)}"
+
+    def setup(self, init_method: str, state: dict[str, torch.Tensor]) -> None:
+        """Join the process group, build the policy from the driver's weights, shard it."""
         import torch.distributed as dist
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         from ..build import build_policy
-        from .update import lr_lambda
+        from .update import _frozen_copy, lr_lambda
 
+        cfg = self.cfg
         torch.manual_seed(cfg.seed)
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+            "nccl" if self.device.type == "cuda" else "gloo",
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
         )
-        self.cfg, self.rank, self.world = cfg, rank, world
-        model, _ = build_policy(cfg, torch.device("cpu"))
+        model, _ = build_policy(cfg, self.device)
         model.load_state_dict(state)
+        # The frozen reference stays whole on every rank: no collectives, used row by row.
+        self.ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
+        if cfg.activation_checkpointing:  # recompute each layer in backward (HF's wrapper)
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        shard_kw = {}
+        if cfg.fsdp_param_dtype is not None:  # compute in bf16/fp16, reduce in fp32
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            shard_kw["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=getattr(torch, cfg.fsdp_param_dtype), reduce_dtype=torch.float32
+            )
         for layer in model.model.layers:  # one all-gather per decoder layer, then the rest
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, **shard_kw)
+        fully_shard(model, **shard_kw)
         # Sum the ranks' parts (the denominators are already global). gloo has no PREMUL_SUM:
         # a plain SUM reduce-scatter with a post-divide of 1 is that sum.
         for module in model.modules():  # each fully_shard unit has its own setting
@@ -44,19 +91,79 @@ class FSDPRank:
                 module.set_force_sum_reduction_for_comms(True)
         self.model = model
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay
+            model.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            weight_decay=cfg.weight_decay,
+            fused=True,  # as the local backend (CPU and CUDA): DTensor shards take it too
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.warmup_steps)
         )
 
-    def update(self, rollout, old, advantages, step, weights=None) -> dict[str, float]:
-        from .update import update_policy
+    def pid(self) -> int:
+        return os.getpid()
 
-        return update_policy(
+    def old_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        """[n_r, L] recomputed log-probs of this rank's rows ``rank::world`` (one forward on
+        every rank: a rank without rows runs one on row 0 and returns none)."""
+        from ..models import token_logprobs
+        from .update import _to_device
+
+        rollout = _to_device(rollout, self.device)
+        rows = torch.arange(rollout.num_samples)[self.rank :: self.world]  # [n_r]
+        run = rows if len(rows) else torch.zeros(1, dtype=torch.long)
+        with torch.no_grad():
+            logprobs, _ = token_logprobs(
+                self.model,
+                rollout.prompt_ids[run],
+                rollout.prompt_mask[run],
+                rollout.completion_ids[run],
+                rollout.completion_mask[run],
+                temperature=self.cfg.temperature,
+            )  # [n_r, L]
+        return logprobs[: len(rows)].cpu()
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        """[N, L] reference log-probs (the reference is whole: one rank is enough)."""
+        from ..models import token_logprobs
+
+        if self.ref_model is None:
+            return None
+        with torch.no_grad():
+            ref, _ = token_logprobs(
+                self.ref_model,
+                rollout.prompt_ids,
+                rollout.prompt_mask,
+                rollout.completion_ids,
+                rollout.completion_mask,
+                temperature=self.cfg.temperature,
+                prompt_index=rollout.prompt_index,
+            )
+        return ref.cpu()  # [N, L]
+
+    def kl_penalty(self, rollout: Rollout, old_logprobs: torch.Tensor):
+        from ..train_options import reward_kl_penalty
+
+        return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
+
+    def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
+        """This rank's share of the update: its raw metric sums (merged by the driver) and
+        the learning rate after it (one round trip)."""
+        from .update import _Accumulator, _to_device, update_policy
+
+        # The batch comes from the driver on CPU; a GPU rank works on its own device.
+        rollout, old, advantages = (
+            _to_device(rollout, self.device),
+            old.to(self.device),
+            advantages.to(self.device),
+        )
+        weights = None if weights is None else weights.to(self.device)
+        acc = _Accumulator()
+        update_policy(
             self.cfg,
             self.model,
-            None,
+            self.ref_model,
             self.optimizer,
             self.scheduler,
             rollout,
@@ -65,7 +172,12 @@ class FSDPRank:
             step,
             weights,
             shard=(self.rank, self.world),
+            acc=acc,
         )
+        return {"metrics": vars(acc), "lr": self.scheduler.get_last_lr()[0]}
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The gathered full weights on CPU (rank 0 returns them; every rank must call)."""
@@ -75,51 +187,36 @@ class FSDPRank:
         state = get_model_state_dict(self.model, options=opts)
         return state if self.rank == 0 else None
 
+    def save(self, directory: str) -> None:
+        """Sharded weights and optimizer state with torch.distributed.checkpoint (every rank
+        writes its own shard under ``directory/dcp``); rank 0 adds the LR schedule."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=f"{directory}/dcp")
+        if self.rank == 0:
+            torch.save(self.scheduler.state_dict(), Path(directory) / "scheduler.pt")
+
+    def load(self, directory: str) -> None:
+        """Restore what :meth:`save` wrote (the same number of ranks)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=f"{directory}/dcp")
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        saved = torch.load(Path(directory) / "scheduler.pt", weights_only=False)
+        self.scheduler.load_state_dict(saved)
+
     def close(self) -> None:
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-class RayFSDPBackend:
-    """The policy update over ``cfg.trainer_workers`` FSDP2 ranks placed by Ray (partial
-    :class:`~gspo.backend.base.TrainingBackend`: update, weights, close)."""
-
-    def __init__(self, cfg, model: torch.nn.Module, workers: int, address: str | None = None):
-        from .ray_cluster import free_port, start_ray
-
-        self.ray = start_ray(address, num_cpus=workers)
-        port = free_port()
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        actor = self.ray.remote(num_cpus=1)(FSDPRank)
-        self.ranks = [
-            actor.options(name=None).remote(cfg, r, workers, port, state) for r in range(workers)
-        ]
-        self._metrics: dict[str, float] = {}
-
-    def update(
-        self,
-        rollout: Rollout,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        step: int,
-        weights: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        args = (rollout, old_logprobs, advantages, step, weights)
-        results = self.ray.get([r.update.remote(*args) for r in self.ranks])
-        return results[0]  # rank 0's metrics (its share of the rows)
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.ray.get([r.full_state_dict.remote() for r in self.ranks])[0]
-
-    def push_weights(self, engine: Any) -> None:
-        engine.update_weights(self.full_state_dict())
-
-    def close(self) -> None:
-        try:
-            self.ray.get([r.close.remote() for r in self.ranks], timeout=30)
-        finally:
-            for r in self.ranks:
-                self.ray.kill(r)
-            self.ranks = []

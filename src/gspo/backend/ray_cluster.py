@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 
@@ -18,27 +23,65 @@ def import_ray() -> Any:
     return ray
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def start_ray(address: str | None, num_cpus: int, object_store_bytes: int = 256 << 20) -> Any:
+def start_ray(
+    address: str | None,
+    num_cpus: int,
+    object_store_bytes: int = 256 << 20,
+    temp_dir: str | None = None,
+) -> Any:
     """Join the cluster at ``address``, or start a private local Ray (bounded CPUs and object
-    store, its own temp dir, no dashboard) so that other runs on the machine are untouched."""
+    store, its own temp dir, no dashboard) so that other runs on the machine are untouched.
+    ``temp_dir``: that private folder (None: $GSPO_RAY_TEMP_DIR, else a fresh one; Ray's
+    socket paths must stay short, so keep it near /tmp)."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=num_cpus,
-            object_store_memory=object_store_bytes,
-            include_dashboard=False,
-            log_to_driver=False,
-            _temp_dir=tempfile.mkdtemp(prefix="gspo-ray-"),
-        )
+        return ray
+    chosen = temp_dir or os.environ.get("GSPO_RAY_TEMP_DIR")
+    if chosen is None:
+        chosen = tempfile.mkdtemp(prefix="gspo-ray-")
+        _SESSION["remove"] = chosen  # ours: removed by stop_ray
+    ray.init(
+        num_cpus=num_cpus,
+        object_store_memory=object_store_bytes,
+        include_dashboard=False,
+        log_to_driver=False,
+        _temp_dir=chosen,
+    )
+    # A driver killed without stop_ray (SIGKILL) would leave some of Ray's processes running:
+    # a watchdog in its own session kills them once this process is gone.
+    _SESSION["watchdog"] = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("ray_watchdog.py")), str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return ray
+
+
+def stop_ray(ray: Any) -> None:
+    """Shut down the Ray this process started (its watchdog and, when start_ray made it, its
+    temp dir too); a cluster joined by address is only disconnected from."""
+    if ray.is_initialized():
+        ray.shutdown()
+    watchdog = _SESSION.pop("watchdog", None)
+    if watchdog is not None:
+        watchdog.kill()
+        watchdog.wait()
+    remove = _SESSION.pop("remove", None)
+    if remove is not None:
+        shutil.rmtree(remove, ignore_errors=True)
+
+
+_SESSION: dict[str, Any] = {}
+"""The local Ray this process started: its watchdog process and the temp dir to remove."""

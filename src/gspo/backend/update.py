@@ -20,6 +20,8 @@ from gspo.core.seeding import step_generator
 from gspo.models import moe, token_logprobs
 from gspo.rollout.base import Rollout
 
+from .shard import all_ranks_sum, rank_parts
+
 
 def lr_lambda(warmup_steps: int):
     """The LR schedule's factor: linear warmup over ``warmup_steps``, then constant."""
@@ -38,12 +40,20 @@ def update_policy(
     step: int,
     weights: torch.Tensor | None = None,
     shard: tuple[int, int] | None = None,
+    acc: _Accumulator | None = None,
 ) -> dict[str, float]:
     """Split the rollout batch into ``num_minibatches`` minibatches (``minibatch_rows``), one
     optimizer step each.
 
     Inside a minibatch, micro-batches accumulate gradients; each gets the minibatch's global
     sequence and token counts as denominators, so the gradient equals one pass over the minibatch.
+
+    ``shard=(rank, world)``: a data-parallel FSDP2 rank. Every rank must run the same number of
+    forwards and backwards (each is a collective), so a rank takes its rows ``mb[rank::world]``
+    all in the gradient pass (no idle-row split) and pads with zero-weight passes up to the
+    largest share's micro-batch count; the minibatch loss is all-reduced so that a non-finite
+    loss on any rank skips the update on all. ``acc``: where the metrics accumulate (a rank's
+    raw sums, merged over ranks by :func:`gspo.backend.shard.merge_rank_metrics`).
     """
     model.train()
     n = rollout.num_samples
@@ -54,7 +64,7 @@ def update_policy(
     micro = cfg.micro_batch_size or n
     # MoE routing records (replay, aux loss) are laid out over the rollout's full width.
     trim = not moe.is_moe(model)
-    acc = _Accumulator()
+    acc = _Accumulator() if acc is None else acc
     constant = cfg.loss_constant or float(cfg.max_new_tokens)
     # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
     replay = moe.replay_source(cfg.routing_replay, rollout, model)
@@ -64,21 +74,24 @@ def update_policy(
         mask = rollout.policy_mask[mb]  # [n_mb, L] policy tokens only (multi-turn: no env)
         n_seq = int((mask.sum(dim=1) > 0).sum())
         n_tok = int(mask.sum())
-        if shard is not None:  # data-parallel rank (rank, world): its rows, global denominators
-            mb = mb[shard[0] :: shard[1]]
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
-        # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
-        # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
-        # A few idle rows stay in the gradient pass: a second forward costs more than they do.
-        live, rest = mb[~idle[mb]], mb[idle[mb]]
-        if cfg.zero_advantage_metrics and len(rest) < cfg.zero_advantage_split * len(mb):
-            live, rest = mb, mb[:0]
-        parts = [(p, True) for p in live.split(micro) if len(p)]
-        if cfg.zero_advantage_metrics:
-            parts += [(p, False) for p in rest.split(micro) if len(p)]  # (empty split: [[]])
-        if len(live) == 0:
-            _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
+        if shard is not None:  # data-parallel rank (rank, world): its rows, global denominators
+            parts = rank_parts(mb, shard, micro)
+        else:
+            # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
+            # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
+            # A few idle rows stay in the gradient pass: a second forward costs more than they do.
+            live, rest = mb[~idle[mb]], mb[idle[mb]]
+            if cfg.zero_advantage_metrics and len(rest) < cfg.zero_advantage_split * len(mb):
+                live, rest = mb, mb[:0]
+            parts = [(p, True) for p in live.split(micro) if len(p)]
+            if cfg.zero_advantage_metrics:
+                parts += [(p, False) for p in rest.split(micro) if len(p)]  # (empty split: [[]])
+            if len(live) == 0:
+                _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
         for part, needs_grad in parts:
+            padding = needs_grad is None  # a zero-weight pass that keeps the ranks in step
+            needs_grad = needs_grad is not False
             rows = _rows(rollout, part, trim)  # this micro-batch's rows, padding columns cut
             # MoE: replay/capture the routing of this forward (a no-op block for dense models).
             with (
@@ -131,6 +144,9 @@ def update_policy(
             if aux is not None:
                 loss = loss + aux  # load-balancing loss (router_aux_loss_coef > 0)
             metrics.update(moe_metrics)
+            if padding:
+                (loss * 0.0).backward()
+                continue
             if needs_grad:
                 loss.backward()
             m = rows.loss_mask  # [n_micro, L']
@@ -138,6 +154,8 @@ def update_policy(
             metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
             mb_loss += float(loss.detach())
             acc.add(metrics, tokens, int(m.any(dim=1).sum()), off_policy=k > 0)
+        if shard is not None:  # the whole minibatch's loss: the same skip decision on every rank
+            mb_loss = all_ranks_sum(mb_loss)
         acc.add_scalar("loss", mb_loss)  # mean over minibatches
         grad_norm = torch.nn.utils.clip_grad_norm_(
             model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf

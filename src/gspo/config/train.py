@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .fields import CorrectionFields, EngineFields, SharedFields, _doc
+from .scale import ScaleFields
 
 
 @dataclass
-class TrainConfig(SharedFields, EngineFields, CorrectionFields):
+class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields):
     """Everything that defines an RL run; saved with every checkpoint."""
 
     # --- run, model, task: SharedFields (gspo.config.fields); what differs here ---------------

@@ -121,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
+        from gspo.backend.ray_backend import WorkerLostError
         from gspo.trainer import NonFiniteTrainingError
 
-        if not isinstance(exc, NonFiniteTrainingError):
+        if not isinstance(exc, (NonFiniteTrainingError, WorkerLostError)):
             raise
         print(f"gspo {args.command}: stopped: {exc}", file=sys.stderr)
         return 3

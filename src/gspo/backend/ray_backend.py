@@ -1,0 +1,243 @@
+"""The FSDP2 training backend: :class:`~gspo.backend.base.TrainingBackend` over N Ray-placed
+ranks (:class:`gspo.backend.fsdp.FSDPRank`).
+
+The driver keeps an unsharded copy of the policy only to hand out weights (rollout engines, the
+final export); the ranks own the trainable shards, the optimizer, the schedule and the reference.
+Metrics are merged over ranks as one process would pool them. A rank that dies (SIGKILL, OOM)
+ends the call with :class:`WorkerLostError` naming it and the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.mismatch import mismatch_stats
+from ..rollout.base import Rollout
+from .checkpoint import (
+    FAULT_DELAY_S,
+    PREFIX,
+    _write_text_atomic,
+    checkpoint_root,
+    latest_checkpoint,
+    list_checkpoints,
+    load_state,
+    replace_dir,
+    rng_state,
+    set_rng_state,
+)
+from .ray_cluster import stop_ray
+from .shard import merge_rank_metrics
+
+
+class WorkerLostError(RuntimeError):
+    """A training rank or rollout worker died; the message names it and the last checkpoint."""
+
+
+def refuse_unsupported(cfg: Any, model: torch.nn.Module) -> None:
+    """What the FSDP2 ranks cannot do yet, refused before any work."""
+    from ..models.moe import is_moe
+
+    if is_moe(model) or cfg.routing_replay not in (None, "none"):
+        raise ValueError(
+            "backend='ray' does not support MoE models or routing_replay yet (routing records "
+            "are per process); use backend='local' for tiny-moe / --routing-replay"
+        )
+    if cfg.lora_rank > 0:
+        raise ValueError("backend='ray' does not support LoRA (lora_rank > 0) yet")
+
+
+def gather(ray: Any, refs: list, names: list[str], what: str, output_dir: str | None) -> list:
+    """``ray.get`` of every ref, in order; the first actor found dead raises
+    :class:`WorkerLostError` at once (its peers may be stuck in a collective waiting for it)."""
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending, results = list(refs), [None] * len(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        i = index[done[0]]
+        try:
+            results[i] = ray.get(done[0])
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as err:
+            last = latest_checkpoint(output_dir) if output_dir else None
+            raise WorkerLostError(
+                f"{names[i]} died during {what} ({type(err).__name__}); the run stops. Last "
+                f"good checkpoint: {last or 'none yet'}"
+                + (" (continue with --resume)" if last else "")
+            ) from None
+    return results
+
+
+class RayFSDPBackend:
+    """The policy update over ``workers`` FSDP2 ranks placed by Ray."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        model: torch.nn.Module,
+        workers: int,
+        address: str | None = None,
+        actor_options: list[dict[str, Any]] | None = None,
+        output_dir: str | None = None,
+        temp_dir: str | None = None,
+    ):
+        from .fsdp import FSDPRank
+        from .ray_cluster import import_ray, start_ray
+
+        refuse_unsupported(cfg, model)
+        self.cfg, self.model, self.output_dir = cfg, model, output_dir
+        self.owns_ray = not import_ray().is_initialized()  # then close() shuts it down
+        self.after_close: Any = None  # called by close() once the ranks are gone
+        self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
+        actor = self.ray.remote(num_cpus=1)(FSDPRank)
+        options = actor_options or [{} for _ in range(workers)]
+        self.names = [f"training rank {r}" for r in range(workers)]
+        self.ranks = [actor.options(**options[r]).remote(cfg, r, workers) for r in range(workers)]
+        meet = self._rank0(lambda r: r.rendezvous.remote(), "start-up")
+        state = self.ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        self._all(lambda r: r.setup.remote(meet, state), "start-up")
+        self.pids = self._all(lambda r: r.pid.remote(), "start-up")
+        self.names = [f"training rank {r} (pid {p})" for r, p in enumerate(self.pids)]
+        self._lr = self._rank0(lambda r: r.lr.remote(), "lr")
+
+    def _all(self, call, what: str) -> list:
+        return gather(self.ray, [call(r) for r in self.ranks], self.names, what, self.output_dir)
+
+    def _rank0(self, call, what: str) -> Any:
+        return gather(self.ray, [call(self.ranks[0])], self.names[:1], what, self.output_dir)[0]
+
+    def old_logprobs(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        if self.cfg.old_logprobs == "engine":
+            return rollout.logprobs, {}
+        parts = self._all(lambda r: r.old_logprobs.remote(rollout), "the old log-prob pass")
+        out = torch.zeros(rollout.logprobs.shape, dtype=parts[0].dtype)  # [N, L]
+        for rank, part in enumerate(parts):
+            out[rank :: len(parts)] = part
+        return out, mismatch_stats(out, rollout.logprobs, rollout.policy_mask)
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        return self._rank0(lambda r: r.reference_logprobs.remote(rollout), "the reference pass")
+
+    def kl_penalty(
+        self, rollout: Rollout, old_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        return self._rank0(lambda r: r.kl_penalty.remote(rollout, old_logprobs), "the KL pass")
+
+    def update(
+        self,
+        rollout: Rollout,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        step: int,
+        weights: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        # One object-store copy of the batch for all ranks (each takes its rows).
+        args = [self.ray.put(a) for a in (rollout, old_logprobs, advantages, weights)]
+        states = self._all(
+            lambda r: r.update.remote(args[0], args[1], args[2], step, args[3]), "the update"
+        )
+        self._lr = states[0]["lr"]
+        return merge_rank_metrics([s["metrics"] for s in states])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._all(lambda r: r.full_state_dict.remote(), "the weight gather")[0]
+
+    def push_weights(self, engine: Any) -> None:
+        """Gather the full weights into the driver's copy and hand it to the engine(s)."""
+        self.model.load_state_dict(self.full_state_dict())
+        engine.update_weights(self.model)
+
+    def step_metrics(self, rollout: Rollout) -> dict[str, float]:
+        return {}  # dense models only (MoE is refused)
+
+    def lr(self) -> float:
+        return self._lr
+
+    def save_checkpoint(
+        self,
+        output_dir: Path,
+        step: int,
+        *,
+        tokenizer: Any,
+        config: dict[str, Any],
+        keep: int,
+        extra: dict[str, Any],
+    ) -> Path:
+        """Each rank writes its shard (DCP) into a temporary folder; the driver adds tokenizer,
+        RNG and state.json, then renames the folder into place (as gspo.checkpoint does)."""
+        root = checkpoint_root(output_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"{PREFIX}{step:06d}"
+        for stale in root.glob(".tmp-*"):  # left by a process killed mid-write
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+        try:
+            self._all(lambda r: r.save.remote(str(tmp)), f"the checkpoint of step {step}")
+            self.model.config.save_pretrained(tmp)  # the architecture, for `gspo` tools
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            torch.save(rng_state(), tmp / "rng.pt")
+            if FAULT_DELAY_S > 0:  # fault-injection hook: widens the window a kill can land in
+                time.sleep(FAULT_DELAY_S)
+            state = {"step": step, "config": config, "ranks": len(self.ranks), **extra}
+            (tmp / "state.json").write_text(json.dumps(state, indent=2))
+            for f in tmp.rglob("*"):  # flush file contents before the rename makes them visible
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            replace_dir(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _write_text_atomic(root / "latest", final.name + "\n")
+        for old in list_checkpoints(output_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        path = Path(path)
+        if not (path / "dcp").is_dir():
+            raise ValueError(
+                f"checkpoint {path} has no sharded state (dcp/): it was written by the local "
+                "backend; resume it with backend='local'"
+            )
+        state = load_state(path)
+        if state.get("ranks", len(self.ranks)) != len(self.ranks):
+            raise ValueError(
+                f"checkpoint {path} was written by {state['ranks']} training ranks; resume it "
+                f"with --trainer-workers {state['ranks']}"
+            )
+        self._all(lambda r: r.load.remote(str(path)), f"loading {path}")
+        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+        self._lr = self._rank0(lambda r: r.lr.remote(), "lr")
+        self.model.load_state_dict(self.full_state_dict())
+        return state
+
+    def export(self, directory: Path, tokenizer: Any) -> None:
+        from ..models import save_model
+
+        self.model.load_state_dict(self.full_state_dict())
+        save_model(self.model, tokenizer, directory)
+
+    def close(self) -> None:
+        """Destroy the process groups, kill the rank actors, and stop Ray if this backend
+        started it. Safe to call twice, and after a rank died."""
+        ranks, self.ranks = self.ranks, []
+        try:
+            if ranks:  # a dead rank's close never returns: wait a bounded time
+                closing = [r.close.remote() for r in ranks]
+                self.ray.wait(closing, num_returns=len(closing), timeout=10)
+        finally:
+            for r in ranks:
+                self.ray.kill(r)
+            after, self.after_close = self.after_close, None
+            if after is not None:  # placement groups, the session of whoever placed the ranks
+                after()
+            if self.owns_ray:
+                stop_ray(self.ray)

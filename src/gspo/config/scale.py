@@ -1,0 +1,116 @@
+"""Scale-out config fields (backend, ranks, rollout workers, Ray cluster, placement) and their
+checks: plain data (imports nothing else of gspo).
+
+``ScaleFields`` is a base of ``TrainConfig`` (flat fields, each with a doc, shown by
+``--help``; the CLI flags ``--backend``, ``--trainer-workers``, ... come from them). Field
+values are checked when the config is built; ``gspo.scale_config.check_backend_available``
+checks the machine (Ray installed, the cluster reachable) before any work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .fields import ConfigError
+
+BACKENDS = ("local", "ray")
+PLACEMENTS = ("colocated", "separate")
+
+
+def _doc(text: str, default: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class ScaleFields:
+    """Where training and rollout run: this process, or Ray actors on one machine or a cluster."""
+
+    backend: str = _doc(
+        "Training backend: 'local' (this process, CPU or one GPU) or 'ray' (trainer_workers "
+        "FSDP2 ranks and rollout_workers engines as Ray actors; needs the ray extra: pip "
+        "install 'gspo[ray]'). Both run the same loop and give the same metrics.",
+        "local",
+    )
+    trainer_workers: int = _doc(
+        "backend='ray': FSDP2 training ranks (data parallel, sharded weights and optimizer; "
+        "gloo on CPU, NCCL on GPU); each takes its share of every minibatch.",
+        1,
+    )
+    rollout_workers: int = _doc(
+        "backend='ray': rollout engines as Ray actors, each sampling its share of the prompts "
+        "and receiving the new weights after every update; 0: one engine in the driver.",
+        0,
+    )
+    ray_address: str | None = _doc(
+        "backend='ray': address of an existing Ray cluster (e.g. 'ray://head:10001', "
+        "'head:6379' or 'auto'); None: start a private local Ray for this run.",
+        None,
+    )
+    placement: str = _doc(
+        "backend='ray': 'colocated' (rank i and rollout worker i share a bundle: the same "
+        "CPUs/GPU) or 'separate' (training and rollout in their own placement groups).",
+        "separate",
+    )
+
+    fsdp_param_dtype: str | None = _doc(
+        "backend='ray': FSDP2 mixed precision: the dtype the ranks all-gather and compute in "
+        "('bfloat16' or 'float16'; gradients are reduced in float32 and the sharded master "
+        "weights keep dtype); None: compute in dtype.",
+        None,
+    )
+    activation_checkpointing: bool = _doc(
+        "backend='ray': recompute each decoder layer's activations in the backward pass "
+        "(less memory, one more forward per layer; the gradients are the same).",
+        False,
+    )
+
+    def __post_init__(self) -> None:
+        problems = scale_problems(self)
+        if problems:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+
+
+def scale_problems(cfg: Any) -> list[str]:
+    """Every problem with the scale-out fields of ``cfg`` (empty: fine)."""
+    problems: list[str] = []
+    if cfg.backend not in BACKENDS:
+        problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+    if cfg.placement not in PLACEMENTS:
+        problems.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+    if cfg.trainer_workers < 1:
+        problems.append(f"trainer_workers must be >= 1, got {cfg.trainer_workers}")
+    if cfg.rollout_workers < 0:
+        problems.append(f"rollout_workers must be >= 0, got {cfg.rollout_workers}")
+    if cfg.backend == "local":
+        for name, default in (("trainer_workers", 1), ("rollout_workers", 0)):
+            if getattr(cfg, name) != default:
+                problems.append(f"{name}={getattr(cfg, name)} needs backend='ray'")
+        if cfg.ray_address is not None:
+            problems.append("ray_address needs backend='ray'")
+        if cfg.fsdp_param_dtype is not None or cfg.activation_checkpointing:
+            problems.append("fsdp_param_dtype and activation_checkpointing need backend='ray'")
+    if cfg.fsdp_param_dtype not in (None, "bfloat16", "float16"):
+        problems.append(
+            f"fsdp_param_dtype must be bfloat16, float16 or None, got {cfg.fsdp_param_dtype!r}"
+        )
+    if cfg.backend == "ray":
+        if getattr(cfg, "model", None) == "tiny-moe" or getattr(
+            cfg, "routing_replay", None
+        ) not in (
+            None,
+            "none",
+        ):
+            problems.append(
+                "backend='ray' does not support MoE models or routing_replay yet; use "
+                "backend='local'"
+            )
+        if getattr(cfg, "lora_rank", 0) > 0:
+            problems.append("backend='ray' does not support LoRA (lora_rank > 0) yet")
+        if cfg.placement == "colocated" and cfg.rollout_workers == 0:
+            problems.append(
+                "placement='colocated' shares bundles with rollout workers: set "
+                "rollout_workers >= 1 (or placement='separate')"
+            )
+    return problems

@@ -1,0 +1,122 @@
+"""The Ray backend's parts: the Ray session, placement groups, FSDP2 ranks and rollout workers.
+
+Placement (``cfg.placement``):
+
+- ``separate``: the N training ranks in one placement group and the M rollout workers in
+  another, one bundle each (1 CPU, or 1 GPU on CUDA);
+- ``colocated``: max(N, M) bundles; rank i and rollout worker i share bundle i (half its CPU
+  or GPU each), as verl's hybrid engine shares devices between training and rollout.
+
+A local Ray is started for the run (a private temp dir, as many logical CPUs as the bundles
+need) unless ``ray_address`` names a cluster; the backend shuts down what this run started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
+from ..backend.ray_cluster import import_ray, start_ray, stop_ray
+from .ray_rollout import RolloutPool
+
+READY_TIMEOUT_S = 60.0
+
+
+def _cuda(cfg: Any) -> bool:
+    return cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+
+
+def placement_options(ray: Any, cfg: Any) -> tuple[list[dict], list[dict], list[Any]]:
+    """(options of each training rank, of each rollout worker, the placement groups)."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    n, m = cfg.trainer_workers, cfg.rollout_workers
+    unit = {"GPU": 1} if _cuda(cfg) else {"CPU": 1}
+
+    def wait(pg: Any, what: str) -> Any:
+        ready, _ = ray.wait([pg.ready()], timeout=READY_TIMEOUT_S)
+        if not ready:
+            raise RuntimeError(
+                f"Ray cannot place {what} within {READY_TIMEOUT_S:.0f} s: the cluster lacks "
+                f"the resources ({unit} per bundle; cluster: {ray.cluster_resources()})"
+            )
+        return pg
+
+    def on(pg: Any, i: int, share: float) -> dict:
+        strategy = PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=i
+        )
+        res = {"num_gpus": share, "num_cpus": 0} if "GPU" in unit else {"num_cpus": share}
+        return {"scheduling_strategy": strategy, **res}
+
+    if cfg.placement == "colocated":
+        pg = wait(placement_group([dict(unit)] * max(n, m), strategy="PACK"), "the bundles")
+        return [on(pg, i, 0.5) for i in range(n)], [on(pg, i, 0.5) for i in range(m)], [pg]
+    train_pg = wait(placement_group([dict(unit)] * n, strategy="PACK"), f"{n} training ranks")
+    groups = [train_pg]
+    rollout: list[dict] = []
+    if m:
+        roll_pg = wait(placement_group([dict(unit)] * m, strategy="PACK"), f"{m} rollout workers")
+        groups.append(roll_pg)
+        rollout = [on(roll_pg, i, 1.0) for i in range(m)]
+    return [on(train_pg, i, 1.0) for i in range(n)], rollout, groups
+
+
+def build_ray_parts(
+    cfg: Any, model: torch.nn.Module, tokenizer: Any, output_dir: Any, temp_dir: str | None = None
+) -> tuple[RayFSDPBackend, Any]:
+    """(backend, rollout engine) for ``backend='ray'``: the engine is a :class:`RolloutPool`
+    with rollout_workers >= 1, else an engine in the driver sharing the driver's weights."""
+    refuse_unsupported(cfg, model)  # before Ray starts
+    owns = not import_ray().is_initialized()
+    n, m = cfg.trainer_workers, cfg.rollout_workers
+    bundles = max(n, m) if cfg.placement == "colocated" else n + m
+    ray = start_ray(cfg.ray_address, num_cpus=bundles, temp_dir=temp_dir)
+    groups: list[Any] = []
+    pool = None
+    try:
+        trainer_opts, rollout_opts, groups = placement_options(ray, cfg)
+        out = str(output_dir)
+        if m:
+            pool = RolloutPool(
+                ray, cfg, model, tokenizer.pad_token_id, m, rollout_opts, output_dir=out
+            )
+            engine: Any = pool
+        else:
+            from ..build import DTYPES
+            from ..engine_config import build_engine
+
+            engine = build_engine(
+                cfg,
+                model,
+                tokenizer,
+                pad_id=tokenizer.pad_token_id,
+                eos_id=tokenizer.eos_token_id,
+                dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
+                share_weights=cfg.engine_dtype is None,
+            )
+        backend = RayFSDPBackend(cfg, model, n, actor_options=trainer_opts, output_dir=out)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        _release(ray, groups, owns)
+        raise
+    backend.owns_ray = False
+    backend.after_close = lambda: _release(ray, groups, owns)
+    return backend, engine
+
+
+def _release(ray: Any, groups: list[Any], owns: bool) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    if not ray.is_initialized():
+        return
+    for pg in groups:
+        with contextlib.suppress(Exception):  # gone with a dead cluster: nothing left to free
+            remove_placement_group(pg)
+    if owns:
+        stop_ray(ray)

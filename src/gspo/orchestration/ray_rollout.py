@@ -1,0 +1,208 @@
+"""Rollout workers on Ray: M engines (torch, or vLLM with rollout_engine='vllm'), each built in
+its own actor, behind one object that implements the rollout-engine protocol.
+
+:class:`RolloutPool` splits a step's prompts into M contiguous shares, has every worker sample
+its share with its own generator, and concatenates the results in prompt order (rows stay
+group after group). Worker 0 samples with the step generator itself, so one worker gives
+exactly what the engine in the driver gives; worker k > 0 gets a generator seeded from the step
+generator's state and k, so a run is reproducible for a fixed M. ``update_weights`` sends the
+new full weights to every worker through the object store (one copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import torch
+
+from ..backend.ray_backend import gather
+from ..rollout.base import Rollout, SamplingParams
+
+
+class RolloutWorker:
+    """One rollout engine (run as a Ray actor) with its own copy of the policy."""
+
+    def __init__(self, cfg: Any, state: dict[str, torch.Tensor]) -> None:
+        from ..build import DTYPES, build_policy, set_threads
+        from ..engine_config import build_engine
+
+        set_threads(cfg.threads)
+        self.cfg = cfg
+        model, tokenizer = build_policy(cfg, torch.device("cpu"))
+        model.load_state_dict(state)
+        model.requires_grad_(False)
+        model.eval()
+        self.model = model
+        self.engine = build_engine(
+            cfg,
+            model,
+            tokenizer,
+            pad_id=tokenizer.pad_token_id,
+            eos_id=tokenizer.eos_token_id,
+            dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
+            share_weights=cfg.engine_dtype is None,
+        )
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def generate(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, gen_state: Any
+    ) -> Rollout:
+        generator = None
+        if gen_state is not None:
+            generator = torch.Generator(device=self.engine.device)
+            generator.set_state(gen_state)
+        return self.engine.generate(prompts, n, params, generator)
+
+    @torch.no_grad()
+    def update_weights(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+        self.engine.update_weights(self.model)
+
+    def logprobs(self, rollout: Rollout) -> torch.Tensor:
+        """[N, L] this worker's policy log-probs of a rollout's completions (for checks)."""
+        from ..models import token_logprobs
+
+        with torch.no_grad():
+            out, _ = token_logprobs(
+                self.model,
+                rollout.prompt_ids,
+                rollout.prompt_mask,
+                rollout.completion_ids,
+                rollout.completion_mask,
+                temperature=self.cfg.temperature,
+            )
+        return out
+
+    def close(self) -> None:
+        from ..engine_config import close_engine
+
+        close_engine(self.engine)
+
+
+def worker_generator_state(generator: torch.Generator, k: int) -> torch.Tensor:
+    """Worker k's generator state: the step generator's own for k = 0, else a fresh generator
+    seeded from a hash of that state and k (independent streams, the same for every rerun)."""
+    state = generator.get_state()
+    if k == 0:
+        return state
+    digest = hashlib.sha256(state.numpy().tobytes() + k.to_bytes(4, "little")).digest()
+    derived = torch.Generator(device=generator.device)
+    derived.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return derived.get_state()
+
+
+def shares(count: int, workers: int) -> list[range]:
+    """Contiguous shares of ``count`` prompts over ``workers`` (sizes differ by at most 1;
+    empty shares dropped)."""
+    base, extra = divmod(count, workers)
+    out, start = [], 0
+    for k in range(workers):
+        size = base + (1 if k < extra else 0)
+        if size:
+            out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def concat_in_order(parts: list[Rollout], offsets: list[int], pad_id: int) -> Rollout:
+    """One rollout from the workers' parts, in prompt order: prompts left-padded and
+    completions right-padded to the widest, prompt indices shifted by each share's start."""
+    if len(parts) == 1 and offsets[0] == 0:
+        return parts[0]
+    p_width = max(r.prompt_ids.shape[1] for r in parts)
+    c_width = max(r.completion_ids.shape[1] for r in parts)
+
+    def pad(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+        extra = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype)
+        return torch.cat([extra, t] if left else [t, extra], dim=1)
+
+    return Rollout(
+        prompt_ids=torch.cat([pad(r.prompt_ids, p_width, pad_id, True) for r in parts]),
+        prompt_mask=torch.cat([pad(r.prompt_mask, p_width, 0, True) for r in parts]),
+        completion_ids=torch.cat([pad(r.completion_ids, c_width, pad_id, False) for r in parts]),
+        completion_mask=torch.cat([pad(r.completion_mask, c_width, 0, False) for r in parts]),
+        logprobs=torch.cat([pad(r.logprobs, c_width, 0.0, False) for r in parts]),  # [N, L]
+        finish_reasons=[f for r in parts for f in r.finish_reasons],
+        prompt_index=torch.cat(
+            [r.prompt_index + o for r, o in zip(parts, offsets, strict=True)]
+        ),  # [N]
+    )
+
+
+class RolloutPool:
+    """:class:`~gspo.rollout.base.RolloutEngine` over ``workers`` Ray actors."""
+
+    device = torch.device("cpu")  # where the returned tensors live
+    model = None  # no driver-side module: the workers hold the weights
+
+    def __init__(
+        self,
+        ray: Any,
+        cfg: Any,
+        model: torch.nn.Module,
+        pad_id: int,
+        workers: int,
+        actor_options: list[dict[str, Any]] | None = None,
+        output_dir: str | None = None,
+    ) -> None:
+        self.ray, self.pad_id, self.output_dir = ray, int(pad_id), output_dir
+        state = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        actor = ray.remote(num_cpus=1)(RolloutWorker)
+        options = actor_options or [{} for _ in range(workers)]
+        self.workers = [actor.options(**options[k]).remote(cfg, state) for k in range(workers)]
+        self.names = [f"rollout worker {k}" for k in range(workers)]
+        self.pids = self._all(lambda w: w.pid.remote(), "start-up")
+        self.names = [f"rollout worker {k} (pid {p})" for k, p in enumerate(self.pids)]
+
+    def _all(self, call, what: str, workers: list | None = None) -> list:
+        chosen = self.workers if workers is None else workers
+        names = [self.names[self.workers.index(w)] for w in chosen]
+        return gather(self.ray, [call(w) for w in chosen], names, what, self.output_dir)
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        split = shares(len(prompts), len(self.workers))
+        busy = self.workers[: len(split)]
+        states = [
+            None if generator is None else worker_generator_state(generator, k)
+            for k in range(len(split))
+        ]
+        parts = self._all(
+            lambda w: w.generate.remote(
+                [prompts[i] for i in split[busy.index(w)]], n, params, states[busy.index(w)]
+            ),
+            "generation",
+            busy,
+        )
+        return concat_in_order(parts, [s.start for s in split], self.pad_id)
+
+    def update_weights(self, model: torch.nn.Module | dict[str, torch.Tensor]) -> None:
+        """The new full weights (a module or its state dict) to every worker."""
+        state = model if isinstance(model, dict) else model.state_dict()
+        ref = self.ray.put({k: v.detach().cpu() for k, v in state.items()})
+        self._all(lambda w: w.update_weights.remote(ref), "the weight sync")
+
+    def logprobs(self, rollout: Rollout, worker: int = 0) -> torch.Tensor:
+        return self._all(
+            lambda w: w.logprobs.remote(rollout), "a log-prob pass", [self.workers[worker]]
+        )[0]
+
+    def close(self) -> None:
+        """Close the engines (bounded wait) and kill the worker actors; safe to call twice."""
+        workers, self.workers = self.workers, []
+        try:
+            if workers:
+                closing = [w.close.remote() for w in workers]
+                self.ray.wait(closing, num_returns=len(closing), timeout=10)
+        finally:
+            for w in workers:
+                self.ray.kill(w)

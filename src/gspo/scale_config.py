@@ -1,0 +1,49 @@
+"""Before any work: is the scale-out backend the config asks for usable on this machine (Ray
+installed, the cluster reachable)? The fields themselves are plain data in
+:mod:`gspo.config.scale` (re-exported here)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from .config.scale import BACKENDS, PLACEMENTS, ScaleFields, scale_problems
+
+__all__ = ["BACKENDS", "PLACEMENTS", "ScaleFields", "check_backend_available", "scale_problems"]
+
+
+def check_backend_available(cfg: Any, timeout_s: float = 3.0) -> None:
+    """Before any work: Ray importable (backend='ray') and ``ray_address`` reachable."""
+    if getattr(cfg, "backend", "local") != "ray":
+        return
+    from .config import ConfigError
+
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "backend='ray' needs Ray, which is not installed: pip install 'gspo[ray]' (ray==2.60.0)"
+        ) from None
+    address = cfg.ray_address
+    if address and address != "auto":
+        host, port = _host_port(address)
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                pass
+        except OSError as err:
+            raise ConfigError(
+                f"ray_address {address!r}: nothing answers at {host}:{port} ({err}); start the "
+                "cluster (ray start --head) or leave ray_address unset for a local Ray"
+            ) from None
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    """(host, port) of 'ray://host:port', 'host:port' or 'host' (Ray's default port 6379)."""
+    rest = address.split("://", 1)[-1]
+    host, _, port = rest.rpartition(":")
+    if not host:
+        return rest, 6379
+    try:
+        return host, int(port)
+    except ValueError:
+        raise ValueError(f"ray_address {address!r}: expected host:port") from None
