@@ -2,106 +2,16 @@
 
 from __future__ import annotations
 
-import torch
-
 from .envs.tasks.base import Task
-from .models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+from .models.build import (  # noqa: F401  (re-exported: the composition root's names)
+    DTYPES,
+    build_policy,
+    build_prompt_format,
+    ensure_pad_token,
+    resolve_device,
+    set_threads,
+)
 from .models.text import decode_completions, encode_prompts  # noqa: F401  (re-exported)
-
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} asked for, but torch sees no CUDA device")
-    return torch.device(name)
-
-
-def set_threads(threads: int) -> None:
-    if threads > 0:
-        torch.set_num_threads(threads)
-
-
-def build_policy(cfg, device: torch.device):
-    """(model, tokenizer): a random-init tiny dense or MoE model, or a local Hugging Face
-    checkpoint."""
-    if cfg.model in ("tiny", "tiny-moe"):
-        tokenizer = build_char_tokenizer()
-        experts = {}
-        if cfg.model == "tiny-moe":
-            experts = dict(
-                num_experts=cfg.num_experts,
-                top_k=cfg.experts_top_k,
-                moe_intermediate_size=cfg.moe_intermediate_size,
-                shared_expert=cfg.shared_expert,
-            )
-        model = build_tiny_model(
-            len(tokenizer),
-            hidden_size=cfg.hidden_size,
-            num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
-            num_kv_heads=cfg.num_kv_heads,
-            seed=cfg.seed,
-            **experts,
-        )
-    else:
-        # A named model (e.g. smollm2-135m-instruct, materialized once into the cache) or a
-        # local Hugging Face checkpoint directory.
-        from .pretrained import resolve_model_path
-
-        path = resolve_model_path(cfg.model)
-        tokenizer = load_tokenizer(path)
-        model = load_model(path, dtype=cfg.dtype)
-    ensure_pad_token(tokenizer)
-    model = model.to(device=device, dtype=DTYPES[cfg.dtype])
-    from .moe import fit_experts_kernel
-
-    fit_experts_kernel(model)  # MoE: grouped_mm has no float64 kernel (no-op for dense models)
-    if getattr(cfg, "lora_rank", 0) > 0:
-        from .lora import apply_lora
-
-        model = apply_lora(
-            model,
-            rank=cfg.lora_rank,
-            alpha=cfg.lora_alpha,
-            dropout=cfg.lora_dropout,
-            target_modules=cfg.lora_target_modules,
-            seed=cfg.seed,
-        )
-    return model, tokenizer
-
-
-def ensure_pad_token(tokenizer) -> None:
-    """Give a tokenizer without a pad token (Llama-style) its EOS as pad.
-
-    Safe here because padding never reaches a loss unmasked: prompts are left-padded with an
-    attention mask and completions carry an explicit completion mask, so a real EOS at the end
-    of a completion stays in it (as the stop token) even when pad == eos.
-    """
-    if tokenizer.pad_token_id is None:
-        if tokenizer.eos_token is None:
-            raise ValueError("the tokenizer has neither a pad nor an EOS token")
-        tokenizer.pad_token = tokenizer.eos_token
-
-
-def build_prompt_format(cfg, tokenizer, model=None):
-    """The run's :class:`gspo.chat.PromptFormat` from ``cfg.chat_template`` and
-    ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token)."""
-    from .chat import prompt_format
-
-    return prompt_format(
-        tokenizer,
-        mode=getattr(cfg, "chat_template", "auto"),
-        system_prompt=getattr(cfg, "system_prompt", None),
-        model=model,
-    )
 
 
 def build_task(cfg) -> Task:

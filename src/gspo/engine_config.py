@@ -4,7 +4,7 @@ every name it had so existing imports keep working."""
 
 from gspo.config.fields import CORRECTIONS, ROLLOUT_ENGINES, CorrectionFields, EngineFields, _doc
 from gspo.config.validation import validate_engine
-from gspo.interface.engines import build_engine, check_engine_available, close_engine, vllm_options
+from gspo.rollout.build import build_engine, check_engine_available, close_engine, vllm_options
 
 __all__ = [
     "CORRECTIONS",

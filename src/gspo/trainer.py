@@ -31,7 +31,6 @@ from .build import (
 from .checkpoint import latest_checkpoint  # noqa: F401  (kept importable from here)
 from .config import TrainConfig, to_dict
 from .core.seeding import prompt_indices, step_generator  # noqa: F401  (public names)
-from .engine_config import build_engine, check_engine_available, close_engine
 from .envs import env_for
 from .envs.loop import make_episodes
 from .envs.rewards import reward_workers, uses_sandbox
@@ -39,6 +38,7 @@ from .logging import MetricsLogger
 from .orchestration.loop import NonFiniteTrainingError, RunResult, run
 from .orchestration.state import Parts, StepState
 from .rollout.base import SamplingParams
+from .rollout.build import build_engine, check_engine_available, close_engine
 from .scale_config import check_backend_available
 
 __all__ = ["NonFiniteTrainingError", "RunResult", "ensure_writable", "train"]

@@ -31,7 +31,7 @@ class FSDPRank:
     """One training rank (run as a Ray actor): model shard, optimizer, schedule, reference."""
 
     def __init__(self, cfg, rank: int, world: int):
-        from ..build import set_threads
+        from ..models.build import set_threads
 
         set_threads(cfg.threads)
         self.cfg, self.rank, self.world = cfg, rank, world
@@ -53,7 +53,7 @@ class FSDPRank:
         import torch.distributed as dist
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
-        from ..build import build_policy
+        from ..models.build import build_policy
         from .update import _frozen_copy, lr_lambda
 
         cfg = self.cfg
@@ -143,7 +143,7 @@ class FSDPRank:
         return ref.cpu()  # [N, L]
 
     def kl_penalty(self, rollout: Rollout, old_logprobs: torch.Tensor):
-        from ..train_options import reward_kl_penalty
+        from .options import reward_kl_penalty
 
         return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
 

@@ -87,8 +87,8 @@ def build_ray_parts(
             )
             engine: Any = pool
         else:
-            from ..build import DTYPES
-            from ..engine_config import build_engine
+            from ..models.build import DTYPES
+            from ..rollout.build import build_engine
 
             engine = build_engine(
                 cfg,

@@ -25,8 +25,8 @@ class RolloutWorker:
     """One rollout engine (run as a Ray actor) with its own copy of the policy."""
 
     def __init__(self, cfg: Any, state: dict[str, torch.Tensor]) -> None:
-        from ..build import DTYPES, build_policy, set_threads
-        from ..engine_config import build_engine
+        from ..models.build import DTYPES, build_policy, set_threads
+        from ..rollout.build import build_engine
 
         set_threads(cfg.threads)
         self.cfg = cfg
@@ -78,7 +78,7 @@ class RolloutWorker:
         return out
 
     def close(self) -> None:
-        from ..engine_config import close_engine
+        from ..rollout.build import close_engine
 
         close_engine(self.engine)
 
