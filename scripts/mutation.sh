@@ -3,7 +3,7 @@
 #
 #   pip install -e ".[dev]"                      # mutmut (the dev extra)
 #   scripts/mutation.sh losses                    # one target (or: all)
-#   scripts/mutation.sh trainer 'gspo.trainer.x_update_policy__mutmut_*'   # a subset of mutants
+#   scripts/mutation.sh trainer 'gspo.backend.update.x_update_policy__mutmut_*'   # a subset of mutants
 #   MUTMUT_CHILDREN=2 scripts/mutation.sh all
 #   MUTMUT_PYTHON=/path/to/venv/bin/python scripts/mutation.sh losses   # mutmut in another env
 #
@@ -42,7 +42,7 @@ module_of() {
     case "$1" in
         losses) echo "src/gspo/losses.py" ;;
         advantages) echo "src/gspo/advantages.py" ;;
-        trainer) echo "src/gspo/trainer.py" ;;
+        trainer) echo "src/gspo/backend/update.py" ;;
         engine) echo "src/gspo/rollout/torch_engine.py" ;;
         *) echo "unknown target $1 (losses, advantages, trainer, engine, all)" >&2; exit 2 ;;
     esac

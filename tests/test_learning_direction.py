@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gspo.orchestration.steps as steps_module
 import gspo.trainer as trainer_module
 from gspo.build import build_policy, build_prompt_format
 from gspo.config import TrainConfig, build
@@ -117,11 +118,11 @@ SABOTAGE: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
 @pytest.mark.parametrize("sabotage", sorted(SABOTAGE))
 @pytest.mark.parametrize("algo", sorted(LOSSES))
 def test_direction_check_fails_with_broken_advantages(tmp_path, monkeypatch, algo, sabotage):
-    inner = trainer_module.group_advantages
+    inner = steps_module.group_advantages
 
     def broken(rewards, group_size, **kw):
         return SABOTAGE[sabotage](inner(rewards, group_size, **kw), group_size)
 
-    monkeypatch.setattr(trainer_module, "group_advantages", broken)
+    monkeypatch.setattr(steps_module, "group_advantages", broken)
     gain = rise(tmp_path, algo)
     assert gain.min() < MIN_RISE, f"{algo} with {sabotage} advantages still passed: {gain}"

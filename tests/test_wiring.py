@@ -19,6 +19,7 @@ import torch
 
 import gspo.backend.update as update_module
 import gspo.moe as moe_module
+import gspo.orchestration.steps as steps_module
 import gspo.trainer as trainer_module
 from gspo import cli
 from gspo.build import build_policy
@@ -223,7 +224,7 @@ def test_kl_coefficient_reaches_the_loss(tmp_path, source):
         tmp_path, source, algo="gspo", kl_coef=kl_coef, dtype="float64", num_minibatches=1
     )
     model, _ = build_policy(cfg, torch.device("cpu"))
-    ref = trainer_module._frozen_copy(model)
+    ref = update_module._frozen_copy(model)
     with torch.no_grad():  # a reference away from the policy, so the KL term is not 0
         for p in ref.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
@@ -313,13 +314,13 @@ def test_overlong_penalty_reaches_the_advantages(tmp_path, monkeypatch, source):
     cfg = cli_cfg(tmp_path, source, overlong_buffer=3, max_new_tokens=4, steps=2)
     rollouts = capture_rollouts(monkeypatch)
     rewards_seen: list[torch.Tensor] = []
-    inner = trainer_module.group_advantages
+    inner = steps_module.group_advantages
 
     def spy(rewards, group_size, **kw):
         rewards_seen.append(rewards.clone())
         return inner(rewards, group_size, **kw)
 
-    monkeypatch.setattr(trainer_module, "group_advantages", spy)
+    monkeypatch.setattr(steps_module, "group_advantages", spy)
     result = trainer_module.train(cfg)
     assert len(rewards_seen) == len(rollouts) == 2
     for rollout, rewards, record in zip(

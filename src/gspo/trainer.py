@@ -1,7 +1,193 @@
-"""Moved to `gspo.orchestration.trainer`; this path stays so existing imports keep working."""
+"""``train(cfg)``: the composition root of an RL run.
 
+It turns a config into built parts (policy backend, rollout engine, task and rewards, prompts,
+logger) and hands them to the loop (:func:`gspo.orchestration.loop.run`), which never builds
+anything itself. Resuming restores the backend's checkpoint and the loop's
+:class:`~gspo.orchestration.state.StepState`.
+"""
+
+from __future__ import annotations
+
+import json
 import sys
+from pathlib import Path
 
-from gspo.orchestration import trainer as _moved
+from . import moe
+from .backend.local import LocalBackend
+from .backend.update import lr_lambda  # noqa: F401  (public: gspo.trainer.lr_lambda)
+from .build import (
+    DTYPES,
+    build_policy,
+    build_prompt_format,
+    build_task,
+    build_train_reward,
+    context_length,
+    count_unknown,
+    limit_prompts,
+    prompt_token_limit,
+    resolve_device,
+    set_threads,
+)
+from .checkpoint import latest_checkpoint  # noqa: F401  (kept importable from here)
+from .config import TrainConfig, to_dict
+from .core.seeding import prompt_indices, step_generator  # noqa: F401  (public names)
+from .engine_config import build_engine, check_engine_available, close_engine
+from .envs import env_for
+from .envs.loop import make_episodes
+from .envs.rewards import reward_workers, uses_sandbox
+from .logging import MetricsLogger
+from .orchestration.loop import NonFiniteTrainingError, RunResult, run
+from .orchestration.state import Parts, StepState
+from .rollout.base import SamplingParams
 
-sys.modules[__name__] = _moved
+__all__ = ["NonFiniteTrainingError", "RunResult", "ensure_writable", "train"]
+
+
+def ensure_writable(path: Path) -> None:
+    """Fail before any work if the output folder cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise PermissionError(
+            f"output_dir {str(path)!r} is not writable: {exc.strerror or exc}"
+        ) from None
+
+
+def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
+    """Run (or resume) the RL run described by ``cfg``."""
+    check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
+    set_threads(cfg.threads)
+    out = Path(cfg.output_dir)
+    found = None
+    if resume:  # before any work: the checkpoint must belong to this run (gspo.resume)
+        from .resume import check_changes, saved_config
+
+        saved, _, found = saved_config(out)
+        check_changes(saved, to_dict(cfg), str(found))
+    ensure_writable(out)
+    # The run's config at its root, so `gspo report` can group runs by algo and seed.
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+
+    parts = build_parts(cfg, out)
+    state = StepState(seed=cfg.seed)
+    try:
+        if found is not None:
+            state = StepState.from_checkpoint(parts.backend.load_checkpoint(found), cfg.seed)
+            parts.backend.push_weights(parts.engine)
+        logger = MetricsLogger(
+            out,
+            resume_step=state.step,
+            tensorboard=cfg.tensorboard,
+            wandb=cfg.wandb,
+            config=to_dict(cfg),
+        )
+        try:
+            last = (
+                cfg.steps if cfg.stop_after is None else min(cfg.steps, state.step + cfg.stop_after)
+            )
+            return run(parts, state, logger, last)
+        finally:
+            logger.close()
+    finally:
+        close_engine(parts.engine)  # vLLM: shut its engine down (torch: nothing to close)
+        parts.backend.close()
+
+
+def build_parts(cfg: TrainConfig, out: Path) -> Parts:
+    """The run's parts: policy and its backend, rollout engine, task, rewards, prompts."""
+    device = resolve_device(cfg.device)
+    model, tokenizer = build_policy(cfg, device)
+    task = build_task(cfg)
+    if not task.train:
+        raise ValueError(f"task {task.name} has no training problems")
+    # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
+    fmt = build_prompt_format(cfg, tokenizer, model)
+    train_reward = build_train_reward(cfg, task)
+    # Multi-turn tasks run episodes through gspo.envs (None: the batched single-turn path).
+    episodes = make_episodes(cfg, env_for(task, cfg, fmt.chat), tokenizer, fmt)
+    workers = reward_workers(train_reward, cfg.reward_workers)
+    if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
+        from .sandbox import isolation
+
+        print(isolation().summary(), file=sys.stderr, flush=True)
+    train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
+        cfg, task, fmt, tokenizer, model
+    )
+    # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
+    engine = build_engine(
+        cfg,
+        model,
+        tokenizer,
+        pad_id=tokenizer.pad_token_id,
+        eos_id=tokenizer.eos_token_id,
+        dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
+        share_weights=cfg.engine_dtype is None,
+    )
+    if engine.model is not None:  # an engine copy in float64 needs the eager experts
+        moe.fit_experts_kernel(engine.model)
+    backend = LocalBackend(cfg, model, device)
+    params = SamplingParams(
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        stop_token_ids=fmt.stop_token_ids,
+    )
+    return Parts(
+        cfg=cfg,
+        backend=backend,
+        engine=engine,
+        tokenizer=tokenizer,
+        fmt=fmt,
+        task=task,
+        train_reward=train_reward,
+        train_set=train_set,
+        prompt_cache=prompt_cache,
+        test_set=test_set,
+        params=params,
+        episodes=episodes,
+        reward_workers=workers,
+        device=device,
+        output_dir=out,
+        data_metrics=data_metrics,
+    )
+
+
+def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model):
+    """(train problems, their prompt token ids, held-out problems, ``data/*`` counts): prompts
+    over the context limit truncated, skipped or refused as ``long_prompts`` says."""
+    encoded = fmt.encode([e.prompt for e in task.train])
+    # A prompt and its completion must fit the model's context (max_prompt_tokens 0: all of it).
+    limit, named = prompt_token_limit(
+        cfg.max_prompt_tokens, cfg.max_new_tokens, context_length(model)
+    )
+    kept, replaced, n_truncated, n_skipped = limit_prompts(
+        encoded, limit, cfg.long_prompts, limit=named
+    )
+    if not kept:
+        raise ValueError(f"no training problem has a prompt within {named}")
+    train_set = [task.train[i] for i in kept]
+    prompt_cache = [replaced.get(i, encoded[i]) for i in kept]
+    # Held-out problems are scored whole: one over the limit stops the run ('error') or is left
+    # out of the evaluation (counted).
+    test_encoded = fmt.encode([e.prompt for e in task.test]) if task.test else []
+    test_kept, *_ = limit_prompts(
+        test_encoded,
+        limit,
+        "skip" if cfg.long_prompts != "error" else "error",
+        limit=named,
+        what="held-out problem",
+    )
+    test_set = [task.test[i] for i in test_kept]
+    data = {
+        "data/train_problems": len(train_set),
+        "data/test_problems": len(test_set),
+        "data/prompts_truncated": n_truncated,
+        "data/prompts_skipped": n_skipped,
+        "data/test_prompts_skipped": len(task.test) - len(test_set),
+        "data/prompts_with_unknown_chars": count_unknown(tokenizer, encoded),
+        "data/skipped_rows": len(task.skipped_rows),
+    }
+    return train_set, prompt_cache, test_set, data

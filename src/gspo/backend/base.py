@@ -30,6 +30,13 @@ class TrainingBackend(Protocol):
         """[N, L] log-probs of the frozen reference model (None when no KL term is on)."""
         ...
 
+    def kl_penalty(
+        self, rollout: Rollout, old_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """(β Σ_t KL_t per sequence [N] float64, metrics) for ``kl_in_reward``; (None, {})
+        when the KL term is off or sits in the loss."""
+        ...
+
     def update(
         self,
         rollout: Rollout,
@@ -56,15 +63,25 @@ class TrainingBackend(Protocol):
         """The learning rate of the last optimizer step."""
         ...
 
-    def save_checkpoint(self, directory: Path, extra: dict[str, Any]) -> None:
-        """Write weights, optimizer and schedule state under ``directory`` (atomically)."""
+    def save_checkpoint(
+        self,
+        output_dir: Path,
+        step: int,
+        *,
+        tokenizer: Any,
+        config: dict[str, Any],
+        keep: int,
+        extra: dict[str, Any],
+    ) -> Path:
+        """Write the checkpoint of ``step`` under ``output_dir`` atomically (weights, optimizer,
+        schedule, RNG, ``extra``: the loop's state) and prune all but the ``keep`` newest."""
         ...
 
-    def load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        """Restore what :meth:`save_checkpoint` wrote; return its ``extra``."""
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore what :meth:`save_checkpoint` wrote; return its state (``step`` + ``extra``)."""
         ...
 
-    def export(self, directory: Path) -> None:
+    def export(self, directory: Path, tokenizer: Any) -> None:
         """The final model as a Hugging Face folder (full weights, gathered from every rank)."""
         ...
 

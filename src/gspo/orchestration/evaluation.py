@@ -213,8 +213,8 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     from pathlib import Path
 
     from gspo.build import build_policy, build_prompt_format, resolve_device, set_threads
+    from gspo.core.seeding import step_generator
     from gspo.engine_config import build_engine, check_engine_available, close_engine
-    from gspo.orchestration.trainer import step_generator
 
     check_engine_available(cfg)  # e.g. vLLM missing: say so before loading anything
     set_threads(cfg.threads)

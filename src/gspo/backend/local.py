@@ -1,0 +1,127 @@
+"""The local training backend: the policy update of one batch in this process.
+
+It owns the trainable policy, its AdamW optimizer and LR schedule, the frozen reference model
+(when a KL term is on) and their checkpoint. The loop talks to it only through
+:class:`~gspo.backend.base.TrainingBackend`, so the FSDP2 ranks on Ray can stand in for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import restore, save_checkpoint
+from ..models import save_model, token_logprobs
+from ..models.moe import step_metrics as moe_step_metrics
+from ..rollout.base import Rollout
+from ..train_options import reward_kl_penalty
+from .update import _frozen_copy, _old_logprobs, lr_lambda, update_policy
+
+
+class LocalBackend:
+    """:class:`~gspo.backend.base.TrainingBackend` for one process (CPU or one GPU)."""
+
+    def __init__(self, cfg: Any, model: torch.nn.Module, device: torch.device) -> None:
+        self.cfg, self.model, self.device = cfg, model, device
+        # Copied from the freshly built policy, before any restore: a resumed run keeps the
+        # reference weights an unbroken run would use.
+        self.ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            weight_decay=cfg.weight_decay,
+            # One fused kernel instead of a dozen foreach ops per step: ~3-4x faster on CPU.
+            fused=device.type in ("cpu", "cuda") or None,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.warmup_steps)
+        )
+
+    def old_logprobs(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        return _old_logprobs(self.cfg, self.model, rollout)  # [N, L], mismatch/*
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        if self.ref_model is None:
+            return None
+        with torch.no_grad():
+            ref, _ = token_logprobs(
+                self.ref_model,
+                rollout.prompt_ids,
+                rollout.prompt_mask,
+                rollout.completion_ids,
+                rollout.completion_mask,
+                temperature=self.cfg.temperature,
+                prompt_index=rollout.prompt_index,
+            )
+        return ref  # [N, L]
+
+    def kl_penalty(
+        self, rollout: Rollout, old_logprobs: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """(β Σ_t KL_t per sequence [N], metrics) with ``kl_in_reward``; (None, {}) otherwise."""
+        return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
+
+    def update(
+        self,
+        rollout: Rollout,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        step: int,
+        weights: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        return update_policy(
+            self.cfg,
+            self.model,
+            self.ref_model,
+            self.optimizer,
+            self.scheduler,
+            rollout,
+            old_logprobs,
+            advantages,
+            step,
+            weights=weights,
+        )
+
+    def push_weights(self, engine: Any) -> None:
+        engine.update_weights(self.model)  # a torch engine sharing the model: nothing to copy
+
+    def step_metrics(self, rollout: Rollout) -> dict[str, float]:
+        # MoE: share of expert choices the update changed, on this rollout ({} for dense models).
+        return moe_step_metrics(self.model, rollout)
+
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
+
+    def save_checkpoint(
+        self,
+        output_dir: Path,
+        step: int,
+        *,
+        tokenizer: Any,
+        config: dict[str, Any],
+        keep: int,
+        extra: dict[str, Any],
+    ) -> Path:
+        return save_checkpoint(
+            output_dir,
+            step,
+            model=self.model,
+            tokenizer=tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            config=config,
+            keep=keep,
+            extra=extra,
+        )
+
+    def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        return restore(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+
+    def export(self, directory: Path, tokenizer: Any) -> None:
+        save_model(self.model, tokenizer, directory)  # LoRA: merged, adapter in adapter/
+
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process."""

@@ -1,0 +1,125 @@
+"""The RL training loop: built parts in, one named step after another.
+
+One step:
+
+    prompts ─► rollout engine ─► completions + engine log-probs ─► rewards ─► group advantages
+            ─► (optional) old log-prob recompute ─► num_minibatches optimizer steps
+            ─► weight sync to the engine ─► metrics / eval / checkpoint
+
+The parts (policy backend, engine, task, ...) come from the composition root (``gspo.trainer``);
+each step is a function in :mod:`gspo.orchestration.steps`. Every random choice of a step (which
+prompts, which samples, which minibatch) comes from a generator seeded by (seed, step), so a run
+resumed from a checkpoint replays exactly what an unbroken run would do.
+
+Note on-policy vs off-policy: the first minibatch of a rollout is on-policy (its ratios are 1 up
+to engine/trainer numerics, so GSPO's and GRPO's gradients coincide there); the later minibatches
+are off-policy, which is where the algorithms differ. Metrics with the suffix ``_off_policy``
+cover minibatches 2..k only.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import latest_checkpoint
+from ..logging import MetricsLogger, progress_postfix
+from ..signals import SignalWatch
+from . import steps
+from .state import Parts, StepState
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Raised after ``max_bad_steps`` consecutive steps of non-finite losses or gradients."""
+
+
+@dataclass
+class RunResult:
+    output_dir: Path
+    history: list[dict[str, Any]]
+    """Every metrics record logged by this process (train steps and evals)."""
+    final_eval: dict[str, float]
+    model: Any
+    tokenizer: Any
+
+
+def run(parts: Parts, state: StepState, logger: MetricsLogger, last: int) -> RunResult:
+    """Steps ``state.step + 1 .. last`` of the run; the final model is exported when ``last``
+    is the run's last step."""
+    cfg = parts.cfg
+    history: list[dict[str, Any]] = []
+
+    def log(record: dict[str, Any]) -> None:
+        logger.log(state.step, record)
+        history.append({"step": state.step, **record})
+
+    final_eval: dict[str, float] = {}
+    if state.step == 0:
+        log(parts.data_metrics)
+        if cfg.eval_every > 0 and parts.test_set:
+            final_eval = steps.evaluate_now(parts, state)
+            log(final_eval)
+    bar = _progress(cfg, state.step, last)
+    # One warning per run when most responses hit max_new_tokens or most advantages are 0.
+    watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
+    while state.step < last:
+        batch = steps.collect(parts, state)  # rollout + rewards
+        steps.old_logprobs(parts, batch)
+        steps.advantages(parts, batch)
+        train_metrics = steps.update(parts, state, batch)
+        steps.sync(parts, batch)
+        policy_metrics = parts.backend.step_metrics(batch.rollout)  # MoE routing change
+        metrics = steps.step_metrics(parts, batch, train_metrics, policy_metrics)
+        state.step += 1
+        skipped = train_metrics["faults/skipped_updates"] >= cfg.num_minibatches
+        state.bad_streak = state.bad_streak + 1 if skipped else 0
+        log(metrics)
+        watch.update(
+            state.step,
+            metrics["response/truncated_fraction"],
+            metrics.get("advantage/zero_fraction", 0.0),
+            metrics["reward/mean"],
+        )
+        check_streak(parts, state)
+        if steps.eval_due(parts, state):
+            final_eval = steps.evaluate_now(parts, state)
+            log(final_eval)
+            metrics.update(final_eval)
+        steps.checkpoint(parts, state, last)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(progress_postfix(metrics))
+    if bar is not None:
+        bar.close()
+    if last == cfg.steps:
+        parts.backend.export(parts.output_dir / "final", parts.tokenizer)
+    model = getattr(parts.backend, "model", None)
+    return RunResult(parts.output_dir, history, final_eval, model, parts.tokenizer)
+
+
+def check_streak(parts: Parts, state: StepState) -> None:
+    """Stop after max_bad_steps consecutive steps whose every update was skipped."""
+    if state.bad_streak >= parts.cfg.max_bad_steps:
+        raise NonFiniteTrainingError(
+            f"step {state.step}: {state.bad_streak} consecutive steps had only non-finite losses "
+            f"or gradients (every update skipped); stopping. Last good checkpoint: "
+            f"{latest_checkpoint(parts.output_dir)}. Lower the learning rate or check the rewards "
+            "and log-probs (metrics.jsonl has faults/skipped_updates per step)."
+        )
+
+
+def _echo(bar):
+    """Print to stderr, above the progress bar when there is one."""
+    if bar is None:
+        return lambda message: print(message, file=sys.stderr, flush=True)
+    return lambda message: bar.write(message, file=sys.stderr)
+
+
+def _progress(cfg: Any, start: int, last: int):
+    if not cfg.progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=last - start, initial=0, desc=f"{cfg.algo}", unit="step", dynamic_ncols=True)

@@ -1,0 +1,248 @@
+"""The named steps of one RL step; the loop (``orchestration.loop``) calls them in order.
+
+    collect (rollout + score) ─► old_logprobs ─► advantages ─► update ─► sync
+        ─► step_metrics ─► evaluate ─► checkpoint
+
+Each takes the run's :class:`Parts` and the step's :class:`Batch` and can be opened and tested
+alone. The algorithm enters only through the backend's update (the loss registry).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .. import moe
+from ..backend.update import _to_device
+from ..build import decode_completions
+from ..core.advantages import group_advantages
+from ..core.mismatch import correction_weights
+from ..core.seeding import prompt_indices
+from ..dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
+from ..envs.rewards import overlong_penalty, score
+from .evaluation import evaluate
+from .state import Batch, Parts, StepState
+
+
+def collect(parts: Parts, state: StepState) -> Batch:
+    """1-2. Rollout and rewards of the step: multi-turn episodes, or single-turn rounds (more
+    than one with dynamic sampling)."""
+    if parts.episodes is not None:
+        return collect_episodes(parts, state)
+    cfg = parts.cfg
+    t_generate = [0.0]  # rollout time of every round (rewards excluded, as without rounds)
+
+    def sample_round(k: int) -> Sampled:
+        t0 = time.perf_counter()
+        rollout, examples = generate(parts, state, k)
+        t_generate[0] += time.perf_counter() - t0
+        return score_round(parts, rollout, examples)
+
+    if cfg.dynamic_sampling:  # DAPO: only groups whose rewards differ, more rounds if needed
+        batch, metrics = fill_batch(
+            sample_round,
+            target_groups=cfg.prompts_per_step,
+            group_size=cfg.group_size,
+            max_rounds=cfg.dynamic_sampling_rounds,
+            pad_id=parts.tokenizer.pad_token_id,
+            groups_multiple=cfg.num_minibatches if cfg.minibatch_grouping == "groups" else 1,
+            step=state.step,
+        )
+    else:
+        batch, metrics = sample_round(0), {}
+    reward_metrics: dict[str, float] = dict(metrics)
+    if batch.task_rewards is not None:
+        reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
+    return Batch(batch.rollout, batch.rewards, batch.reward_errors, reward_metrics, t_generate[0])
+
+
+def generate(parts: Parts, state: StepState, k: int) -> tuple[Any, list]:
+    """Round k of the step's sampling (k > 0 only with dynamic sampling): the rollout of
+    prompts_per_step problems x group_size samples with engine log-probs, and its problems."""
+    cfg, engine = parts.cfg, parts.engine
+    if k == 0:
+        idx = prompt_indices(len(parts.train_set), state.step, cfg.prompts_per_step, cfg.seed)
+        gen = state.generator(0, engine.device)
+    else:
+        idx = round_prompts(len(parts.train_set), cfg.prompts_per_step, cfg.seed, state.step, k)
+        gen = round_generator(cfg.seed, state.step, k, engine.device)
+    # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
+    # ("routing", replayed by routing_replay='engine'); dense models: engine.generate.
+    rollout = moe.generate_with_routing(
+        engine, [parts.prompt_cache[i] for i in idx], cfg.group_size, parts.params, gen
+    )
+    return _to_device(rollout, parts.device), [parts.train_set[i] for i in idx]
+
+
+def score_round(parts: Parts, rollout, examples: list) -> Sampled:
+    """Rewards of one round: the training reward (+ overlong penalty), and the task reward
+    alone when a format bonus makes them differ."""
+    cfg = parts.cfg
+    texts = decode_completions(parts.tokenizer, rollout.completion_ids, rollout.completion_mask)
+    repeated = [examples[i] for i in rollout.prompt_index.tolist()]
+    rewards_list, reward_errors = score(
+        parts.train_reward,
+        texts,
+        repeated,
+        timeout_s=cfg.reward_timeout_s or None,
+        workers=parts.reward_workers,
+    )
+    rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
+    task_rewards = None
+    if parts.train_reward is not parts.task.reward:  # a format bonus is on: log the task reward
+        task_rewards = torch.tensor(
+            score(parts.task.reward, texts, repeated, workers=parts.reward_workers)[0]
+        )  # [N]
+    if cfg.overlong_buffer > 0:
+        penalty = [
+            overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer)
+            for n in rollout.completion_lengths()
+        ]
+        rewards = rewards + torch.tensor(penalty, dtype=torch.float64)  # [N]
+    return Sampled(rollout, rewards, reward_errors, task_rewards)
+
+
+def collect_episodes(parts: Parts, state: StepState) -> Batch:
+    """Multi-turn: the step's episodes with final rewards, advantages ([N] or per-turn [N, L])
+    and ``episode/*`` metrics."""
+    cfg, engine = parts.cfg, parts.engine
+    t0 = time.perf_counter()
+    idx = prompt_indices(len(parts.train_set), state.step, cfg.prompts_per_step, cfg.seed)
+    examples = [parts.train_set[i] for i in idx]
+    rollout, rewards, advantages, metrics = parts.episodes.collect(
+        engine,
+        examples,
+        cfg.group_size,
+        parts.params,
+        state.generator(0, engine.device),
+        version=state.step,
+    )
+    rollout = _to_device(rollout, parts.device)
+    batch = Batch(
+        rollout, rewards, int(metrics["episode/failed"]), metrics, time.perf_counter() - t0
+    )
+    batch.advantages = advantages.to(parts.device)
+    return batch
+
+
+def old_logprobs(parts: Parts, batch: Batch) -> None:
+    """3. Old log-probs: the engine's own (default) or a recompute pass of the trainer's model,
+    and the decoupled objective's weights pi_trainer / pi_engine (mismatch_correction)."""
+    t0 = time.perf_counter()
+    rollout = batch.rollout
+    batch.old_logprobs, batch.mismatch = parts.backend.old_logprobs(rollout)  # [N, L]
+    batch.weights, batch.corrected = correction_weights(
+        parts.cfg, batch.old_logprobs, rollout.logprobs, rollout.policy_mask
+    )  # [N, L] or [N] or None
+    batch.times["recompute"] = time.perf_counter() - t0
+
+
+def advantages(parts: Parts, batch: Batch) -> None:
+    """Group-normalized advantages of the reward (less β Σ_t KL_t with kl_in_reward), unless
+    the episodes gave per-turn ones."""
+    if batch.advantages is not None:
+        return
+    penalty, kl_metrics = parts.backend.kl_penalty(batch.rollout, batch.old_logprobs)
+    shaped = batch.rewards if penalty is None else batch.rewards - penalty  # [N]
+    adv = group_advantages(shaped, parts.cfg.group_size, scale=parts.cfg.advantage_scale)
+    batch.advantages = adv.to(parts.device)  # [N]
+    batch.reward_metrics.update(kl_metrics)
+
+
+def update(parts: Parts, state: StepState, batch: Batch) -> dict[str, float]:
+    """4. num_minibatches optimizer steps over the batch (the backend: local or FSDP2 ranks)."""
+    t0 = time.perf_counter()
+    metrics = parts.backend.update(
+        batch.rollout,
+        batch.old_logprobs,
+        batch.advantages,
+        state.step,
+        weights=batch.weights,
+    )
+    batch.times["update"] = time.perf_counter() - t0
+    return metrics
+
+
+def sync(parts: Parts, batch: Batch) -> None:
+    """5. The new weights to the rollout engine(s) (a torch engine sharing the model: none)."""
+    t0 = time.perf_counter()
+    parts.backend.push_weights(parts.engine)
+    batch.times["sync"] = time.perf_counter() - t0
+
+
+def step_metrics(
+    parts: Parts, batch: Batch, train_metrics: dict[str, float], policy_metrics: dict[str, float]
+) -> dict[str, Any]:
+    """6. The step's metrics record (the order is the order of metrics.jsonl)."""
+    rollout, rewards, times = batch.rollout, batch.rewards, batch.times
+    lengths = rollout.completion_lengths()  # [N] policy tokens
+    t_train = times["update"] + times["sync"]  # time/train_s: update + sync, as always
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(correction=0)),
+        "reward/errors": batch.reward_errors,
+        **batch.reward_metrics,
+        "response_length/mean": float(lengths.float().mean()),
+        "response_length/max": int(lengths.max()),
+        "response/truncated_fraction": sum(f == "length" for f in rollout.finish_reasons)
+        / len(rollout.finish_reasons),
+        **train_metrics,
+        **batch.mismatch,
+        **batch.corrected,
+        **policy_metrics,
+        "lr": parts.backend.lr(),
+        "time/rollout_s": batch.t_rollout,
+        "time/recompute_s": times["recompute"],
+        "time/train_s": t_train,
+        "time/weight_sync_s": times["sync"],
+        "throughput/tokens_per_s": int(lengths.sum())
+        / max(batch.t_rollout + times["recompute"] + t_train, 1e-9),
+    }
+
+
+def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
+    """7. Held-out evaluation at ``state.step`` (greedy and sampled; whole episodes for
+    multi-turn tasks), as ``eval/*`` metrics."""
+    cfg, engine = parts.cfg, parts.engine
+    if parts.episodes is not None:
+        metrics = parts.episodes.evaluate(engine, parts.test_set)
+    else:
+        metrics = evaluate(
+            engine,
+            parts.tokenizer,
+            parts.test_set,
+            parts.task.reward,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            generator=state.generator(3, engine.device),
+            prompt_format=parts.fmt,
+        )
+    return {f"eval/{k}": v for k, v in metrics.items()}
+
+
+def eval_due(parts: Parts, state: StepState) -> bool:
+    cfg = parts.cfg
+    return (
+        cfg.eval_every > 0
+        and bool(parts.test_set)
+        and (state.step % cfg.eval_every == 0 or state.step == cfg.steps)
+    )
+
+
+def checkpoint(parts: Parts, state: StepState, last: int) -> None:
+    """8. The resumable checkpoint every checkpoint_every steps and at the run's last step."""
+    cfg = parts.cfg
+    if (cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0) or state.step == last:
+        from ..config import to_dict
+
+        parts.backend.save_checkpoint(
+            parts.output_dir,
+            state.step,
+            tokenizer=parts.tokenizer,
+            config=to_dict(cfg),
+            keep=cfg.keep_checkpoints,
+            extra=state.to_checkpoint(),  # a resumed run continues the bad-step count
+        )
