@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .async_config import AsyncFields
 from .config_base import SharedFields, _doc
 from .engine_config import CorrectionFields, EngineFields, validate_engine
 
@@ -29,7 +30,7 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig(SharedFields, EngineFields, CorrectionFields):
+class TrainConfig(SharedFields, EngineFields, CorrectionFields, AsyncFields):
     """Everything that defines an RL run; saved with every checkpoint."""
 
     # --- run, model, task: SharedFields (gspo.config_base); what differs here ---------------
