@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+from .models.text import decode_completions, encode_prompts  # noqa: F401  (re-exported)
 from .tasks.base import Task
 
 DTYPES = {
@@ -123,22 +124,6 @@ def build_task(cfg) -> Task:
     return make_task(
         cfg.task, n_train=cfg.n_train, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
     )
-
-
-def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
-    """Token ids of each prompt (special tokens such as <bos> included), no padding."""
-    return [list(ids) for ids in tokenizer(prompts, add_special_tokens=True)["input_ids"]]
-
-
-def decode_completions(
-    tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor
-) -> list[str]:
-    """Completion texts without padding and special tokens (EOS is not part of the answer)."""
-    rows = [
-        ids[m].tolist()
-        for ids, m in zip(completion_ids.cpu(), completion_mask.cpu().bool(), strict=True)
-    ]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
 LONG_PROMPTS = ("error", "truncate", "skip")

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run(args)
         if args.command == "eval":
-            from .evaluation import run_eval_cli
+            from .eval_command import run_eval_cli
 
             _quiet_transformers()
             return run_eval_cli(args, _overrides)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from gspo.advantages import SCALES, group_advantages
-from gspo.losses import get_loss
+from gspo.core.advantages import SCALES, group_advantages
+from gspo.core.losses import get_loss
 
 CREDITS = ("episode", "turn")
 

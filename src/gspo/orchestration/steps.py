@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
-from .. import moe
 from ..backend.update import _to_device
-from ..build import decode_completions
 from ..core.advantages import group_advantages
 from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices
 from ..dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
 from ..envs.rewards import overlong_penalty, score
+from ..models import moe
+from ..models.text import decode_completions
 from .evaluation import evaluate
 from .state import Batch, Parts, StepState
 
