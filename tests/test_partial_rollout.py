@@ -170,3 +170,15 @@ def test_result_before_done_is_an_error(models, prompts):
         g.result()
     with pytest.raises(ValueError, match="n must be"):
         ResumableGeneration(_engine(models[0]), prompts, 0, PARAMS)
+
+
+def test_stop_callback_pauses_after_the_token_it_fires_on(models, prompts):
+    g = ResumableGeneration(_engine(models[0]), prompts, N, PARAMS)
+    calls = []
+
+    def stop() -> bool:
+        calls.append(g.position)
+        return len(calls) == 3
+
+    assert g.run(None, version=0, stop=stop) == 3
+    assert g.position == 3 and not g.done

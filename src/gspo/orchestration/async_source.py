@@ -117,7 +117,7 @@ class AsyncSource:
 
         g = fresh()
         while not g.done:
-            g.run(1, weights.version)  # one token, then look for new weights
+            g.run(None, weights.version, stop=weights.newer)  # to the end or new weights
             if weights.newer():
                 g.pause()
                 weights.sync()

@@ -22,6 +22,8 @@ decode steps).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from gspo.rollout.base import Rollout, SamplingParams
@@ -104,9 +106,12 @@ class ResumableGeneration:
             self.pauses += 1
         self._advance, self._logits, self._live_version = None, None, None
 
-    def run(self, max_tokens: int | None, version: int) -> int:
+    def run(
+        self, max_tokens: int | None, version: int, stop: Callable[[], bool] | None = None
+    ) -> int:
         """Decode up to ``max_tokens`` more tokens (None: to the end) under the engine's current
-        weights, tagged ``version``; return how many steps were taken."""
+        weights, tagged ``version``, stopping early after the first token at which ``stop()``
+        is true (e.g. new weights arrived); return how many steps were taken."""
         if self.done:
             return 0
         if self._live_version is not None and self._live_version != version:
@@ -116,7 +121,7 @@ class ResumableGeneration:
         model.eval()
         try:
             with torch.inference_mode():
-                return self._run(max_tokens, version)
+                return self._run(max_tokens, version, stop)
         finally:
             model.train(was_training)
 
@@ -138,7 +143,7 @@ class ResumableGeneration:
         logits, self._advance = self.engine._start(ids, mask, 1, remaining)  # [N, V]
         return logits
 
-    def _run(self, max_tokens: int | None, version: int) -> int:
+    def _run(self, max_tokens: int | None, version: int, stop: Callable[[], bool] | None) -> int:
         st = self.state
         steps = 0
         while not self.done and (max_tokens is None or steps < max_tokens):
@@ -160,6 +165,8 @@ class ResumableGeneration:
             self._logits = None
             self.position += 1
             steps += 1
+            if stop is not None and stop():
+                break
         return steps
 
     def result(self) -> Rollout:
