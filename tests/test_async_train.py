@@ -3,11 +3,14 @@ CPU only, with the even-character task of test_trainer (a random model earns var
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import gspo.orchestration.steps as steps_module
+import gspo.rollout.partial as partial_module
 import gspo.trainer as trainer_module
 from gspo import checkpoint as ckpt
 from gspo.config import ConfigError, TrainConfig, build
@@ -125,3 +128,58 @@ def test_async_run_learns(tmp_path):
     print(results)
     for first, last in results.values():
         assert last > first + 0.1
+
+
+def _slow(monkeypatch, module, name: str, seconds: float) -> None:
+    real = getattr(module, name)
+
+    def slowed(*args, **kwargs):
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, slowed)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_slow_engine_in_the_loop_continues_partial_rollouts_within_k(tmp_path, monkeypatch, k):
+    """Every sampled token takes 30 ms: new weights arrive mid-generation, generations are
+    continued under them, and no sample is more than K versions behind."""
+    _slow(monkeypatch, partial_module, "sample_next", 0.03)
+    result = train(make_cfg(tmp_path, steps=6, max_staleness=k, eval_every=0, max_new_tokens=8))
+    records = train_records(result.history)
+    assert max(r["async/staleness_max"] for r in records) <= k
+    assert any(r["async/partial_fraction"] > 0 for r in records)
+    assert sum(r["async/trainer_idle_s"] for r in records) > 0.3  # the trainer waited
+    assert all(r["async/dropped_samples"] == 0 for r in records)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_slow_trainer_in_the_loop_keeps_the_thread_at_the_bound(tmp_path, monkeypatch, k):
+    """Every update takes 0.2 s more: the thread runs ahead exactly K versions and waits."""
+    _slow(monkeypatch, steps_module, "update", 0.2)
+    result = train(make_cfg(tmp_path, steps=6, max_staleness=k, eval_every=0))
+    records = train_records(result.history)
+    assert max(r["async/staleness_max"] for r in records) == k
+    assert all(r["async/staleness_max"] <= k for r in records)
+    assert sum(r["async/rollout_idle_s"] for r in records) > 0.3  # the thread waited
+
+
+def test_mask_mode_drops_tokens_older_than_the_rows_newest_version():
+    from gspo.orchestration.async_source import mask_older_tokens
+    from gspo.rollout.base import Rollout
+
+    versions = torch.tensor([[3, 3, 4, 4], [3, 3, 3, -1], [4, -1, -1, -1]])  # [N, L]
+    cmask = (versions >= 0).long()
+    r = Rollout(
+        prompt_ids=torch.ones(3, 1, dtype=torch.long),
+        prompt_mask=torch.ones(3, 1, dtype=torch.long),
+        completion_ids=torch.ones(3, 4, dtype=torch.long),
+        completion_mask=cmask,
+        logprobs=torch.zeros(3, 4),
+        finish_reasons=["stop"] * 3,
+        prompt_index=torch.arange(3),
+        versions=versions,
+    )
+    out = mask_older_tokens(r)
+    assert out.loss_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]]
+    assert out.completion_mask.tolist() == cmask.tolist()  # still attended to
