@@ -183,3 +183,18 @@ def test_mask_mode_drops_tokens_older_than_the_rows_newest_version():
     out = mask_older_tokens(r)
     assert out.loss_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]]
     assert out.completion_mask.tolist() == cmask.tolist()  # still attended to
+
+
+def test_forced_thread_at_k0_resumes_exactly(tmp_path, monkeypatch):
+    """Through the rollout thread at K = 0 (deterministic: it waits for the newest weights), a
+    run stopped and resumed equals the unbroken run: the thread's engine starts from the
+    checkpoint's weights, not from the freshly built model."""
+    monkeypatch.setattr(trainer_module, "build_source", AsyncSource)
+    common = {"steps": 4, "warmup_steps": 0, "eval_every": 0}
+    whole = train(make_cfg(tmp_path / "a", **common))
+    train(make_cfg(tmp_path / "b", stop_after=2, **common))
+    rest = train(make_cfg(tmp_path / "b", **common), resume=True)
+    a_late = [without_timing(r) for r in train_records(whole.history) if r["step"] > 2]
+    assert [without_timing(r) for r in train_records(rest.history)] == a_late
+    sd_a, sd_b = whole.model.state_dict(), rest.model.state_dict()
+    assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)

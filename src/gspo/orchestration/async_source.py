@@ -84,12 +84,16 @@ class AsyncSource:
             tokenizer=engine.tokenizer,
             fast=engine.fast,
         )
+        self.model = model  # the trainer's, copied into the engine when the thread starts
         self.parts = copy.copy(parts)  # score_round reads cfg, tokenizer, rewards from it
         self.parts.engine = self.engine
         self.thread: RolloutThread | None = None
         self.unused = 0
 
     def start(self, start: int, end: int) -> None:
+        """Start the thread for steps ``start .. end - 1`` from the trainer's current weights
+        (after a resume: the checkpoint's, restored after this source was built)."""
+        self.engine.update_weights(self.model)
         self.thread = RolloutThread(
             self._produce,
             self._load,
