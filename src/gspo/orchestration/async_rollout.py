@@ -38,8 +38,6 @@ import torch
 
 from .async_buffer import Group, StalenessBuffer, batch_metrics
 
-PARTIAL_MODES = ("keep", "mask", "restart")
-
 
 @dataclass
 class Produced:
