@@ -35,6 +35,7 @@ from .envs import env_for
 from .envs.loop import make_episodes
 from .envs.rewards import reward_workers, uses_sandbox
 from .logging import MetricsLogger
+from .orchestration.async_source import build_source
 from .orchestration.loop import NonFiniteTrainingError, RunResult, run
 from .orchestration.state import Parts, StepState
 from .rollout.base import SamplingParams
@@ -90,8 +91,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             last = (
                 cfg.steps if cfg.stop_after is None else min(cfg.steps, state.step + cfg.stop_after)
             )
+            if parts.source is not None:  # the rollout thread makes steps state.step .. last-1
+                parts.source.start(state.step, last)
             return run(parts, state, logger, last)
         finally:
+            if parts.source is not None:
+                parts.source.close()
             logger.close()
     finally:
         close_engine(parts.engine)  # vLLM: shut its engine down (torch: nothing to close)
@@ -142,7 +147,9 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         top_p=cfg.top_p,
         stop_token_ids=fmt.stop_token_ids,
     )
-    return Parts(
+    if cfg.max_staleness >= 1 and episodes is not None:
+        raise ValueError("max_staleness >= 1 supports single-turn tasks only (not multi-turn)")
+    parts = Parts(
         cfg=cfg,
         backend=backend,
         engine=engine,
@@ -160,6 +167,8 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         output_dir=out,
         data_metrics=data_metrics,
     )
+    parts.source = build_source(parts, model)  # None unless max_staleness >= 1
+    return parts
 
 
 def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model):

@@ -347,6 +347,8 @@ def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
     }
     if rollout.loss_mask is not None:
         moved["loss_mask"] = rollout.loss_mask.to(device)
+    if rollout.versions is not None:
+        moved["versions"] = rollout.versions.to(device)
     return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
 
 

@@ -7,13 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import CorrectionFields, EngineFields, SharedFields, _doc
+from .asynchronous import AsyncFields
+from .fields import ConfigError, CorrectionFields, EngineFields, SharedFields, _doc
 from .scale import ScaleFields
 
 
 @dataclass
-class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields):
+class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, AsyncFields):
     """Everything that defines an RL run; saved with every checkpoint."""
+
+    def __post_init__(self) -> None:
+        # Each mixin with a __post_init__ checks its own fields; the MRO would run only the first.
+        ScaleFields.__post_init__(self)
+        AsyncFields.__post_init__(self)
+        if self.max_staleness >= 1 and self.backend != "local":
+            raise ConfigError(
+                "invalid config:\n  - max_staleness >= 1 (asynchronous rollouts) runs on "
+                "backend='local' only for now; use max_staleness=0 with backend='ray'"
+            )
 
     # --- run, model, task: SharedFields (gspo.config.fields); what differs here ---------------
     output_dir: str = _doc(

@@ -65,11 +65,15 @@ def run(parts: Parts, state: StepState, logger: MetricsLogger, last: int) -> Run
     # One warning per run when most responses hit max_new_tokens or most advantages are 0.
     watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
     while state.step < last:
-        batch = steps.collect(parts, state)  # rollout + rewards
+        # Rollout + rewards: this step's own, or the rollout thread's (max_staleness >= 1).
+        source = parts.source
+        batch = source.collect(parts, state) if source else steps.collect(parts, state)
         steps.old_logprobs(parts, batch)
         steps.advantages(parts, batch)
         train_metrics = steps.update(parts, state, batch)
         steps.sync(parts, batch)
+        if source:  # the new weights (version step + 1) to the rollout thread
+            source.publish(parts.backend.model, state.step + 1)
         policy_metrics = parts.backend.step_metrics(batch.rollout)  # MoE routing change
         metrics = steps.step_metrics(parts, batch, train_metrics, policy_metrics)
         state.step += 1

@@ -71,6 +71,9 @@ class Parts:
     output_dir: Path
     data_metrics: dict[str, float] = field(default_factory=dict)
     """``data/*`` counts logged at step 0."""
+    source: Any = None
+    """Async rollouts (``orchestration.async_source``, max_staleness >= 1): where each step's
+    scored batch comes from instead of ``steps.collect``; None: the synchronous loop."""
 
 
 @dataclass

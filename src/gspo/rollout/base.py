@@ -53,6 +53,9 @@ class Rollout:
     # episodes (gspo.envs) set it: environment tokens are attended to (completion_mask 1) but
     # get no gradient and count in no length (loss_mask 0).
     loss_mask: torch.Tensor | None = None
+    # [N, L] policy version (trainer step) of the weights that generated each token, -1 on
+    # padding; None: not recorded (synchronous runs). Set by partial rollouts (rollout.partial).
+    versions: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:

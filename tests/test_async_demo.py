@@ -1,0 +1,37 @@
+"""An asynchronous run (max_staleness 1) learns the addition demo from a cold start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gspo.cli import main
+
+SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
+COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
+
+
+@pytest.mark.slow
+def test_async_run_learns_the_addition_demo(tmp_path):
+    """SFT cold start (250 steps, seed 1, as the vLLM learning test), then 300 GSPO steps of
+    the demo preset with K = 1. Measured on the shared 2-core machine (~40 s in all): training
+    reward (mean of steps 1-25 -> 251-300) 0.146 -> 0.205, held-out greedy accuracy 0.25 ->
+    0.425, staleness mean 1.0; the synchronous run: 0.142 -> 0.236, 0.25 -> 0.46. (K = 2:
+    0.143 -> 0.182, greedy 0.25 -> 0.235: the demo's tight GSPO clip cuts the stale updates.)"""
+    sft = tmp_path / "sft"
+    args = ["sft", "--task", "addition", *SHAPE, "--steps", "250", "--max-new-tokens", "6"]
+    assert main([*args, "--seed", "1", "--output-dir", str(sft), *COMMON]) == 0
+    out = tmp_path / "k1"
+    args = ["train", "--preset", "demo", "--model", str(sft), "--steps", "300", "--lr", "3e-4"]
+    args += ["--eval-every", "300", "--checkpoint-every", "0", "--max-staleness", "1"]
+    assert main([*args, "--seed", "0", "--output-dir", str(out), *COMMON]) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward/mean" in r]
+    rewards = [r["reward/mean"] for r in steps]
+    evals = [r["eval/greedy_accuracy"] for r in records if "eval/greedy_accuracy" in r]
+    assert len(steps) == 300
+    assert max(r["async/staleness_max"] for r in steps) <= 1
+    assert sum(r["async/staleness_mean"] for r in steps) / 300 > 0.5  # it did run ahead
+    assert sum(rewards[-50:]) / 50 > sum(rewards[:25]) / 25 + 0.03
+    assert evals[-1] > evals[0] + 0.05
