@@ -11,9 +11,11 @@ after the prompt (policy + environment tokens; the turn that crosses it is cut),
 ``env_timeout_s`` per environment call (a call that hangs or raises fails the episode, which
 is counted in ``episode/failed``; the run goes on).
 
-Not cached across turns: every round re-prefills its context (the torch engine keeps no
-KV cache between ``generate`` calls). The vLLM engine and partial/async rollouts are not wired
-to this driver yet.
+Engines: anything with the rollout protocol's ``generate(prompts, n, params, generator)``, the
+torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
+ids after the turn is sampled, so a turn can be sampled past its closing ``]]`` and is then
+cut there: correct, some wasted tokens). Not cached across turns: every round re-prefills its
+context (the torch engine keeps no KV cache between calls). Partial/async rollouts are not wired to this driver yet.
 """
 
 from __future__ import annotations
