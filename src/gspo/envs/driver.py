@@ -168,6 +168,9 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "episode/turn_limit_fraction": sum(t.finish == "turns" for t in trajs) / n,
     }
     rewards = [r for t in trajs for r in t.turn_rewards]
-    if any(rewards):
+    if any(rewards):  # environments with per-turn rewards: overall, and per turn index
         out["episode/turn_reward_mean"] = sum(rewards) / len(rewards)
+        for k in range(max(t.num_turns for t in trajs)):
+            at_k = [t.turn_rewards[k] for t in trajs if t.num_turns > k]
+            out[f"episode/turn{k + 1}_reward_mean"] = sum(at_k) / len(at_k)
     return out
