@@ -522,3 +522,14 @@ def test_episode_metrics_per_turn_rewards():
     assert m["episode/turn1_reward_mean"] == pytest.approx(0.2)
     assert m["episode/turn2_reward_mean"] == 0.0
     assert "episode/turn1_reward_mean" not in episode_metrics([b.__class__([1], [])])
+
+
+def test_verifiers_adapter_names_its_install_command():
+    import importlib.util
+
+    from gspo.envs.verifiers_adapter import VerifiersEnv
+
+    if importlib.util.find_spec("verifiers") is not None:
+        pytest.skip("verifiers is installed (tests/test_envs_verifiers.py covers the adapter)")
+    with pytest.raises(ImportError, match=r"verifiers>=0.3.1,<0.4"):
+        VerifiersEnv(object())

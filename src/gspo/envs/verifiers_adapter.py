@@ -113,8 +113,8 @@ class VerifiersEnv:
     def __init__(self, vf_env: Any, name: str = "verifiers") -> None:
         self.vf_env = vf_env
         self.name = name
+        self._client = _stub_client()  # first: without verifiers, fail before the loop starts
         self._loop = _Loop()
-        self._client = _stub_client()
 
     def reset(self, example: Example) -> Any:
         row = example.meta.get("vf_row")
