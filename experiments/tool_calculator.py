@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/tool_calc")
     ap.add_argument("--sft-steps", type=int, default=150)
     ap.add_argument("--rl-steps", type=int, default=60)
-    ap.add_argument("--rl-lr", type=float, default=1e-3)
+    ap.add_argument("--rl-lr", type=float, default=3e-4)  # 1e-3 collapses (no tool calls)
     ap.add_argument("--task", choices=sorted(TASK_SETTINGS), default="calculator")
     ap.add_argument("--digits", type=int, default=None, help="difficulty; None: the task's")
     ap.add_argument("--n-test", type=int, default=500)

@@ -504,3 +504,32 @@ def test_qwen_style_tool_blocks_incremental_and_a_template_that_rewrites_history
               {"role": "assistant", "content": "c"}]  # fmt: skip
     with pytest.raises(TemplateError, match="incrementally"):
         enc.reply_ids(convo, [end], [{"role": "user", "content": "d"}])
+
+
+def test_episode_metrics_per_turn_rewards():
+    """Every issue-21 metric is there; per-turn rewards are logged per turn index."""
+    from gspo.envs.trajectory import Trajectory
+
+    a = Trajectory(prompt_ids=[1], history=[], turn_rewards=[-0.1, 0.0], tool_calls=1)
+    a.ids, a.policy = [5, 6, 7, 8], [True, False, False, True]
+    b = Trajectory(prompt_ids=[1], history=[], turn_rewards=[0.5], tool_errors=2, finish="failed")
+    b.ids, b.policy = [5], [True]
+    m = episode_metrics([a, b])
+    assert m["episode/turns_mean"] == 1.5 and m["episode/tool_calls_mean"] == 0.5
+    assert m["episode/tool_errors"] == 2 and m["episode/failed"] == 1
+    assert m["episode/env_tokens_mean"] == 1.0 and m["episode/policy_tokens_mean"] == 1.5
+    assert m["episode/turn_reward_mean"] == pytest.approx(0.4 / 3)
+    assert m["episode/turn1_reward_mean"] == pytest.approx(0.2)
+    assert m["episode/turn2_reward_mean"] == 0.0
+    assert "episode/turn1_reward_mean" not in episode_metrics([b.__class__([1], [])])
+
+
+def test_verifiers_adapter_names_its_install_command():
+    import importlib.util
+
+    from gspo.envs.verifiers_adapter import VerifiersEnv
+
+    if importlib.util.find_spec("verifiers") is not None:
+        pytest.skip("verifiers is installed (tests/test_envs_verifiers.py covers the adapter)")
+    with pytest.raises(ImportError, match=r"verifiers>=0.3.1,<0.4"):
+        VerifiersEnv(object())

@@ -11,9 +11,11 @@ after the prompt (policy + environment tokens; the turn that crosses it is cut),
 ``env_timeout_s`` per environment call (a call that hangs or raises fails the episode, which
 is counted in ``episode/failed``; the run goes on).
 
-Not cached across turns: every round re-prefills its context (the torch engine keeps no
-KV cache between ``generate`` calls). The vLLM engine and partial/async rollouts are not wired
-to this driver yet.
+Engines: anything with the rollout protocol's ``generate(prompts, n, params, generator)``, the
+torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
+ids after the turn is sampled, so a turn can be sampled past its closing ``]]`` and is then
+cut there: correct, some wasted tokens). Not cached across turns: every round re-prefills its
+context (the torch engine keeps no KV cache between calls). Partial/async rollouts are not wired to this driver yet.
 """
 
 from __future__ import annotations
@@ -166,6 +168,9 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "episode/turn_limit_fraction": sum(t.finish == "turns" for t in trajs) / n,
     }
     rewards = [r for t in trajs for r in t.turn_rewards]
-    if any(rewards):
+    if any(rewards):  # environments with per-turn rewards: overall, and per turn index
         out["episode/turn_reward_mean"] = sum(rewards) / len(rewards)
+        for k in range(max(t.num_turns for t in trajs)):
+            at_k = [t.turn_rewards[k] for t in trajs if t.num_turns > k]
+            out[f"episode/turn{k + 1}_reward_mean"] = sum(at_k) / len(at_k)
     return out

@@ -38,10 +38,6 @@ class Episodes:
         for name in ("dynamic_sampling", "kl_in_reward", "off_policy_mask"):
             if getattr(cfg, name, False):
                 raise ValueError(f"{name} applies to single-turn tasks only (for now)")
-        if getattr(cfg, "rollout_engine", "torch") != "torch":
-            raise ValueError(
-                "multi-turn episodes run on the torch engine only (rollout_engine='torch')"
-            )
         if cfg.routing_replay == "engine":
             raise ValueError(
                 "routing_replay='engine' needs the engine's expert choices, which multi-turn "
