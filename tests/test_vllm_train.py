@@ -22,11 +22,11 @@ def _random_rewards(monkeypatch) -> None:
     weights really change every step (the sync then has something to carry)."""
     import random
 
-    import gspo.trainer
+    import gspo.orchestration.steps
 
     rng = random.Random(0)
     monkeypatch.setattr(
-        gspo.trainer, "score", lambda fn, texts, *a, **k: ([rng.random() for _ in texts], 0)
+        gspo.orchestration.steps, "score", lambda fn, texts, *a, **k: ([rng.random() for _ in texts], 0)
     )
 
 
