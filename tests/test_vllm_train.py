@@ -26,7 +26,9 @@ def _random_rewards(monkeypatch) -> None:
 
     rng = random.Random(0)
     monkeypatch.setattr(
-        gspo.orchestration.steps, "score", lambda fn, texts, *a, **k: ([rng.random() for _ in texts], 0)
+        gspo.orchestration.steps,
+        "score",
+        lambda fn, texts, *a, **k: ([rng.random() for _ in texts], 0),
     )
 
 
