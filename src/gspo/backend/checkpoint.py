@@ -15,6 +15,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,31 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write the checkpoint of ``step`` atomically and prune all but the ``keep`` newest."""
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+
+    return write_checkpoint(
+        output_dir, step, write=write, state={"config": config, **(extra or {})}, keep=keep
+    )
+
+
+def write_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    *,
+    write: Callable[[Path], None],
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """The atomic part of every backend's checkpoint: ``write(tmp)`` fills a temporary folder,
+    then the RNG state and ``state.json`` (``step`` + ``state``) are added, every file is
+    flushed and the folder renamed into place; ``latest`` then names it and all but the
+    ``keep`` newest checkpoints are pruned. A kill at any point leaves the last complete one."""
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
@@ -81,16 +107,11 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        write(tmp)
         torch.save(rng_state(), tmp / "rng.pt")
         if FAULT_DELAY_S > 0:  # fault-injection hook: widens the window a kill can land in
             time.sleep(FAULT_DELAY_S)
-        state = {"step": step, "config": config, **(extra or {})}
-        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
         for f in tmp.rglob("*"):  # flush file contents before the rename makes them visible
             if f.is_file():
                 with open(f, "rb") as fh:

@@ -9,11 +9,6 @@ ends the call with :class:`WorkerLostError` naming it and the last good checkpoi
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +17,10 @@ import torch
 from ..core.mismatch import mismatch_stats
 from ..rollout.base import Rollout
 from .checkpoint import (
-    FAULT_DELAY_S,
-    PREFIX,
-    _write_text_atomic,
-    checkpoint_root,
     latest_checkpoint,
-    list_checkpoints,
     load_state,
-    replace_dir,
-    rng_state,
     set_rng_state,
+    write_checkpoint,
 )
 from .ray_cluster import stop_ray
 from .shard import merge_rank_metrics
@@ -171,34 +160,15 @@ class RayFSDPBackend:
     ) -> Path:
         """Each rank writes its shard (DCP) into a temporary folder; the driver adds tokenizer,
         RNG and state.json, then renames the folder into place (as gspo.checkpoint does)."""
-        root = checkpoint_root(output_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        final = root / f"{PREFIX}{step:06d}"
-        for stale in root.glob(".tmp-*"):  # left by a process killed mid-write
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
-        try:
+
+        def write(tmp: Path) -> None:
             self._all(lambda r: r.save.remote(str(tmp)), f"the checkpoint of step {step}")
             self.model.config.save_pretrained(tmp)  # the architecture, for `gspo` tools
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            torch.save(rng_state(), tmp / "rng.pt")
-            if FAULT_DELAY_S > 0:  # fault-injection hook: widens the window a kill can land in
-                time.sleep(FAULT_DELAY_S)
-            state = {"step": step, "config": config, "ranks": len(self.ranks), **extra}
-            (tmp / "state.json").write_text(json.dumps(state, indent=2))
-            for f in tmp.rglob("*"):  # flush file contents before the rename makes them visible
-                if f.is_file():
-                    with open(f, "rb") as fh:
-                        os.fsync(fh.fileno())
-            replace_dir(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        _write_text_atomic(root / "latest", final.name + "\n")
-        for old in list_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
+
+        state = {"config": config, "ranks": len(self.ranks), **extra}
+        return write_checkpoint(output_dir, step, write=write, state=state, keep=keep)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         path = Path(path)
