@@ -126,21 +126,10 @@ class FSDPRank:
 
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
         """[N, L] reference log-probs (the reference is whole: one rank is enough)."""
-        from ..models import token_logprobs
+        from .options import reference_logprobs
 
-        if self.ref_model is None:
-            return None
-        with torch.no_grad():
-            ref, _ = token_logprobs(
-                self.ref_model,
-                rollout.prompt_ids,
-                rollout.prompt_mask,
-                rollout.completion_ids,
-                rollout.completion_mask,
-                temperature=self.cfg.temperature,
-                prompt_index=rollout.prompt_index,
-            )
-        return ref.cpu()  # [N, L]
+        ref = reference_logprobs(self.cfg, self.ref_model, rollout)
+        return None if ref is None else ref.cpu()  # [N, L]
 
     def kl_penalty(self, rollout: Rollout, old_logprobs: torch.Tensor):
         from .options import reward_kl_penalty

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ..models import save_model, token_logprobs
+from ..models import save_model
 from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
 from .checkpoint import restore, save_checkpoint
-from .options import reward_kl_penalty
+from .options import reference_logprobs, reward_kl_penalty
 from .update import _frozen_copy, _old_logprobs, lr_lambda, update_policy
 
 
@@ -44,19 +44,7 @@ class LocalBackend:
         return _old_logprobs(self.cfg, self.model, rollout)  # [N, L], mismatch/*
 
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
-        if self.ref_model is None:
-            return None
-        with torch.no_grad():
-            ref, _ = token_logprobs(
-                self.ref_model,
-                rollout.prompt_ids,
-                rollout.prompt_mask,
-                rollout.completion_ids,
-                rollout.completion_mask,
-                temperature=self.cfg.temperature,
-                prompt_index=rollout.prompt_index,
-            )
-        return ref  # [N, L]
+        return reference_logprobs(self.cfg, self.ref_model, rollout)  # [N, L]
 
     def kl_penalty(
         self, rollout: Rollout, old_logprobs: torch.Tensor

@@ -26,14 +26,10 @@ def loss_kl_coef(cfg: Any) -> float:
     return 0.0 if cfg.kl_in_reward else cfg.kl_coef
 
 
-def reward_kl_penalty(cfg: Any, ref_model, rollout, old_logprobs: torch.Tensor):
-    """(β Σ_t KL_t per sequence [N] float64, metrics) for ``kl_in_reward``; (None, {}) otherwise.
-
-    The estimate is of the sampling policy against the reference on the rollout's own tokens,
-    with ``old_logprobs`` as log π (the value only: rewards carry no gradient).
-    """
-    if not cfg.kl_in_reward or ref_model is None:
-        return None, {}
+def reference_logprobs(cfg: Any, ref_model, rollout) -> torch.Tensor | None:
+    """[N, L] log-probs of the frozen reference on the rollout's tokens (None: no reference)."""
+    if ref_model is None:
+        return None
     from gspo.models import token_logprobs
 
     with torch.no_grad():
@@ -45,7 +41,19 @@ def reward_kl_penalty(cfg: Any, ref_model, rollout, old_logprobs: torch.Tensor):
             rollout.completion_mask,
             temperature=cfg.temperature,
             prompt_index=rollout.prompt_index,
-        )  # [N, L]
+        )
+    return ref  # [N, L]
+
+
+def reward_kl_penalty(cfg: Any, ref_model, rollout, old_logprobs: torch.Tensor):
+    """(β Σ_t KL_t per sequence [N] float64, metrics) for ``kl_in_reward``; (None, {}) otherwise.
+
+    The estimate is of the sampling policy against the reference on the rollout's own tokens,
+    with ``old_logprobs`` as log π (the value only: rewards carry no gradient).
+    """
+    if not cfg.kl_in_reward or ref_model is None:
+        return None, {}
+    ref = reference_logprobs(cfg, ref_model, rollout)  # [N, L]
     mask = rollout.completion_mask.bool()
     kl = sequence_kl_penalty(old_logprobs.to(ref.dtype), ref, mask, cfg.kl_estimator)  # [N]
     penalty = (cfg.kl_coef * kl).to(torch.float64).cpu()  # [N]

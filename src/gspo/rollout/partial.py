@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from gspo.rollout.base import Rollout, SamplingParams
-from gspo.rollout.torch_engine import TorchEngine, _DecodeState, sample_next
+from gspo.rollout.torch_engine import TorchEngine, _DecodeState, check_request, sample_next
 
 NO_VERSION = -1
 """``Rollout.versions`` value on positions that hold no generated token (padding)."""
@@ -51,14 +51,7 @@ class ResumableGeneration:
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> None:
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-        if not 0.0 < params.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        check_request(prompts, n, params)
         self.engine, self.n, self.params, self.generator = engine, n, params, generator
         dev = engine.device
         stop_seqs = [engine._stop_ids(s) for s in params.stop_strings]

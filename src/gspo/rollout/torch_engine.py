@@ -206,14 +206,7 @@ class TorchEngine:
         generator: torch.Generator | None = None,
     ) -> Rollout:
         """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i."""
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-        if not 0.0 < params.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        check_request(prompts, n, params)
         stop_seqs = [self._stop_ids(s) for s in params.stop_strings]
         was_training = self.model.training
         self.model.eval()
@@ -375,3 +368,15 @@ class TorchEngine:
             "finish_reasons": reasons,
             "prompt_index": prompt_index,
         }
+
+
+def check_request(prompts: list[list[int]], n: int, params: SamplingParams) -> None:
+    """A clear ValueError for a generation request no engine can serve."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
+    if params.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
