@@ -113,9 +113,10 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
     fmt = build_prompt_format(cfg, tokenizer, model)
     train_reward = build_train_reward(cfg, task)
-    # Multi-turn tasks run episodes through gspo.envs (None: the batched single-turn path).
-    episodes = make_episodes(cfg, env_for(task, cfg, fmt.chat), tokenizer, fmt)
     workers = reward_workers(train_reward, cfg.reward_workers)
+    # Every task runs episodes of its environment through gspo.envs (single-turn: one turn).
+    env = env_for(task, cfg, fmt.chat)
+    episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=train_reward, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         from .envs.sandbox import isolation
 
@@ -147,7 +148,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         top_p=cfg.top_p,
         stop_token_ids=fmt.stop_token_ids,
     )
-    if cfg.max_staleness >= 1 and episodes is not None:
+    if cfg.max_staleness >= 1 and episodes.env.multi_turn:
         raise ValueError("max_staleness >= 1 supports single-turn tasks only (not multi-turn)")
     parts = Parts(
         cfg=cfg,

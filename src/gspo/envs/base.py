@@ -12,7 +12,13 @@ One episode:
 ``Step.turn_reward`` is an optional reward for the turn just taken (per-turn credit, see
 :mod:`gspo.envs.credit`); the episode's return is the sum of its turn rewards plus the final
 ``reward``. A single-turn task is the one-turn case: :class:`SingleTurnEnv` ends every episode
-after the first turn with the task's reward.
+after the first turn with the task's reward. Every task, single- or multi-turn, trains through
+these environments and one driver (:mod:`gspo.envs.driver`).
+
+Optional: ``step_batch(states, texts, finished) -> list[Step]`` answers a whole round of turns
+at once (the driver calls it when an environment has it; else ``step`` per episode, each with
+the driver's timeout). :class:`SingleTurnEnv` implements it with the reward workers and the
+reward timeout of :func:`gspo.envs.rewards.score`.
 
 Environments are plain Python objects; they never see token ids (the driver tokenizes their
 messages, :mod:`gspo.envs.trajectory`) and never touch the model.
@@ -49,6 +55,9 @@ class Step:
     failed: bool = False
     """The episode failed for the environment's own reasons (a tool hung or raised): it ends
     with ``reward``; the driver counts it in episode/failed."""
+    info: dict[str, float] = field(default_factory=dict)
+    """Per-episode values besides the reward, kept on the trajectory (``"task"``: the task's
+    own reward when the training reward adds a format bonus, logged as ``reward/task``)."""
 
 
 @runtime_checkable
@@ -57,7 +66,8 @@ class Environment(Protocol):
 
     name: str
     multi_turn: bool
-    """False: every episode is one turn (the trainer's batched single-turn path applies)."""
+    """False: every episode is one turn; the driver samples one batched round and returns the
+    engine's rollout as it is (MoE routing included), with ``finished`` as the engine said."""
     stop_strings: tuple[str, ...]
     """Strings that end a policy turn besides the end-of-turn tokens (a closed tool call)."""
 
@@ -74,25 +84,53 @@ class Environment(Protocol):
 class SingleTurnEnv:
     """A single-turn task as an environment: one turn, scored by the task's reward.
 
-    A reward that raises scores 0 (as in the trainer's single-turn path).
+    A round is scored at once (:meth:`step_batch`): ``workers`` reward calls in parallel, each
+    bounded by ``timeout_s`` seconds (None: no bound). A reward that raises, returns no finite
+    number or runs out of time scores 0 and fails its episode (a reward error). With
+    ``task_reward`` (the task's own reward, when ``reward`` adds a format bonus to it), each
+    step's ``info["task"]`` holds it too.
     """
 
     multi_turn = False
     stop_strings: tuple[str, ...] = ()
 
-    def __init__(self, reward: RewardFn, name: str = "single_turn") -> None:
+    def __init__(
+        self,
+        reward: RewardFn,
+        name: str = "single_turn",
+        *,
+        task_reward: RewardFn | None = None,
+        timeout_s: float | None = None,
+        workers: int = 1,
+    ) -> None:
         self.reward = reward
         self.name = name
+        self.task_reward = task_reward
+        self.timeout_s = timeout_s
+        self.workers = workers
 
     def reset(self, example: Example) -> Example:
         return example
 
     def step(self, state: Example, text: str, finished: bool) -> Step:
-        try:
-            reward = float(self.reward(text, state))
-        except Exception:  # a reward that raises scores 0, counted as an error
-            return Step(done=True, reward=0.0, failed=True)
-        return Step(done=True, reward=reward)
+        return self.step_batch([state], [text], [finished])[0]
+
+    def step_batch(
+        self, states: list[Example], texts: list[str], finished: list[bool]
+    ) -> list[Step]:
+        from gspo.envs.rewards import score, score_each  # rewards imports the task modules
+
+        values = score_each(
+            self.reward, texts, states, timeout_s=self.timeout_s, workers=self.workers
+        )
+        out = [
+            Step(done=True, failed=True) if v is None else Step(done=True, reward=v) for v in values
+        ]
+        if self.task_reward is not None:  # errors of the task reward alone are not counted
+            task, _ = score(self.task_reward, texts, states, workers=self.workers)
+            for step, value in zip(out, task, strict=True):
+                step.info["task"] = value
+        return out
 
 
 ENVIRONMENTS: dict[str, Any] = {}

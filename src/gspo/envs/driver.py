@@ -1,4 +1,6 @@
-"""The multi-turn rollout driver: runs episodes of an environment over any rollout engine.
+"""The rollout driver: runs episodes of an environment over any rollout engine. Every task
+trains through it; a single-turn task is the one-turn case (:mod:`gspo.envs.one_turn`: one
+batched round, the engine's rollout kept as it is).
 
 Each round, every unfinished episode's whole context (prompt + turns + replies so far) goes to
 ``engine.generate`` as one batch; the first round samples ``n`` episodes per prompt at once,
@@ -75,10 +77,18 @@ def run_episodes(
     limits: Limits,
     generator: torch.Generator | None = None,
     version: int = 0,
+    prompts: list[list[int]] | None = None,
 ) -> tuple[Rollout, list[Trajectory]]:
     """``n`` episodes per example; returns them packed as a Rollout (rows laid out group after
     group, ``loss_mask`` on policy tokens, ``extras["turn_ids"]`` and
-    ``extras["policy_version"]``) and as :class:`Trajectory` records (rewards, turns, tools)."""
+    ``extras["policy_version"]``) and as :class:`Trajectory` records (rewards, turns, tools).
+    ``prompts``: the examples' prompt ids when the caller has them (the trainer's prompt
+    cache), else the encoder's. One-turn environments (``multi_turn`` False) take one batched
+    round and keep the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
+    if not env.multi_turn:
+        from .one_turn import run_one_turn  # it imports _step from here
+
+        return run_one_turn(engine, env, encoder, examples, n, params, limits, generator, prompts)
     tokenizer = encoder.tokenizer
     params = replace(
         params,
@@ -91,6 +101,8 @@ def run_episodes(
     starts: list[list[int]] = []
     for i, example in enumerate(examples):
         ids, history = encoder.start(example.prompt)
+        if prompts is not None:
+            ids = list(prompts[i])
         starts.append(ids)
         for _ in range(n):
             trajs.append(Trajectory(prompt_ids=list(ids), history=[dict(m) for m in history]))
@@ -136,6 +148,7 @@ def _advance(
     t.turn_rewards[-1] += step.turn_reward
     t.tool_calls += step.tool_calls
     t.tool_errors += step.tool_errors
+    t.info.update(step.info)
     if step.done or step.failed:
         t.done, t.reward = True, step.reward
         t.finish = "failed" if step.failed else ("stop" if finished else "length")

@@ -1,8 +1,15 @@
-"""What the trainer calls for a multi-turn task: one step's episodes with rewards and
-advantages, and the held-out evaluation of whole episodes."""
+"""What the trainer calls for every task: one round of a step's episodes with their returns
+(and, for multi-turn episodes, their advantages), and the held-out evaluation of whole episodes.
+
+A single-turn task is the one-turn case: its environment (:class:`SingleTurnEnv`, the run's
+training reward with its format bonus, reward workers and timeout) ends every episode after
+its first step, and the driver keeps the engine's rollout as it is; its advantages come from
+the trainer's ``advantages`` step like every episode-level reward.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -11,13 +18,20 @@ from gspo.core.metrics import CORRECT, mean_and_se
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 
-from .base import Environment
+from .base import Environment, SingleTurnEnv
 from .credit import check_credit, episode_advantages, turn_advantages
 from .driver import Limits, episode_metrics, run_episodes
-from .trajectory import make_encoder
+from .one_turn import answer_round
+from .rewards import reward_workers
+from .trajectory import Trajectory, make_encoder
 
 
-def limits_from(cfg: Any) -> Limits:
+def limits_from(cfg: Any, multi_turn: bool = True) -> Limits:
+    """The run's episode limits; one-turn episodes: one turn of ``max_new_tokens``."""
+    if not multi_turn:
+        n = cfg.max_new_tokens
+        return Limits(max_turns=1, max_tokens_per_turn=n, max_total_tokens=n,
+                      env_timeout_s=cfg.env_timeout_s)  # fmt: skip
     return Limits(
         max_turns=cfg.max_turns,
         max_tokens_per_turn=cfg.max_tokens_per_turn or cfg.max_new_tokens,
@@ -26,27 +40,60 @@ def limits_from(cfg: Any) -> Limits:
     )
 
 
-class Episodes:
-    """Multi-turn rollouts for the trainer (checks the credit/algorithm pairing up front)."""
+@dataclass
+class Collected:
+    """One round of episodes, row-aligned (N = examples x n, group after group)."""
 
-    def __init__(self, cfg: Any, env: Environment, tokenizer: Any, fmt: Any) -> None:
-        check_credit(cfg.algo, cfg.credit)
-        if cfg.max_turns < 1 or cfg.max_total_tokens < 1:
-            raise ValueError("max_turns and max_total_tokens must be >= 1")
-        if cfg.overlong_buffer > 0:
-            raise ValueError("overlong_buffer applies to single-turn tasks only")
-        for name in ("dynamic_sampling", "kl_in_reward", "off_policy_mask"):
-            if getattr(cfg, name, False):
-                raise ValueError(f"{name} applies to single-turn tasks only (for now)")
-        if cfg.routing_replay == "engine":
-            raise ValueError(
-                "routing_replay='engine' needs the engine's expert choices, which multi-turn "
-                "episodes do not record yet (use 'old' or none)"
+    rollout: Rollout
+    returns: torch.Tensor  # [N] float64: the episode's turn rewards + final reward
+    errors: int
+    """Failed episodes (a reward or an environment that raised, hung or gave no number)."""
+    trajectories: list[Trajectory]
+    advantages: torch.Tensor | None = None  # [N] or [N, L]; multi-turn only (None: the trainer's)
+    metrics: dict[str, float] | None = None
+    """``episode/*`` and ``reward/final_mean`` (multi-turn; None for one-turn episodes)."""
+
+    @property
+    def task_rewards(self) -> torch.Tensor | None:  # [N]
+        """Every episode's ``info["task"]`` (the task reward beside a format bonus), or None."""
+        if not all("task" in t.info for t in self.trajectories):
+            return None
+        return torch.tensor([t.info["task"] for t in self.trajectories])
+
+
+class Episodes:
+    """A run's episodes (single- or multi-turn; checks what multi-turn episodes cannot do up
+    front). ``env`` is the task's environment; a plain :class:`SingleTurnEnv` of the task gets
+    the run's training reward (``train_reward``: the format bonus), reward timeout and reward
+    ``workers`` for training, and keeps the task's reward for evaluation (``eval_env``)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        env: Environment,
+        tokenizer: Any,
+        fmt: Any,
+        *,
+        train_reward: Any = None,
+        workers: int = 1,
+    ) -> None:
+        if env.multi_turn:
+            check_multi_turn(cfg)
+        self.eval_env = env
+        if type(env) is SingleTurnEnv:
+            reward = env.reward if train_reward is None else train_reward
+            self.eval_env = SingleTurnEnv(env.reward, env.name, workers=reward_workers(env.reward))
+            env = SingleTurnEnv(
+                reward,
+                env.name,
+                task_reward=None if reward is env.reward else env.reward,
+                timeout_s=cfg.reward_timeout_s or None,
+                workers=workers,
             )
         self.cfg = cfg
         self.env = env
         self.encoder = make_encoder(tokenizer, fmt)
-        self.limits = limits_from(cfg)
+        self.limits = limits_from(cfg, env.multi_turn)
         self.stop_token_ids = tuple(fmt.stop_token_ids)
 
     def collect(
@@ -57,16 +104,33 @@ class Episodes:
         params: SamplingParams,
         generator: torch.Generator | None,
         version: int,
-    ) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(rollout, episode returns [N], advantages [N] or [N, L], episode metrics)."""
+        prompts: list[list[int]] | None = None,
+    ) -> Collected:
+        """``n`` episodes of each example (``prompts``: their ids, default the encoder's)."""
         rollout, trajs = run_episodes(
-            engine, self.env, self.encoder, examples, n, params, self.limits, generator, version
-        )
+            engine, self.env, self.encoder, examples, n, params, self.limits, generator, version,
+            prompts=prompts,
+        )  # fmt: skip
+        return self._collected(rollout, trajs, n)
+
+    def score(self, rollout: Rollout, examples: list[Example]) -> Collected:
+        """A one-turn rollout sampled elsewhere (the async rollout thread), answered by the
+        environment as :meth:`collect` answers its own (row i*n + j: ``examples[i]``)."""
+        if self.env.multi_turn:
+            raise ValueError(f"{self.env.name}: only one-turn rollouts can be scored afterwards")
+        trajs = answer_round(self.env, self.encoder.tokenizer, rollout, examples,
+                             self.limits.env_timeout_s)  # fmt: skip
+        return self._collected(rollout, trajs, 0)
+
+    def _collected(self, rollout: Rollout, trajs: list[Trajectory], n: int) -> Collected:
         finals = [t.reward for t in trajs]
         turns = [t.turn_rewards for t in trajs]
         returns = torch.tensor(
             [sum(r) + f for r, f in zip(turns, finals, strict=True)], dtype=torch.float64
-        )
+        )  # [N]
+        errors = sum(t.finish == "failed" for t in trajs)
+        if not self.env.multi_turn:
+            return Collected(rollout, returns, errors, trajs)
         scale = self.cfg.advantage_scale
         if self.cfg.credit == "turn":
             advantages = turn_advantages(
@@ -81,7 +145,7 @@ class Episodes:
             advantages = episode_advantages(turns, finals, n, scale)  # [N]
         metrics = episode_metrics(trajs)
         metrics["reward/final_mean"] = sum(finals) / len(finals)
-        return rollout, returns, advantages, metrics
+        return Collected(rollout, returns, errors, trajs, advantages, metrics)
 
     def evaluate(self, engine, examples: list[Example], max_batch: int = 256) -> dict[str, float]:
         """Greedy episodes on ``examples``: accuracy (final reward >= 1) and success (final
@@ -91,7 +155,7 @@ class Episodes:
         for i in range(0, len(examples), max_batch):
             _, part = run_episodes(
                 engine,
-                self.env,
+                self.eval_env,
                 self.encoder,
                 examples[i : i + max_batch],
                 1,
@@ -109,8 +173,26 @@ class Episodes:
         return out
 
 
-def make_episodes(cfg: Any, env: Environment, tokenizer: Any, fmt: Any) -> Episodes | None:
-    """The multi-turn driver of a run, or None for single-turn tasks (the batched path)."""
-    if not env.multi_turn:
-        return None
-    return Episodes(cfg, env, tokenizer, fmt)
+def check_multi_turn(cfg: Any) -> None:
+    """Refuse what multi-turn episodes do not support yet, before any work starts."""
+    check_credit(cfg.algo, cfg.credit)
+    if cfg.max_turns < 1 or cfg.max_total_tokens < 1:
+        raise ValueError("max_turns and max_total_tokens must be >= 1")
+    if cfg.overlong_buffer > 0:
+        raise ValueError("overlong_buffer applies to single-turn tasks only")
+    for name in ("dynamic_sampling", "kl_in_reward", "off_policy_mask"):
+        if getattr(cfg, name, False):
+            raise ValueError(f"{name} applies to single-turn tasks only (for now)")
+    if cfg.routing_replay == "engine":
+        raise ValueError(
+            "routing_replay='engine' needs the engine's expert choices, which multi-turn "
+            "episodes do not record yet (use 'old' or none)"
+        )
+
+
+def make_episodes(
+    cfg: Any, env: Environment, tokenizer: Any, fmt: Any, *, train_reward: Any = None,
+    workers: int = 1,
+) -> Episodes:  # fmt: skip
+    """The episodes of a run, single- or multi-turn (one path through the trainer)."""
+    return Episodes(cfg, env, tokenizer, fmt, train_reward=train_reward, workers=workers)

@@ -45,6 +45,7 @@ __all__ = [
     "overlong_penalty",
     "reward_workers",
     "score",
+    "score_each",
     "uses_sandbox",
 ]
 
@@ -333,28 +334,16 @@ def _as_reward(value: object) -> float | None:
     return result if math.isfinite(result) else None
 
 
-def score(
+def score_each(
     reward_fn: RewardFn,
     completions: Sequence[str],
     examples: Sequence[Example],
     *,
     timeout_s: float | None = None,
     workers: int = 1,
-) -> tuple[list[float], int]:
-    """Apply ``reward_fn`` to each (completion, example) pair; return (rewards, n_errors).
-
-    A call that raises, or returns something other than a real finite number (None, a string,
-    NaN, inf; bools count as 0/1), gives that sample 0.0 and adds one to ``n_errors``; other
-    samples keep their reward. Failures of the reward never propagate (KeyboardInterrupt does).
-    With ``timeout_s``, a call still running after that many seconds also scores 0.0 and
-    counts as an error (:func:`gspo.envs.sandbox.with_timeout`, thread mode: the late call is left
-    running in the background; wrap the reward with ``mode="process"`` yourself to have it
-    killed). Without it a hanging reward blocks the caller.
-
-    ``workers`` > 1 scores that many calls at once in threads (same results, same order):
-    worth it for rewards that wait on a process, such as the code sandbox
-    (:func:`reward_workers` picks a count), not for pure-Python ones (the GIL).
-    """
+) -> list[float | None]:
+    """:func:`score`'s rewards one by one, None where the reward failed (raised, returned no
+    finite number, or ran past ``timeout_s``)."""
     if len(completions) != len(examples):
         raise ValueError(
             f"{len(completions)} completions but {len(examples)} examples; they must pair up"
@@ -377,9 +366,33 @@ def score(
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(min(workers, len(pairs)), thread_name_prefix="reward") as pool:
-            values = list(pool.map(one, pairs))
-    else:
-        values = [one(pair) for pair in pairs]
+            return list(pool.map(one, pairs))
+    return [one(pair) for pair in pairs]
+
+
+def score(
+    reward_fn: RewardFn,
+    completions: Sequence[str],
+    examples: Sequence[Example],
+    *,
+    timeout_s: float | None = None,
+    workers: int = 1,
+) -> tuple[list[float], int]:
+    """Apply ``reward_fn`` to each (completion, example) pair; return (rewards, n_errors).
+
+    A call that raises, or returns something other than a real finite number (None, a string,
+    NaN, inf; bools count as 0/1), gives that sample 0.0 and adds one to ``n_errors``; other
+    samples keep their reward. Failures of the reward never propagate (KeyboardInterrupt does).
+    With ``timeout_s``, a call still running after that many seconds also scores 0.0 and
+    counts as an error (:func:`gspo.envs.sandbox.with_timeout`, thread mode: the late call is left
+    running in the background; wrap the reward with ``mode="process"`` yourself to have it
+    killed). Without it a hanging reward blocks the caller.
+
+    ``workers`` > 1 scores that many calls at once in threads (same results, same order):
+    worth it for rewards that wait on a process, such as the code sandbox
+    (:func:`reward_workers` picks a count), not for pure-Python ones (the GIL).
+    """
+    values = score_each(reward_fn, completions, examples, timeout_s=timeout_s, workers=workers)
     n_errors = sum(value is None for value in values)
     return [0.0 if value is None else value for value in values], n_errors
 

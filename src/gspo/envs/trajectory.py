@@ -125,6 +125,8 @@ class Trajectory:
     turn limit), "failed" (a tool or the environment hung or raised)."""
     tool_calls: int = 0
     tool_errors: int = 0
+    info: dict[str, float] = field(default_factory=dict)
+    """The environment's per-episode values (:attr:`gspo.envs.base.Step.info`), last wins."""
     done: bool = False
 
     @property

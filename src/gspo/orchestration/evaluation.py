@@ -14,12 +14,18 @@ from typing import Any
 import torch
 
 from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
-from gspo.envs.rewards import reward_workers, score
+from gspo.envs.base import Environment, SingleTurnEnv
+from gspo.envs.driver import Limits
+from gspo.envs.one_turn import run_one_turn
+from gspo.envs.rewards import reward_workers
 from gspo.envs.tasks.base import Example, RewardFn
+from gspo.envs.trajectory import PlainEncoder
 from gspo.models.chat import PromptFormat
 from gspo.models.chat import prompt_format as prompt_format_for
-from gspo.models.text import decode_completions
 from gspo.rollout.base import SamplingParams
+
+ENV_TIMEOUT_S = 10.0
+"""Seconds one ``step`` of an environment without ``step_batch`` may take in an evaluation."""
 
 
 def summarize(rewards: list[list[float]], k: int) -> dict[str, float]:
@@ -31,22 +37,27 @@ def summarize(rewards: list[list[float]], k: int) -> dict[str, float]:
     return {f"avg@{k}": avg, f"avg@{k}_se": avg_se, f"pass@{k}": pas, f"pass@{k}_se": pas_se}
 
 
-def _generate_scored(engine, fmt, examples, reward_fn, params, n, generator, batch_size, bar):
+def _generate_scored(engine, fmt, examples, env, params, n, generator, batch_size, bar):
     """Per problem: sample rewards and texts; per sample: lengths and truncation flags; and
-    the number of rewards that raised. Prompts go to the engine ``batch_size // n`` at a time."""
+    the number of failed episodes (rewards that raised). One-turn episodes of ``env`` through
+    the driver's round; prompts go to the engine ``batch_size // n`` at a time."""
     rewards: list[list[float]] = []
     texts_out: list[list[str]] = []
     lengths: list[int] = []
     truncated: list[bool] = []
     errors = 0
     per_batch = max(batch_size // n, 1)
+    encoder = PlainEncoder(fmt.tokenizer)  # the prompts come encoded: its tokenizer decodes
+    limits = Limits(1, params.max_new_tokens, params.max_new_tokens, env_timeout_s=ENV_TIMEOUT_S)
     for start in range(0, len(examples), per_batch):
         chunk = list(examples[start : start + per_batch])
-        rollout = engine.generate(fmt.encode([e.prompt for e in chunk]), n, params, generator)
-        texts = decode_completions(fmt.tokenizer, rollout.completion_ids, rollout.completion_mask)
-        repeated = [e for e in chunk for _ in range(n)]
-        r, err = score(reward_fn, texts, repeated, workers=reward_workers(reward_fn))
-        errors += err
+        prompts = fmt.encode([e.prompt for e in chunk])
+        rollout, trajs = run_one_turn(
+            engine, env, encoder, chunk, n, params, limits, generator, prompts, routing=False
+        )
+        r = [t.reward for t in trajs]
+        texts = [t.history[-1]["content"] for t in trajs]
+        errors += sum(t.finish == "failed" for t in trajs)
         rewards += [r[i * n : (i + 1) * n] for i in range(len(chunk))]
         texts_out += [texts[i * n : (i + 1) * n] for i in range(len(chunk))]
         lengths += rollout.completion_lengths().tolist()
@@ -72,6 +83,7 @@ def evaluate(
     prompt_format: PromptFormat | None = None,
     details: list[dict[str, Any]] | None = None,
     progress: bool = False,
+    env: Environment | None = None,
 ) -> dict[str, float]:
     """Metrics on ``examples``: greedy accuracy (one greedy completion each) and avg@k / pass@k
     of ``samples`` sampled completions each (k = ``samples``; pass@1 too when k > 1), each with
@@ -79,11 +91,16 @@ def evaluate(
 
     ``prompt_format`` turns prompts into ids and gives the stop tokens (chat models); None
     means raw prompts ending on EOS. With a ``details`` list, one record per problem (prompt,
-    answer, completions, rewards) is appended to it.
+    answer, completions, rewards) is appended to it. ``env``: a one-turn environment that
+    scores the completions instead of ``reward_fn`` (the trainer's evaluation of its task's
+    environment); every completion is a one-turn episode through the driver
+    (:mod:`gspo.envs.one_turn`).
     """
     if not examples:
         return {}
     fmt = prompt_format if prompt_format is not None else prompt_format_for(tokenizer, mode="none")
+    if env is None:
+        env = SingleTurnEnv(reward_fn, workers=reward_workers(reward_fn))
     stops = tuple(fmt.stop_token_ids)
     bar = None
     if progress:
@@ -100,7 +117,7 @@ def evaluate(
             max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stops
         )
         greedy_rewards, greedy_texts, lengths, trunc, err = _generate_scored(
-            engine, fmt, examples, reward_fn, params, 1, None, batch_size, bar
+            engine, fmt, examples, env, params, 1, None, batch_size, bar
         )
         errors += err
         acc, se = mean_and_se([float(x[0] >= CORRECT) for x in greedy_rewards])
@@ -122,7 +139,7 @@ def evaluate(
             stop_token_ids=stops,
         )
         sampled_rewards, sampled_texts, lengths, trunc, err = _generate_scored(
-            engine, fmt, examples, reward_fn, params, samples, generator, batch_size, bar
+            engine, fmt, examples, env, params, samples, generator, batch_size, bar
         )
         errors += err
         out.update(summarize(sampled_rewards, samples))

@@ -64,8 +64,8 @@ class Parts:
     """Token ids of each training prompt (truncated or replaced where too long)."""
     test_set: list[Example]
     params: SamplingParams
-    episodes: Episodes | None
-    """Multi-turn episodes (None: single-turn batches)."""
+    episodes: Episodes
+    """The task's episodes through the environment driver (single-turn tasks: one turn)."""
     reward_workers: int
     device: torch.device
     output_dir: Path

@@ -18,27 +18,24 @@ from ..backend.update import _to_device
 from ..core.advantages import group_advantages
 from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices
-from ..envs.rewards import overlong_penalty, score
-from ..models import moe
-from ..models.text import decode_completions
+from ..envs.loop import Collected
+from ..envs.rewards import overlong_penalty
 from .dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
 from .evaluation import evaluate
 from .state import Batch, Parts, StepState
 
 
 def collect(parts: Parts, state: StepState) -> Batch:
-    """1-2. Rollout and rewards of the step: multi-turn episodes, or single-turn rounds (more
-    than one with dynamic sampling)."""
-    if parts.episodes is not None:
-        return collect_episodes(parts, state)
+    """1-2. Rollout and rewards of the step: every task's episodes through the environment
+    driver (``parts.episodes``; one turn each for single-turn tasks), in more than one round
+    with dynamic sampling. ``time/rollout_s`` covers the rounds' sampling and scoring."""
     cfg = parts.cfg
-    t_generate = [0.0]  # rollout time of every round (rewards excluded, as without rounds)
+    t0 = time.perf_counter()
+    rounds: list[Collected] = []
 
     def sample_round(k: int) -> Sampled:
-        t0 = time.perf_counter()
-        rollout, examples = generate(parts, state, k)
-        t_generate[0] += time.perf_counter() - t0
-        return score_round(parts, rollout, examples)
+        rounds.append(episodes_round(parts, state, k))
+        return sampled(parts, rounds[-1])
 
     if cfg.dynamic_sampling:  # DAPO: only groups whose rewards differ, more rounds if needed
         batch, metrics = fill_batch(
@@ -55,12 +52,19 @@ def collect(parts: Parts, state: StepState) -> Batch:
     reward_metrics: dict[str, float] = dict(metrics)
     if batch.task_rewards is not None:
         reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
-    return Batch(batch.rollout, batch.rewards, batch.reward_errors, reward_metrics, t_generate[0])
+    last = rounds[-1]
+    reward_metrics.update(last.metrics or {})  # episode/* (multi-turn episodes)
+    out = Batch(
+        batch.rollout, batch.rewards, batch.reward_errors, reward_metrics, time.perf_counter() - t0
+    )
+    if last.advantages is not None:  # multi-turn: the episodes' own credit ([N] or [N, L])
+        out.advantages = last.advantages.to(parts.device)
+    return out
 
 
-def generate(parts: Parts, state: StepState, k: int) -> tuple[Any, list]:
-    """Round k of the step's sampling (k > 0 only with dynamic sampling): the rollout of
-    prompts_per_step problems x group_size samples with engine log-probs, and its problems."""
+def episodes_round(parts: Parts, state: StepState, k: int) -> Collected:
+    """Round k of the step's sampling (k > 0 only with dynamic sampling): group_size episodes
+    of prompts_per_step problems, from their cached prompt ids, with the step's generator."""
     cfg, engine = parts.cfg, parts.engine
     if k == 0:
         idx = prompt_indices(len(parts.train_set), state.step, cfg.prompts_per_step, cfg.seed)
@@ -68,63 +72,36 @@ def generate(parts: Parts, state: StepState, k: int) -> tuple[Any, list]:
     else:
         idx = round_prompts(len(parts.train_set), cfg.prompts_per_step, cfg.seed, state.step, k)
         gen = round_generator(cfg.seed, state.step, k, engine.device)
-    # MoE models: the engine's expert choices (prefill + decode) land in rollout.extras
-    # ("routing", replayed by routing_replay='engine'); dense models: engine.generate.
-    rollout = moe.generate_with_routing(
-        engine, [parts.prompt_cache[i] for i in idx], cfg.group_size, parts.params, gen
+    got = parts.episodes.collect(
+        engine,
+        [parts.train_set[i] for i in idx],
+        cfg.group_size,
+        parts.params,
+        gen,
+        version=state.step,
+        prompts=[parts.prompt_cache[i] for i in idx],
     )
-    return _to_device(rollout, parts.device), [parts.train_set[i] for i in idx]
+    got.rollout = _to_device(got.rollout, parts.device)
+    return got
 
 
-def score_round(parts: Parts, rollout, examples: list) -> Sampled:
-    """Rewards of one round: the training reward (+ overlong penalty), and the task reward
-    alone when a format bonus makes them differ."""
-    cfg = parts.cfg
-    texts = decode_completions(parts.tokenizer, rollout.completion_ids, rollout.completion_mask)
-    repeated = [examples[i] for i in rollout.prompt_index.tolist()]
-    rewards_list, reward_errors = score(
-        parts.train_reward,
-        texts,
-        repeated,
-        timeout_s=cfg.reward_timeout_s or None,
-        workers=parts.reward_workers,
-    )
-    rewards = torch.tensor(rewards_list, dtype=torch.float64)  # [N]
-    task_rewards = None
-    if parts.train_reward is not parts.task.reward:  # a format bonus is on: log the task reward
-        task_rewards = torch.tensor(
-            score(parts.task.reward, texts, repeated, workers=parts.reward_workers)[0]
-        )  # [N]
+def sampled(parts: Parts, got: Collected) -> Sampled:
+    """A round as dynamic sampling sees it: the training reward is the episode's return, less
+    the overlong penalty (single-turn tasks)."""
+    cfg, rewards = parts.cfg, got.returns  # [N] float64
     if cfg.overlong_buffer > 0:
         penalty = [
             overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer)
-            for n in rollout.completion_lengths()
+            for n in got.rollout.completion_lengths()
         ]
         rewards = rewards + torch.tensor(penalty, dtype=torch.float64)  # [N]
-    return Sampled(rollout, rewards, reward_errors, task_rewards)
+    return Sampled(got.rollout, rewards, got.errors, got.task_rewards)
 
 
-def collect_episodes(parts: Parts, state: StepState) -> Batch:
-    """Multi-turn: the step's episodes with final rewards, advantages ([N] or per-turn [N, L])
-    and ``episode/*`` metrics."""
-    cfg, engine = parts.cfg, parts.engine
-    t0 = time.perf_counter()
-    idx = prompt_indices(len(parts.train_set), state.step, cfg.prompts_per_step, cfg.seed)
-    examples = [parts.train_set[i] for i in idx]
-    rollout, rewards, advantages, metrics = parts.episodes.collect(
-        engine,
-        examples,
-        cfg.group_size,
-        parts.params,
-        state.generator(0, engine.device),
-        version=state.step,
-    )
-    rollout = _to_device(rollout, parts.device)
-    batch = Batch(
-        rollout, rewards, int(metrics["episode/failed"]), metrics, time.perf_counter() - t0
-    )
-    batch.advantages = advantages.to(parts.device)
-    return batch
+def score_round(parts: Parts, rollout, examples: list) -> Sampled:
+    """Rewards of a one-turn rollout sampled elsewhere (the async rollout thread): the task's
+    environment answers it as in :func:`collect`."""
+    return sampled(parts, parts.episodes.score(rollout, examples))
 
 
 def old_logprobs(parts: Parts, batch: Batch) -> None:
@@ -203,11 +180,11 @@ def step_metrics(
 
 
 def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
-    """7. Held-out evaluation at ``state.step`` (greedy and sampled; whole episodes for
-    multi-turn tasks), as ``eval/*`` metrics."""
-    cfg, engine = parts.cfg, parts.engine
-    if parts.episodes is not None:
-        metrics = parts.episodes.evaluate(engine, parts.test_set)
+    """7. Held-out evaluation at ``state.step``, as ``eval/*`` metrics: whole greedy episodes
+    for multi-turn tasks; greedy and sampled one-turn episodes for single-turn tasks."""
+    cfg, engine, episodes = parts.cfg, parts.engine, parts.episodes
+    if episodes.env.multi_turn:
+        metrics = episodes.evaluate(engine, parts.test_set)
     else:
         metrics = evaluate(
             engine,
@@ -219,6 +196,7 @@ def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
             top_p=cfg.top_p,
             generator=state.generator(3, engine.device),
             prompt_format=parts.fmt,
+            env=episodes.eval_env,
         )
     return {f"eval/{k}": v for k, v in metrics.items()}
 

@@ -1,0 +1,108 @@
+"""One-turn episodes: the driver's round for environments whose every episode is one turn
+(``multi_turn = False``: single-turn tasks as :class:`gspo.envs.base.SingleTurnEnv`, or a
+user's own one-turn environment).
+
+One batched round: ``n`` samples of each prompt from the engine in one ``generate`` call (with
+the engine's MoE routing in ``extras["routing"]`` when the engine holds a torch model,
+:func:`gspo.models.moe.generate_with_routing`), the completions decoded together, and the
+environment's answers to the whole round (its ``step_batch``, or ``step`` per episode with the
+driver's timeout). Every episode ends there, whatever its step says. The rollout is the
+engine's own, not repacked (no ``turn_ids``, ``loss_mask`` or policy version): a one-turn
+episode's tokens are exactly its completion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from gspo.envs.tasks.base import Example
+from gspo.models.moe import generate_with_routing
+from gspo.models.text import decode_completions
+from gspo.rollout.base import Rollout, SamplingParams
+
+from .base import Environment, Step
+from .trajectory import Trajectory
+
+
+def run_one_turn(
+    engine,
+    env: Environment,
+    encoder,
+    examples: list[Example],
+    n: int,
+    params: SamplingParams,
+    limits: Any,
+    generator: torch.Generator | None = None,
+    prompts: list[list[int]] | None = None,
+    *,
+    routing: bool = True,
+) -> tuple[Rollout, list[Trajectory]]:
+    """``n`` one-turn episodes per example (see the module doc); ``prompts``: the examples'
+    prompt ids when the caller has them (the trainer's prompt cache), else the encoder's.
+    ``routing`` False: plain ``engine.generate``, no MoE routing record (evaluation)."""
+    if prompts is None:
+        prompts = [encoder.start(e.prompt)[0] for e in examples]
+    params = replace(
+        params,
+        max_new_tokens=min(limits.max_tokens_per_turn, limits.max_total_tokens),
+        stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
+    )
+    if routing:
+        rollout = generate_with_routing(engine, prompts, n, params, generator)
+    else:
+        rollout = engine.generate(prompts, n, params, generator)
+    trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
+    return rollout, trajs
+
+
+def step_round(
+    env: Environment, states: list, texts: list[str], finished: list[bool], timeout_s: float
+) -> list[Step]:
+    """The environment's answers to a round of turns: its ``step_batch`` when it has one, else
+    ``step`` per episode, each bounded by ``timeout_s`` (a hang or a raise fails the episode)."""
+    batched = getattr(env, "step_batch", None)
+    if batched is not None:
+        steps = list(batched(states, texts, finished))
+        if len(steps) != len(states):
+            raise ValueError(
+                f"{env.name}: step_batch answered {len(steps)} steps for {len(states)} turns"
+            )
+        return steps
+    from .driver import _step  # the driver imports this module
+
+    return [_step(env, s, t, f, timeout_s) for s, t, f in zip(states, texts, finished, strict=True)]
+
+
+def answer_round(
+    env: Environment,
+    tokenizer: Any,
+    rollout: Rollout,
+    examples: list[Example],
+    timeout_s: float,
+    prompts: list[list[int]] | None = None,
+) -> list[Trajectory]:
+    """Every row of a one-turn ``rollout`` (row i*n + j: sample j of ``examples[i]``) as a
+    finished trajectory with the environment's reward for it (``history``: the prompt and the
+    decoded completion; ``prompt_ids``: ``prompts``' when given, else empty)."""
+    texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
+    rows = rollout.prompt_index.tolist()
+    states = [env.reset(examples[i]) for i in rows]
+    finished = [f == "stop" for f in rollout.finish_reasons]
+    steps = step_round(env, states, texts, finished, timeout_s)
+    ids, mask = rollout.completion_ids.cpu(), rollout.completion_mask.cpu().bool()  # [N, L]
+    logprobs = rollout.logprobs.cpu()  # [N, L]
+    trajs = []
+    for k, (i, step) in enumerate(zip(rows, steps, strict=True)):
+        history = [{"role": "user", "content": examples[i].prompt}]
+        history.append({"role": "assistant", "content": texts[k]})
+        t = Trajectory(prompt_ids=list(prompts[i]) if prompts is not None else [], history=history)
+        t.add_policy(ids[k][mask[k]].tolist(), logprobs[k][mask[k]].tolist())
+        t.turn_rewards[-1] = step.turn_reward
+        t.tool_calls, t.tool_errors, t.info = step.tool_calls, step.tool_errors, step.info
+        t.done, t.reward = True, step.reward
+        t.finish = "failed" if step.failed else rollout.finish_reasons[k]
+        trajs.append(t)
+    return trajs
