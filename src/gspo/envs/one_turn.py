@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gspo.envs.tasks.base import Example
-from gspo.models.moe import generate_with_routing
+from gspo.models import moe
 from gspo.models.text import decode_completions
 from gspo.rollout.base import Rollout, SamplingParams
 
@@ -51,7 +51,7 @@ def run_one_turn(
         stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
     )
     if routing:
-        rollout = generate_with_routing(engine, prompts, n, params, generator)
+        rollout = moe.generate_with_routing(engine, prompts, n, params, generator)
     else:
         rollout = engine.generate(prompts, n, params, generator)
     trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
