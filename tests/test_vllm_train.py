@@ -22,14 +22,19 @@ def _random_rewards(monkeypatch) -> None:
     weights really change every step (the sync then has something to carry)."""
     import random
 
+    import torch
+
     import gspo.orchestration.steps
 
     rng = random.Random(0)
-    monkeypatch.setattr(
-        gspo.orchestration.steps,
-        "score",
-        lambda fn, texts, *a, **k: ([rng.random() for _ in texts], 0),
-    )
+    inner = gspo.orchestration.steps.sampled
+
+    def random_rewards(parts, got):  # the training rounds only (the evaluation keeps its own)
+        out = inner(parts, got)
+        out.rewards = torch.tensor([rng.random() for _ in out.rewards], dtype=torch.float64)
+        return out
+
+    monkeypatch.setattr(gspo.orchestration.steps, "sampled", random_rewards)
 
 
 def _records(path: Path) -> list[dict]:

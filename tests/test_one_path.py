@@ -1,0 +1,150 @@
+"""One path through the trainer: a single-turn task is the one-turn case of the environment
+protocol (issue 21). The collect step runs every task through the episode driver, the rollout
+of a single-turn task is exactly the engine's, and a one-turn environment written against the
+protocol alone trains like the built-in task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import gspo.envs.loop as loop_module
+import gspo.trainer as trainer_module
+from gspo.config import TrainConfig, build
+from gspo.core.seeding import prompt_indices
+from gspo.envs import ENVIRONMENTS, SingleTurnEnv, Step
+from gspo.envs.rewards import score
+from gspo.models import moe
+from gspo.models.text import decode_completions
+from gspo.orchestration import steps
+from gspo.orchestration.state import StepState
+from gspo.tasks.base import Example, Task
+
+
+def even_share(text: str, example: Example) -> float:
+    return sum(ord(c) % 2 == 0 for c in text) / len(text) if text else 0.0
+
+
+def even_task() -> Task:
+    examples = [Example(prompt=f"{i}+{7 * i % 10}=", answer="") for i in range(16)]
+    return Task("even", train=examples[:12], test=examples[12:], reward=even_share)
+
+
+class Parity:
+    """A one-turn environment written against the protocol only (no base class, no
+    step_batch): the driver calls ``step`` once per episode."""
+
+    name, multi_turn, stop_strings = "parity", False, ()
+
+    def reset(self, example: Example) -> Example:
+        return example
+
+    def step(self, state: Example, text: str, finished: bool) -> Step:
+        return Step(done=True, reward=even_share(text, state))
+
+
+class Flaky(Parity):
+    """Raises on every completion that starts with an odd character: those episodes fail."""
+
+    def step(self, state: Example, text: str, finished: bool) -> Step:
+        if text and ord(text[0]) % 2:
+            raise RuntimeError("the environment broke")
+        return super().step(state, text, finished)
+
+
+def make_cfg(tmp_path: Path, **overrides) -> TrainConfig:
+    base = {"device": "cpu", "threads": 0, "output_dir": str(tmp_path)}
+    return build(TrainConfig, preset="smoke", overrides={**base, **overrides})
+
+
+@pytest.fixture
+def even(monkeypatch):
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: even_task())
+
+
+def test_single_turn_collect_goes_through_the_driver_and_keeps_the_engine_rollout(
+    tmp_path, even, monkeypatch
+):
+    parts = trainer_module.build_parts(make_cfg(tmp_path), Path(tmp_path))
+    calls = []
+    inner = loop_module.run_episodes
+
+    def spy(engine, env, *args, **kwargs):
+        calls.append(env)
+        return inner(engine, env, *args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "run_episodes", spy)
+    state = StepState(seed=parts.cfg.seed, step=3)
+    batch = steps.collect(parts, state)
+    assert len(calls) == 1 and isinstance(calls[0], SingleTurnEnv)
+    assert calls[0].reward is parts.train_reward
+    # What the single-turn trainer sampled and scored before the one path: the same engine
+    # call on the cached prompt ids with the step's generator, scored by the training reward.
+    cfg, engine = parts.cfg, parts.engine
+    idx = prompt_indices(len(parts.train_set), state.step, cfg.prompts_per_step, cfg.seed)
+    gen = state.generator(0, engine.device)
+    ref = moe.generate_with_routing(
+        engine, [parts.prompt_cache[i] for i in idx], cfg.group_size, parts.params, gen
+    )
+    texts = decode_completions(parts.tokenizer, ref.completion_ids, ref.completion_mask)
+    examples = [parts.train_set[i] for i in idx for _ in range(cfg.group_size)]
+    rewards, errors = score(parts.train_reward, texts, examples)
+    got = batch.rollout
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "logprobs"):
+        assert torch.equal(getattr(got, name), getattr(ref, name)), name
+    assert got.finish_reasons == ref.finish_reasons and got.extras == ref.extras == {}
+    assert got.loss_mask is None and got.versions is None  # the engine's layout, not repacked
+    assert torch.equal(batch.rewards, torch.tensor(rewards, dtype=torch.float64))
+    assert batch.reward_errors == errors == 0 and batch.advantages is None
+    assert not any(k.startswith("episode/") for k in batch.reward_metrics)
+
+
+def _run(tmp_path: Path, **overrides) -> list[dict]:
+    cfg = make_cfg(tmp_path, steps=3, eval_every=2, **overrides)
+    drop = ("time/", "throughput/")
+    return [
+        {k: v for k, v in record.items() if not k.startswith(drop)}
+        for record in trainer_module.train(cfg).history
+    ]
+
+
+def test_a_users_one_turn_environment_trains_like_the_built_in_task(tmp_path, even, monkeypatch):
+    built_in = _run(tmp_path / "built_in")
+    monkeypatch.setitem(ENVIRONMENTS, "even", lambda task, cfg, chat: Parity())
+    mine = _run(tmp_path / "mine")
+    # Same samples, same rewards, same updates, same held-out scores (the user's environment
+    # scores the evaluation too): the run is the same record for record.
+    assert mine == built_in
+    steps_logged = [r for r in mine if "reward/mean" in r]
+    assert len(steps_logged) == 3 and any(r["reward/mean"] > 0 for r in steps_logged)
+    assert any("eval/greedy_accuracy" in r for r in mine)
+
+
+def test_a_failing_one_turn_environment_fails_only_its_episodes(tmp_path, even, monkeypatch):
+    monkeypatch.setitem(ENVIRONMENTS, "even", lambda task, cfg, chat: Flaky())
+    parts = trainer_module.build_parts(make_cfg(tmp_path), Path(tmp_path))
+    batch = steps.collect(parts, StepState(seed=parts.cfg.seed, step=0))
+    texts = decode_completions(
+        parts.tokenizer, batch.rollout.completion_ids, batch.rollout.completion_mask
+    )
+    odd = [bool(t) and ord(t[0]) % 2 == 1 for t in texts]
+    assert batch.reward_errors == sum(odd) > 0
+    assert all(float(r) == 0.0 for r, o in zip(batch.rewards, odd, strict=True) if o)
+
+
+def test_single_turn_env_scores_a_round_at_once_with_the_task_reward_beside():
+    def bonus(text: str, example: Example) -> float:
+        if text == "boom":
+            raise ValueError("a broken reward")
+        return even_share(text, example) + 0.5
+
+    env = SingleTurnEnv(bonus, task_reward=even_share, timeout_s=5.0, workers=3)
+    ex = Example(prompt="1+1=", answer="2")
+    out = env.step_batch([ex] * 3, ["24", "boom", "13"], [True, True, False])
+    assert [s.done for s in out] == [True] * 3
+    assert [s.failed for s in out] == [False, True, False]
+    assert [s.reward for s in out] == [1.5, 0.0, 0.5]
+    assert [s.info["task"] for s in out] == [1.0, 0.25, 0.0]  # "boom": b even, o o m odd
+    assert env.step(ex, "2", True).reward == 1.5  # step is the one-episode round
