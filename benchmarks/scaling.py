@@ -16,7 +16,8 @@ Runs the real `gspo train` loop (``gspo.trainer.train``) once per setup, same se
 - ``ray 2r+1w``: two ranks (gloo) and one rollout worker.
 
 Per step (the first ``--warmup`` steps left out, median over the rest): ``rollout`` (generation),
-``reward`` (scoring, timed around the loop's ``score_round``), ``train`` (update, without the
+``reward`` (scoring, timed around the single-turn environment's ``step_batch``; ``rollout`` is
+the step's ``time/rollout_s`` less it), ``train`` (update, without the
 sync), ``sync`` (weights to the engine), ``step`` (wall time from one step's start to the
 next's) and ``tokens/s`` (generated tokens / step). ``start`` is the time from ``train()`` to
 the first step (Ray start, actors, model build). The Ray overhead per step is the step time
@@ -49,6 +50,7 @@ SETUPS = {
 
 def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from gspo.config import TrainConfig, build
+    from gspo.envs.base import SingleTurnEnv
     from gspo.orchestration import steps
     from gspo.trainer import train
 
@@ -68,25 +70,25 @@ def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     cfg = build(TrainConfig, preset="demo", overrides=overrides)
     starts: list[float] = []
     reward_s: list[float] = []
-    collect, score_round = steps.collect, steps.score_round
+    collect, step_batch = steps.collect, SingleTurnEnv.step_batch
 
     def timed_collect(parts, state):
         starts.append(time.perf_counter())
         return collect(parts, state)
 
-    def timed_score(parts, rollout, examples):
+    def timed_score(env, *args):
         t0 = time.perf_counter()
         try:
-            return score_round(parts, rollout, examples)
+            return step_batch(env, *args)
         finally:
             reward_s.append(time.perf_counter() - t0)
 
-    steps.collect, steps.score_round = timed_collect, timed_score
+    steps.collect, SingleTurnEnv.step_batch = timed_collect, timed_score
     t0 = time.perf_counter()
     try:
         result = train(cfg)
     finally:
-        steps.collect, steps.score_round = collect, score_round
+        steps.collect, SingleTurnEnv.step_batch = collect, step_batch
     end = time.perf_counter()
     records = [r for r in result.history if "time/train_s" in r]
     walls = [b - a for a, b in zip(starts, [*starts[1:], end], strict=True)]
@@ -102,7 +104,7 @@ def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
         **SETUPS[name],
         "start_s": starts[0] - t0,
         "step_s": med(walls),
-        "rollout_s": med([r["time/rollout_s"] for r in records]),
+        "rollout_s": med([r["time/rollout_s"] - s for r, s in zip(records, reward_s, strict=True)]),
         "reward_s": med(reward_s),
         "train_s": med([r["time/train_s"] - s for r, s in zip(records, sync, strict=True)]),
         "sync_s": med(sync),
