@@ -19,7 +19,7 @@ from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 
 from .base import Environment, SingleTurnEnv
-from .credit import check_credit, episode_advantages, turn_advantages
+from .credit import check_credit, turn_advantages
 from .driver import Limits, episode_metrics, run_episodes
 from .one_turn import answer_round
 from .rewards import reward_workers
@@ -49,9 +49,9 @@ class Collected:
     errors: int
     """Failed episodes (a reward or an environment that raised, hung or gave no number)."""
     trajectories: list[Trajectory]
-    advantages: torch.Tensor | None = None  # [N] or [N, L]; multi-turn only (None: the trainer's)
-    metrics: dict[str, float] | None = None
-    """``episode/*`` and ``reward/final_mean`` (multi-turn; None for one-turn episodes)."""
+    advantages: torch.Tensor | None = None
+    """[N, L] per-turn credit (``credit='turn'``); None: the trainer's group advantages of the
+    returns (``credit='episode'`` and one-turn episodes: the same numbers)."""
 
     @property
     def task_rewards(self) -> torch.Tensor | None:  # [N]
@@ -129,23 +129,26 @@ class Episodes:
             [sum(r) + f for r, f in zip(turns, finals, strict=True)], dtype=torch.float64
         )  # [N]
         errors = sum(t.finish == "failed" for t in trajs)
-        if not self.env.multi_turn:
+        if not self.env.multi_turn or self.cfg.credit != "turn":
             return Collected(rollout, returns, errors, trajs)
-        scale = self.cfg.advantage_scale
-        if self.cfg.credit == "turn":
-            advantages = turn_advantages(
-                turns,
-                finals,
-                rollout.extras["turn_ids"],
-                n,
-                gamma=self.cfg.turn_discount,
-                scale=scale,
-            )  # [N, L]
-        else:
-            advantages = episode_advantages(turns, finals, n, scale)  # [N]
+        advantages = turn_advantages(
+            turns,
+            finals,
+            rollout.extras["turn_ids"],
+            n,
+            gamma=self.cfg.turn_discount,
+            scale=self.cfg.advantage_scale,
+        )  # [N, L]
+        return Collected(rollout, returns, errors, trajs, advantages)
+
+    def report(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """``episode/*`` metrics and ``reward/final_mean`` of multi-turn episodes ({} for
+        one-turn episodes: a single-turn run logs what it always logged)."""
+        if not self.env.multi_turn:
+            return {}
         metrics = episode_metrics(trajs)
-        metrics["reward/final_mean"] = sum(finals) / len(finals)
-        return Collected(rollout, returns, errors, trajs, advantages, metrics)
+        metrics["reward/final_mean"] = sum(t.reward for t in trajs) / len(trajs)
+        return metrics
 
     def evaluate(self, engine, examples: list[Example], max_batch: int = 256) -> dict[str, float]:
         """Greedy episodes on ``examples``: accuracy (final reward >= 1) and success (final
@@ -180,9 +183,13 @@ def check_multi_turn(cfg: Any) -> None:
         raise ValueError("max_turns and max_total_tokens must be >= 1")
     if cfg.overlong_buffer > 0:
         raise ValueError("overlong_buffer applies to single-turn tasks only")
-    for name in ("dynamic_sampling", "kl_in_reward", "off_policy_mask"):
-        if getattr(cfg, name, False):
-            raise ValueError(f"{name} applies to single-turn tasks only (for now)")
+    if cfg.kl_in_reward:
+        raise ValueError("kl_in_reward applies to single-turn tasks only (for now)")
+    if cfg.dynamic_sampling and cfg.credit == "turn":
+        raise ValueError(
+            "dynamic_sampling keeps episode groups whose returns differ, which needs "
+            "credit='episode' (per-turn credit is not split across rounds yet)"
+        )
     if cfg.routing_replay == "engine":
         raise ValueError(
             "routing_replay='engine' needs the engine's expert choices, which multi-turn "

@@ -57,12 +57,17 @@ def round_prompts(n_examples: int, batch: int, seed: int, step: int, round_: int
     return perm.repeat(reps)[:batch].tolist()
 
 
+ROW_EXTRAS = {"turn_ids": -1, "policy_version": None}
+"""Rollout extras that are per-row tensors (episodes: the policy turn of each token [N, L],
+padded with the value given; the policy version of each row [N]), split and joined by row."""
+
+
 def select_groups(s: Sampled, groups: torch.Tensor, group_size: int) -> Sampled:
     """The rows of the listed groups, in order."""
     rows = (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)  # [n * G]
     r = s.rollout
     dev_rows = rows.to(r.completion_ids.device)
-    if r.extras:
+    if set(r.extras) - set(ROW_EXTRAS):
         raise ValueError(
             "dynamic_sampling cannot split a rollout that carries engine extras (MoE routing): "
             "turn dynamic_sampling off for MoE models"
@@ -75,6 +80,8 @@ def select_groups(s: Sampled, groups: torch.Tensor, group_size: int) -> Sampled:
         logprobs=r.logprobs[dev_rows],
         finish_reasons=[r.finish_reasons[i] for i in rows.tolist()],
         prompt_index=r.prompt_index[dev_rows],
+        extras={k: v[rows.to(v.device)] for k, v in r.extras.items()},
+        loss_mask=None if r.loss_mask is None else r.loss_mask[dev_rows],
     )
     task = s.task_rewards[rows] if s.task_rewards is not None else None
     return Sampled(rollout, s.rewards[rows], s.reward_errors, task)
@@ -115,6 +122,16 @@ def concat(parts: list[Sampled], pad_id: int) -> Sampled:
         finish_reasons=[f for p in parts for f in p.rollout.finish_reasons],
         prompt_index=torch.cat(cols["ix"]),
     )
+    rs = [p.rollout for p in parts]
+    if any(r.loss_mask is not None for r in rs):  # episodes: environment tokens get no loss
+        masks = [r.policy_mask for r in rs]
+        rollout.loss_mask = torch.cat([_pad_cols(m, c_width, 0, left=False) for m in masks])
+    for key, pad in ROW_EXTRAS.items():
+        if key in rs[0].extras:
+            values = [r.extras[key] for r in rs]
+            if pad is not None:  # [n, L] per token
+                values = [_pad_cols(v, c_width, pad, left=False) for v in values]
+            rollout.extras[key] = torch.cat(values)
     has_task = all(p.task_rewards is not None for p in parts)
     return Sampled(
         rollout,

@@ -52,13 +52,13 @@ def collect(parts: Parts, state: StepState) -> Batch:
     reward_metrics: dict[str, float] = dict(metrics)
     if batch.task_rewards is not None:
         reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
-    last = rounds[-1]
-    reward_metrics.update(last.metrics or {})  # episode/* (multi-turn episodes)
+    # episode/* of every episode the step sampled (multi-turn; none for one-turn episodes)
+    reward_metrics.update(parts.episodes.report([t for r in rounds for t in r.trajectories]))
     out = Batch(
         batch.rollout, batch.rewards, batch.reward_errors, reward_metrics, time.perf_counter() - t0
     )
-    if last.advantages is not None:  # multi-turn: the episodes' own credit ([N] or [N, L])
-        out.advantages = last.advantages.to(parts.device)
+    if rounds[-1].advantages is not None:  # per-turn credit [N, L] (one round: no dynamic sampling)
+        out.advantages = rounds[-1].advantages.to(parts.device)
     return out
 
 
