@@ -148,3 +148,63 @@ def test_single_turn_env_scores_a_round_at_once_with_the_task_reward_beside():
     assert [s.reward for s in out] == [1.5, 0.0, 0.5]
     assert [s.info["task"] for s in out] == [1.0, 0.25, 0.0]  # "boom": b even, o o m odd
     assert env.step(ex, "2", True).reward == 1.5  # step is the one-episode round
+
+
+def test_dynamic_sampling_rounds_of_episodes_keep_their_masks_and_turns():
+    from gspo.orchestration.dynamic_sampling import Sampled, concat, select_groups
+    from gspo.rollout.base import Rollout
+
+    def episodes(width: int, version: int) -> Sampled:
+        n = 4  # 2 groups of 2
+        ids = torch.arange(n * width).view(n, width)  # [N, L]
+        loss = (ids % 3 != 0).long()  # [N, L] environment tokens at every third column
+        rollout = Rollout(
+            prompt_ids=torch.ones(n, 2, dtype=torch.long),
+            prompt_mask=torch.ones(n, 2, dtype=torch.long),
+            completion_ids=ids,
+            completion_mask=torch.ones(n, width, dtype=torch.long),
+            logprobs=torch.zeros(n, width),
+            finish_reasons=["stop"] * n,
+            prompt_index=torch.tensor([0, 0, 1, 1]),
+            extras={
+                "turn_ids": torch.where(loss.bool(), 0, -1),
+                "policy_version": torch.full((n,), version),
+            },
+            loss_mask=loss,
+        )
+        return Sampled(rollout, torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64), 0, None)
+
+    a = select_groups(episodes(3, 7), torch.tensor([1]), 2)
+    assert torch.equal(a.rollout.loss_mask, episodes(3, 7).rollout.loss_mask[2:])
+    assert a.rollout.extras["policy_version"].tolist() == [7, 7]
+    both = concat([a, episodes(5, 8)], pad_id=0).rollout
+    assert both.completion_ids.shape == both.loss_mask.shape == (6, 5)
+    assert both.loss_mask[:2, 3:].sum() == 0  # padding of the narrower round: no loss
+    assert (both.extras["turn_ids"][:2, 3:] == -1).all()
+    assert both.extras["policy_version"].tolist() == [7, 7, 8, 8, 8, 8]
+
+
+def test_multi_turn_episodes_train_with_dynamic_sampling_and_the_off_policy_mask(tmp_path):
+    cfg = make_cfg(
+        tmp_path, task="guess", max_new_tokens=12, max_total_tokens=40, max_turns=3,
+        prompts_per_step=4, dynamic_sampling=True, off_policy_mask=True,
+    )  # fmt: skip
+    records = [r for r in trainer_module.train(cfg).history if "reward/mean" in r]
+    assert len(records) == 2
+    for r in records:  # guess: -0.1 per invalid guess, so the groups' returns differ
+        assert "data/oversample_rounds" in r and "episode/turns_mean" in r
+        assert r["grad_norm"] > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"kl_in_reward": True, "kl_coef": 0.1}, "kl_in_reward"),
+        ({"dynamic_sampling": True, "algo": "gspo_token", "credit": "turn"}, "credit='episode'"),
+        ({"overlong_buffer": 2}, "overlong_buffer"),
+    ],
+)
+def test_multi_turn_episodes_refuse_what_they_cannot_do_yet(tmp_path, overrides, match):
+    cfg = make_cfg(tmp_path, task="guess", max_new_tokens=12, max_total_tokens=40, **overrides)
+    with pytest.raises(ValueError, match=match):
+        trainer_module.build_parts(cfg, Path(tmp_path))
