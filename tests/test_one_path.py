@@ -208,3 +208,19 @@ def test_multi_turn_episodes_refuse_what_they_cannot_do_yet(tmp_path, overrides,
     cfg = make_cfg(tmp_path, task="guess", max_new_tokens=12, max_total_tokens=40, **overrides)
     with pytest.raises(ValueError, match=match):
         trainer_module.build_parts(cfg, Path(tmp_path))
+
+
+def test_a_registered_single_turn_env_keeps_its_own_reward(tmp_path, even, monkeypatch):
+    def always(text: str, example: Example) -> float:
+        return 1.0
+
+    monkeypatch.setitem(ENVIRONMENTS, "even", lambda task, cfg, chat: SingleTurnEnv(always))
+    cfg = make_cfg(tmp_path, format_reward_weight=0.5)
+    episodes = trainer_module.build_parts(cfg, Path(tmp_path)).episodes
+    assert episodes.env.reward is always and episodes.eval_env is episodes.env
+    # Without a registered environment: the training reward (format bonus) trains, the task's
+    # reward evaluates.
+    monkeypatch.delitem(ENVIRONMENTS, "even")
+    parts = trainer_module.build_parts(cfg, Path(tmp_path))
+    assert parts.episodes.env.reward is parts.train_reward is not even_share
+    assert parts.episodes.env.task_reward is even_share is parts.episodes.eval_env.reward

@@ -31,7 +31,7 @@ from .build import (
 from .checkpoint import latest_checkpoint  # noqa: F401  (kept importable from here)
 from .config import TrainConfig, to_dict
 from .core.seeding import prompt_indices, step_generator  # noqa: F401  (public names)
-from .envs import env_for
+from .envs import ENVIRONMENTS, env_for
 from .envs.loop import make_episodes
 from .envs.rewards import reward_workers, uses_sandbox
 from .logging import MetricsLogger
@@ -114,9 +114,11 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     fmt = build_prompt_format(cfg, tokenizer, model)
     train_reward = build_train_reward(cfg, task)
     workers = reward_workers(train_reward, cfg.reward_workers)
-    # Every task runs episodes of its environment through gspo.envs (single-turn: one turn).
+    # Every task runs episodes of its environment through gspo.envs (single-turn: one turn);
+    # without a registered one, the task's reward is its environment (+ the format bonus).
     env = env_for(task, cfg, fmt.chat)
-    episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=train_reward, workers=workers)
+    own = None if task.name in ENVIRONMENTS else train_reward
+    episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         from .envs.sandbox import isolation
 

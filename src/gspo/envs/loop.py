@@ -63,9 +63,10 @@ class Collected:
 
 class Episodes:
     """A run's episodes (single- or multi-turn; checks what multi-turn episodes cannot do up
-    front). ``env`` is the task's environment; a plain :class:`SingleTurnEnv` of the task gets
-    the run's training reward (``train_reward``: the format bonus), reward timeout and reward
-    ``workers`` for training, and keeps the task's reward for evaluation (``eval_env``)."""
+    front). ``env`` is the task's environment. With ``train_reward`` (the trainer passes it for
+    a task without a registered environment, whose ``env`` is the task's reward as a
+    :class:`SingleTurnEnv`), training scores with it (the format bonus), the reward timeout and
+    reward ``workers``, and evaluation (``eval_env``) with the task's reward alone."""
 
     def __init__(
         self,
@@ -80,8 +81,8 @@ class Episodes:
         if env.multi_turn:
             check_multi_turn(cfg)
         self.eval_env = env
-        if type(env) is SingleTurnEnv:
-            reward = env.reward if train_reward is None else train_reward
+        if train_reward is not None and type(env) is SingleTurnEnv:
+            reward = train_reward
             self.eval_env = SingleTurnEnv(env.reward, env.name, workers=reward_workers(env.reward))
             env = SingleTurnEnv(
                 reward,
