@@ -4,7 +4,7 @@ batched round, the engine's rollout kept as it is).
 
 Each round, every unfinished episode's whole context (prompt + turns + replies so far) goes to
 ``engine.generate`` as one batch; the first round samples ``n`` episodes per prompt at once,
-exactly as the single-turn path samples ``n`` completions. The engine's output tokens and
+as a one-turn round samples ``n`` completions. The engine's output tokens and
 log-probs are appended to the trajectory as they are (token-in, token-out); the environment's
 reply is tokenized incrementally (:mod:`gspo.envs.trajectory`).
 
