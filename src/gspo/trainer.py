@@ -147,8 +147,6 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         top_p=cfg.top_p,
         stop_token_ids=fmt.stop_token_ids,
     )
-    if cfg.max_staleness >= 1 and episodes is not None:
-        raise ValueError("max_staleness >= 1 supports single-turn tasks only (not multi-turn)")
     parts = Parts(
         cfg=cfg,
         backend=backend,

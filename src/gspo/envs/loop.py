@@ -3,6 +3,7 @@ advantages, and the held-out evaluation of whole episodes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,10 +58,21 @@ class Episodes:
         params: SamplingParams,
         generator: torch.Generator | None,
         version: int,
+        generate: Callable[..., Rollout] | None = None,
     ) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(rollout, episode returns [N], advantages [N] or [N, L], episode metrics)."""
+        """(rollout, episode returns [N], advantages [N] or [N, L], episode metrics);
+        ``generate`` runs each round instead of ``engine.generate`` (the async producer's)."""
         rollout, trajs = run_episodes(
-            engine, self.env, self.encoder, examples, n, params, self.limits, generator, version
+            engine,
+            self.env,
+            self.encoder,
+            examples,
+            n,
+            params,
+            self.limits,
+            generator,
+            version,
+            generate=generate,
         )
         finals = [t.reward for t in trajs]
         turns = [t.turn_rewards for t in trajs]
