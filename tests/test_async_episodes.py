@@ -78,7 +78,10 @@ def _episodes(weights_for, mode="keep", env=None):
     """Episodes of two prompts x 3 on an engine copy of model 1, with the hook's syncs."""
     old, new = _model(1), _model(2)
     engine = TorchEngine(
-        copy.deepcopy(old), pad_id=TOK.pad_token_id, eos_id=TOK.eos_token_id, share_weights=False,
+        copy.deepcopy(old),
+        pad_id=TOK.pad_token_id,
+        eos_id=TOK.eos_token_id,
+        share_weights=False,
         tokenizer=TOK,
     )
 
@@ -127,7 +130,7 @@ def test_turns_after_a_turn_boundary_switch_carry_the_new_version_and_its_logpro
             box["done"] = True
             box["w"].publish(box["new"], 1)
 
-    rollout, trajs, counts, old, new = _episodes(weights_for, env=TurnsEnv(publish_once))
+    rollout, _, counts, old, new = _episodes(weights_for, env=TurnsEnv(publish_once))
     assert counts == {"async/turn_boundary_syncs": 1, "async/mid_turn_syncs": 0}
     turns, v = rollout.extras["turn_ids"], rollout.versions
     assert (v[turns == 0] == 0).all() and (v[turns >= 1] == 1).all()
@@ -136,7 +139,7 @@ def test_turns_after_a_turn_boundary_switch_carry_the_new_version_and_its_logpro
 
 
 def test_a_turn_paused_mid_way_continues_under_the_new_weights_with_their_logprobs():
-    rollout, trajs, counts, old, new = _episodes(lambda load, w: CountingSync(load, w, at=4))
+    rollout, _, counts, old, new = _episodes(lambda load, w: CountingSync(load, w, at=4))
     assert counts["async/mid_turn_syncs"] == 1
     turns, v = rollout.extras["turn_ids"], rollout.versions
     first = turns == 0  # [N, L]
@@ -224,8 +227,10 @@ def test_slow_producer_switches_weights_inside_episodes_within_k(
         assert all(r["async/partial_fraction"] == 0 for r in rs)
     else:
         assert switches > 0 and any(r["async/partial_fraction"] > 0 for r in rs)
+    masked = 0  # policy tokens taken out of the loss
     for b in batches:
         r = b.rollout
+        masked += int(((r.versions != NO_VERSION) & (r.loss_mask == 0)).sum())
         env = r.completion_mask.bool() & (r.extras["turn_ids"] < 0)  # [N, L]
         assert env.any() and (r.loss_mask[env] == 0).all()
         assert (r.versions[env] == NO_VERSION).all()
@@ -234,6 +239,7 @@ def test_slow_producer_switches_weights_inside_episodes_within_k(
             newest = r.versions.max(dim=1).values[:, None]  # [N, 1]
             assert (r.versions[r.loss_mask.bool()] == newest.expand_as(r.versions)[
                 r.loss_mask.bool()]).all()  # fmt: skip
+    assert (masked > 0) == (mode == "mask")  # keep/restart train on every policy token
 
 
 @pytest.mark.parametrize("k", [1, 2])
