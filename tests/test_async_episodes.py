@@ -262,3 +262,15 @@ def test_k0_episodes_through_the_thread_equal_the_sync_run(tmp_path, monkeypatch
     assert a == b and a[0]["episode/env_tokens_mean"] > 0
     sd_a, sd_b = sync.model.state_dict(), thread.model.state_dict()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
+
+
+def test_async_episodes_resume_trains_every_step_once(tmp_path, turns_env):
+    from gspo.logging import read_metrics
+
+    first = train(_cfg(tmp_path, max_staleness=2, stop_after=2))
+    assert [r["step"] for r in records(first)] == [1, 2]
+    rest = train(_cfg(tmp_path, max_staleness=2), resume=True)
+    assert [r["step"] for r in records(rest)] == [3, 4]
+    assert records(rest)[0]["async/staleness_max"] == 0  # from the checkpoint's weights
+    logged = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+    assert [s for s in logged if s > 0] == [1, 2, 3, 4]
