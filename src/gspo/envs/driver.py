@@ -19,10 +19,11 @@ context (the torch engine keeps no KV cache between calls).
 
 Async and partial rollouts (``max_staleness`` >= 1, :mod:`gspo.orchestration.async_episodes`)
 plug in through ``generate``: a function with ``engine.generate``'s signature that runs each
-round. The async producer's loads new weights before a round (a turn boundary) and pauses and
-continues a turn under new weights (:mod:`gspo.rollout.partial`); when its output carries
-``Rollout.versions``, every policy token keeps its version and the packed rollout has
-``versions`` [N, L] (NO_VERSION on environment tokens and padding).
+round. The async producer's hook loads new weights before a round (a turn boundary) and
+pauses and continues a turn under new weights (:mod:`gspo.rollout.partial`); when its output
+carries ``Rollout.versions``, every policy token keeps its version and the packed rollout has
+``versions`` [N, L] (NO_VERSION on environment tokens and padding). vLLM engines have no such
+hook yet: async runs need the torch engine.
 """
 
 from __future__ import annotations
