@@ -71,7 +71,9 @@ def test_ray_train_equals_local(tmp_path):
     from gspo.trainer import train
 
     local = train(_cfg(tmp_path, "local"))
-    remote = train(_cfg(tmp_path, "ray", backend="ray", trainer_workers=2, rollout_workers=1))
+    # Rewards in Ray tasks too (reward_placement): the same rewards and reward/errors.
+    kw = dict(backend="ray", trainer_workers=2, rollout_workers=1, reward_placement="ray")
+    remote = train(_cfg(tmp_path, "ray", **kw))
     assert not ray.is_initialized()  # the run shut its own Ray down
     worst = _compare(_records(local.output_dir), _records(remote.output_dir))
     wl, wr = _final_weights(local.output_dir), _final_weights(remote.output_dir)
