@@ -100,6 +100,31 @@ def test_ray_resume_is_exact(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_ray_checkpoint_resumes_on_the_local_backend(tmp_path):
+    """A run of 2 ranks + 1 rollout worker stopped after step 2 continues on the local backend
+    (another layout: gspo.backend.reshard) as an unbroken local run; resume refuses a change of
+    rollout_workers beyond 1 (other sampling streams)."""
+    from gspo.config import ConfigError
+    from gspo.trainer import train
+
+    unbroken = train(_cfg(tmp_path, "local", steps=4, checkpoint_every=2))
+    kw = dict(backend="ray", trainer_workers=2, rollout_workers=1)
+    train(_cfg(tmp_path, "moved", steps=4, checkpoint_every=2, stop_after=2, **kw))
+    with pytest.raises(ConfigError, match="rollout_workers: 1 -> 2"):
+        train(
+            _cfg(tmp_path, "moved", steps=4, checkpoint_every=2, **{**kw, "rollout_workers": 2}),
+            resume=True,
+        )
+    train(_cfg(tmp_path, "moved", steps=4, checkpoint_every=2), resume=True)
+    worst = _compare(_records(unbroken.output_dir), _records(tmp_path / "moved"))
+    wa, wb = _final_weights(unbroken.output_dir), _final_weights(tmp_path / "moved")
+    diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    print(
+        f"ray (2 ranks) -> local resume vs unbroken local: metrics rel {worst:.1e}, weights {diff:.1e}"
+    )
+    assert diff < WEIGHT_TOL
+
+
 def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
     """After an update and a weight sync, a rollout worker's engine log-probs equal the
     trainer's (gathered full weights) on the same completions."""
