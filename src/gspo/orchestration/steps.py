@@ -220,6 +220,7 @@ def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
             top_p=cfg.top_p,
             generator=state.generator(3, engine.device),
             prompt_format=parts.fmt,
+            scorer=parts.scorer,
         )
     return {f"eval/{k}": v for k, v in metrics.items()}
 
