@@ -77,7 +77,9 @@ def local_to_dcp(path: Path, model: torch.nn.Module, cfg: Any, into: Path) -> No
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2)
     )
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    optimizer.load_state_dict(
+        torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+    )
     model_state, optim_state = get_state_dict(model, optimizer)
     with warnings.catch_warnings():  # the driver, without a process group: intended
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
