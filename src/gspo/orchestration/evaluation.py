@@ -31,9 +31,12 @@ def summarize(rewards: list[list[float]], k: int) -> dict[str, float]:
     return {f"avg@{k}": avg, f"avg@{k}_se": avg_se, f"pass@{k}": pas, f"pass@{k}_se": pas_se}
 
 
-def _generate_scored(engine, fmt, examples, reward_fn, params, n, generator, batch_size, bar):
+def _generate_scored(
+    engine, fmt, examples, reward_fn, params, n, generator, batch_size, bar, scorer=None
+):
     """Per problem: sample rewards and texts; per sample: lengths and truncation flags; and
-    the number of rewards that raised. Prompts go to the engine ``batch_size // n`` at a time."""
+    the number of rewards that raised. Prompts go to the engine ``batch_size // n`` at a time;
+    ``scorer``: how rewards are scored (None: ``score`` here; Ray tasks: ``ray_rewards``)."""
     rewards: list[list[float]] = []
     texts_out: list[list[str]] = []
     lengths: list[int] = []
@@ -45,7 +48,7 @@ def _generate_scored(engine, fmt, examples, reward_fn, params, n, generator, bat
         rollout = engine.generate(fmt.encode([e.prompt for e in chunk]), n, params, generator)
         texts = decode_completions(fmt.tokenizer, rollout.completion_ids, rollout.completion_mask)
         repeated = [e for e in chunk for _ in range(n)]
-        r, err = score(reward_fn, texts, repeated, workers=reward_workers(reward_fn))
+        r, err = (scorer or score)(reward_fn, texts, repeated, workers=reward_workers(reward_fn))
         errors += err
         rewards += [r[i * n : (i + 1) * n] for i in range(len(chunk))]
         texts_out += [texts[i * n : (i + 1) * n] for i in range(len(chunk))]
@@ -72,6 +75,7 @@ def evaluate(
     prompt_format: PromptFormat | None = None,
     details: list[dict[str, Any]] | None = None,
     progress: bool = False,
+    scorer: Any = None,
 ) -> dict[str, float]:
     """Metrics on ``examples``: greedy accuracy (one greedy completion each) and avg@k / pass@k
     of ``samples`` sampled completions each (k = ``samples``; pass@1 too when k > 1), each with
@@ -79,7 +83,8 @@ def evaluate(
 
     ``prompt_format`` turns prompts into ids and gives the stop tokens (chat models); None
     means raw prompts ending on EOS. With a ``details`` list, one record per problem (prompt,
-    answer, completions, rewards) is appended to it.
+    answer, completions, rewards) is appended to it. ``scorer``: scores the rewards with
+    :func:`~gspo.envs.rewards.score`'s signature (None: ``score`` in this process).
     """
     if not examples:
         return {}
@@ -100,7 +105,7 @@ def evaluate(
             max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stops
         )
         greedy_rewards, greedy_texts, lengths, trunc, err = _generate_scored(
-            engine, fmt, examples, reward_fn, params, 1, None, batch_size, bar
+            engine, fmt, examples, reward_fn, params, 1, None, batch_size, bar, scorer
         )
         errors += err
         acc, se = mean_and_se([float(x[0] >= CORRECT) for x in greedy_rewards])
@@ -122,7 +127,7 @@ def evaluate(
             stop_token_ids=stops,
         )
         sampled_rewards, sampled_texts, lengths, trunc, err = _generate_scored(
-            engine, fmt, examples, reward_fn, params, samples, generator, batch_size, bar
+            engine, fmt, examples, reward_fn, params, samples, generator, batch_size, bar, scorer
         )
         errors += err
         out.update(summarize(sampled_rewards, samples))

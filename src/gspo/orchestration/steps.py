@@ -82,7 +82,8 @@ def score_round(parts: Parts, rollout, examples: list) -> Sampled:
     cfg = parts.cfg
     texts = decode_completions(parts.tokenizer, rollout.completion_ids, rollout.completion_mask)
     repeated = [examples[i] for i in rollout.prompt_index.tolist()]
-    rewards_list, reward_errors = score(
+    scorer = parts.scorer or score  # Ray tasks (reward_placement) or this process
+    rewards_list, reward_errors = scorer(
         parts.train_reward,
         texts,
         repeated,
@@ -93,7 +94,7 @@ def score_round(parts: Parts, rollout, examples: list) -> Sampled:
     task_rewards = None
     if parts.train_reward is not parts.task.reward:  # a format bonus is on: log the task reward
         task_rewards = torch.tensor(
-            score(parts.task.reward, texts, repeated, workers=parts.reward_workers)[0]
+            scorer(parts.task.reward, texts, repeated, workers=parts.reward_workers)[0]
         )  # [N]
     if cfg.overlong_buffer > 0:
         penalty = [
@@ -219,6 +220,7 @@ def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
             top_p=cfg.top_p,
             generator=state.generator(3, engine.device),
             prompt_format=parts.fmt,
+            scorer=parts.scorer,
         )
     return {f"eval/{k}": v for k, v in metrics.items()}
 
