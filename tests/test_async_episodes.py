@@ -244,10 +244,12 @@ def test_slow_producer_switches_weights_inside_episodes_within_k(
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_slow_trainer_keeps_async_episodes_at_the_bound(tmp_path, monkeypatch, turns_env, k):
-    _slow(monkeypatch, steps_module, "update", 0.2)
+    _slow(monkeypatch, steps_module, "update", 0.3)
     rs = records(train(_cfg(tmp_path, steps=5, max_staleness=k)))
     assert max(r["async/staleness_max"] for r in rs) == k
-    assert sum(r["async/rollout_idle_s"] for r in rs) > 0.3  # the thread waited
+    # The thread waited at the bound: 5 x 0.3 s of updates against a few tenths of a second of
+    # generation, with margin for a loaded machine (0.28 s was seen under load at 0.2 s/update).
+    assert sum(r["async/rollout_idle_s"] for r in rs) > 0.1
 
 
 def test_k0_episodes_through_the_thread_equal_the_sync_run(tmp_path, monkeypatch, turns_env):
