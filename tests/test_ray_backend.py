@@ -73,6 +73,9 @@ def _weights_diff(a: dict, b: dict) -> float:
     [
         (dict(kl_coef=0.1, old_logprobs="recompute"), ()),  # KL in the loss, recompute pass
         (dict(), (0, 3, 4)),  # idle rows: the local split vs the ranks' all-live passes
+        # Idle rows without their metrics: dropped on every rank as locally (entropy, clip and
+        # ratio metrics cover the live rows only); minibatch 2 (rows 0, 3, 4) has no live row.
+        (dict(zero_advantage_metrics=False), (0, 3, 4, 5)),
         (dict(kl_coef=0.1, kl_in_reward=True), ()),  # KL in the reward (on rank 0)
     ],
 )

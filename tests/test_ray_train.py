@@ -71,7 +71,9 @@ def test_ray_train_equals_local(tmp_path):
     from gspo.trainer import train
 
     local = train(_cfg(tmp_path, "local"))
-    remote = train(_cfg(tmp_path, "ray", backend="ray", trainer_workers=2, rollout_workers=1))
+    # Rewards in Ray tasks too (reward_placement): the same rewards and reward/errors.
+    kw = dict(backend="ray", trainer_workers=2, rollout_workers=1, reward_placement="ray")
+    remote = train(_cfg(tmp_path, "ray", **kw))
     assert not ray.is_initialized()  # the run shut its own Ray down
     worst = _compare(_records(local.output_dir), _records(remote.output_dir))
     wl, wr = _final_weights(local.output_dir), _final_weights(remote.output_dir)
@@ -96,6 +98,31 @@ def test_ray_resume_is_exact(tmp_path):
     assert _compare(a, b) == 0.0  # bit for bit: the same ranks, workers and generators
     wa, wb = _final_weights(unbroken.output_dir), _final_weights(tmp_path / "resumed")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_ray_checkpoint_resumes_on_the_local_backend(tmp_path):
+    """A run of 2 ranks + 1 rollout worker stopped after step 2 continues on the local backend
+    (another layout: gspo.backend.reshard) as an unbroken local run; resume refuses a change of
+    rollout_workers beyond 1 (other sampling streams)."""
+    from gspo.config import ConfigError
+    from gspo.trainer import train
+
+    unbroken = train(_cfg(tmp_path, "local", steps=4, checkpoint_every=2))
+    kw = dict(backend="ray", trainer_workers=2, rollout_workers=1)
+    train(_cfg(tmp_path, "moved", steps=4, checkpoint_every=2, stop_after=2, **kw))
+    with pytest.raises(ConfigError, match="rollout_workers: 1 -> 2"):
+        train(
+            _cfg(tmp_path, "moved", steps=4, checkpoint_every=2, **{**kw, "rollout_workers": 2}),
+            resume=True,
+        )
+    train(_cfg(tmp_path, "moved", steps=4, checkpoint_every=2), resume=True)
+    worst = _compare(_records(unbroken.output_dir), _records(tmp_path / "moved"))
+    wa, wb = _final_weights(unbroken.output_dir), _final_weights(tmp_path / "moved")
+    diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    print(
+        f"ray (2 ranks) -> local resume vs unbroken local: metrics rel {worst:.1e}, weights {diff:.1e}"
+    )
+    assert diff < WEIGHT_TOL
 
 
 def test_worker_logprobs_equal_trainer_after_sync(tmp_path):

@@ -37,6 +37,7 @@ from .envs.rewards import reward_workers, uses_sandbox
 from .logging import MetricsLogger
 from .orchestration.async_source import build_source
 from .orchestration.loop import NonFiniteTrainingError, RunResult, run
+from .orchestration.ray_rewards import use_ray_tasks
 from .orchestration.state import Parts, StepState
 from .rollout.base import SamplingParams
 from .rollout.build import build_engine, check_engine_available, close_engine
@@ -126,10 +127,15 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
         cfg, task, fmt, tokenizer, model
     )
+    scorer = None
     if cfg.backend == "ray":  # FSDP2 ranks (+ rollout workers) as Ray actors
-        from .orchestration.ray_parts import build_ray_parts
+        from .orchestration.ray_parts import build_ray_parts, ray_scorer
 
-        backend, engine = build_ray_parts(cfg, model, tokenizer, out)
+        tasks = workers if use_ray_tasks(cfg, train_reward) else 0  # rewards in Ray tasks
+        backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
+        scorer = ray_scorer(backend, engine, tasks, (train_reward, task.reward))
+        if scorer is not None:
+            episodes.use_scorer(scorer.each)
     else:
         # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
         engine = build_engine(
@@ -150,8 +156,6 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         top_p=cfg.top_p,
         stop_token_ids=fmt.stop_token_ids,
     )
-    if cfg.max_staleness >= 1 and episodes.env.multi_turn:
-        raise ValueError("max_staleness >= 1 supports single-turn tasks only (not multi-turn)")
     parts = Parts(
         cfg=cfg,
         backend=backend,
@@ -169,6 +173,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         device=device,
         output_dir=out,
         data_metrics=data_metrics,
+        scorer=scorer,
     )
     parts.source = build_source(parts, model)  # None unless max_staleness >= 1
     return parts

@@ -188,19 +188,10 @@ class FSDPRank:
             torch.save(self.scheduler.state_dict(), Path(directory) / "scheduler.pt")
 
     def load(self, directory: str) -> None:
-        """Restore what :meth:`save` wrote (the same number of ranks)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        """Restore what :meth:`save` wrote, with any number of ranks (DCP reshards)."""
+        from .reshard import load_dcp_into
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=f"{directory}/dcp")
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-        )
+        load_dcp_into(self.model, self.optimizer, Path(directory) / "dcp")
         saved = torch.load(Path(directory) / "scheduler.pt", weights_only=False)
         self.scheduler.load_state_dict(saved)
 

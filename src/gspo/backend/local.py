@@ -17,6 +17,7 @@ from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
 from .checkpoint import restore, save_checkpoint
 from .options import reference_logprobs, reward_kl_penalty
+from .reshard import is_sharded, restore_sharded
 from .update import _frozen_copy, _old_logprobs, lr_lambda, update_policy
 
 
@@ -106,6 +107,10 @@ class LocalBackend:
         )
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        if is_sharded(path):  # written by the Ray backend's ranks: read their shards here
+            return restore_sharded(
+                path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
+            )
         return restore(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
     def export(self, directory: Path, tokenizer: Any) -> None:

@@ -171,19 +171,29 @@ class RayFSDPBackend:
         return write_checkpoint(output_dir, step, write=write, state=state, keep=keep)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Restore a checkpoint of any number of ranks (DCP reads each rank's pieces of the
+        saved tensors) or of the local backend (converted to DCP form first, beside it)."""
+        import shutil
+        import tempfile
+
+        from .reshard import is_sharded, local_to_dcp
+
         path = Path(path)
-        if not (path / "dcp").is_dir():
-            raise ValueError(
-                f"checkpoint {path} has no sharded state (dcp/): it was written by the local "
-                "backend; resume it with backend='local'"
-            )
         state = load_state(path)
-        if state.get("ranks", len(self.ranks)) != len(self.ranks):
-            raise ValueError(
-                f"checkpoint {path} was written by {state['ranks']} training ranks; resume it "
-                f"with --trainer-workers {state['ranks']}"
-            )
-        self._all(lambda r: r.load.remote(str(path)), f"loading {path}")
+        source, tmp = path, None
+        if not is_sharded(path):  # the local backend's: its optimizer by parameter index
+            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tmp-reshard-"))
+            try:
+                local_to_dcp(path, self.model, self.cfg, tmp)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            source = tmp
+        try:
+            self._all(lambda r: r.load.remote(str(source)), f"loading {path}")
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
         set_rng_state(torch.load(path / "rng.pt", weights_only=False))
         self._lr = self._rank0(lambda r: r.lr.remote(), "lr")
         self.model.load_state_dict(self.full_state_dict())

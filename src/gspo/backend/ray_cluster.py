@@ -50,6 +50,10 @@ def start_ray(
     if chosen is None:
         chosen = tempfile.mkdtemp(prefix="gspo-ray-")
         _SESSION["remove"] = chosen  # ours: removed by stop_ray
+    # include_dashboard=False does not stop Ray 2.60 from starting dashboard.py (the head, with
+    # only its usage-stats module) and waiting for it to register (~1 s of ray.init's 4.5 s
+    # here), nor the raylet's DashboardAgent and RuntimeEnvAgent: no public option skips them
+    # (only patching ray._private.node.Node.start_api_server, which we do not).
     ray.init(
         num_cpus=num_cpus,
         object_store_memory=object_store_bytes,

@@ -7,17 +7,18 @@ import torch
 
 
 def rank_parts(
-    mb: torch.Tensor, shard: tuple[int, int], micro: int
+    mb: torch.Tensor, shard: tuple[int, int], micro: int, pad: torch.Tensor | None = None
 ) -> list[tuple[torch.Tensor, bool | None]]:
-    """A rank's micro-batches of minibatch ``mb`` (rows ``mb[rank::world]``), padded with
-    zero-weight passes (``None``: over the minibatch's first row) to the count of the largest
-    share, so that every rank runs as many forwards and backwards."""
+    """A rank's micro-batches of the rows ``mb`` (its own: ``mb[rank::world]``), padded with
+    zero-weight passes (``None``: over ``pad``, default the first row) to the count of the
+    largest share, so that every rank runs as many forwards and backwards (at least one, also
+    when ``mb`` is empty: then over ``pad``, a row of the minibatch)."""
     rank, world = shard
     own = mb[rank::world]
     widest = -(-len(mb) // world)  # rows of the largest share
     count = max(-(-widest // micro), 1)
     parts: list[tuple[torch.Tensor, bool | None]] = [(p, True) for p in own.split(micro) if len(p)]
-    parts += [(mb[:1], None)] * (count - len(parts))
+    parts += [(mb[:1] if pad is None else pad, None)] * (count - len(parts))
     return parts
 
 

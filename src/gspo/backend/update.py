@@ -76,7 +76,10 @@ def update_policy(
         n_tok = int(mask.sum())
         mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
         if shard is not None:  # data-parallel rank (rank, world): its rows, global denominators
-            parts = rank_parts(mb, shard, micro)
+            # Without their metrics, idle rows leave the pass as they do locally (every rank
+            # sees the whole batch, so all drop the same rows and pad to the same count).
+            rows = mb if cfg.zero_advantage_metrics else mb[~idle[mb].cpu()]
+            parts = rank_parts(rows, shard, micro, pad=mb[:1])
         else:
             # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
             # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).

@@ -23,7 +23,8 @@ class AsyncFields:
         "rollout thread with its own copy of the weights generates the batches of upcoming "
         "steps while the trainer trains; a sample is admitted only if the weights that "
         "generated its oldest token are at most K updates old (async/* metrics). Local backend, "
-        "torch engine, single-turn tasks, no dynamic_sampling.",
+        "torch engine, no dynamic_sampling; multi-turn episodes load new weights at turn "
+        "boundaries and mid-turn.",
         0,
     )
     async_partial: str = _doc(

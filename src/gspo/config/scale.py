@@ -17,6 +17,7 @@ from .fields import ConfigError
 
 BACKENDS = ("local", "ray")
 PLACEMENTS = ("colocated", "separate")
+REWARD_PLACEMENTS = ("auto", "driver", "ray")
 
 
 def _doc(text: str, default: Any) -> Any:
@@ -54,6 +55,15 @@ class ScaleFields:
         "separate",
     )
 
+    reward_placement: str = _doc(
+        "Where rewards are scored: 'driver' (this process, reward_workers threads), 'ray' "
+        "(backend='ray': the batch cut into reward_workers chunks, one Ray task of 1 CPU "
+        "each, on the cluster's free CPUs; a private local Ray gets reward_workers more "
+        "CPUs) or 'auto' ('ray' for sandboxed rewards such as the code task's on "
+        "backend='ray', else 'driver': a cheap reward loses to a task's overhead).",
+        "auto",
+    )
+
     fsdp_param_dtype: str | None = _doc(
         "backend='ray': FSDP2 mixed precision: the dtype the ranks all-gather and compute in "
         "('bfloat16' or 'float16'; gradients are reduced in float32 and the sharded master "
@@ -79,6 +89,11 @@ def scale_problems(cfg: Any) -> list[str]:
         problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
     if cfg.placement not in PLACEMENTS:
         problems.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+    if cfg.reward_placement not in REWARD_PLACEMENTS:
+        problems.append(
+            f"reward_placement must be one of {', '.join(REWARD_PLACEMENTS)}, "
+            f"got {cfg.reward_placement!r}"
+        )
     if cfg.trainer_workers < 1:
         problems.append(f"trainer_workers must be >= 1, got {cfg.trainer_workers}")
     if cfg.rollout_workers < 0:
@@ -89,6 +104,8 @@ def scale_problems(cfg: Any) -> list[str]:
                 problems.append(f"{name}={getattr(cfg, name)} needs backend='ray'")
         if cfg.ray_address is not None:
             problems.append("ray_address needs backend='ray'")
+        if cfg.reward_placement == "ray":
+            problems.append("reward_placement='ray' needs backend='ray'")
         if cfg.fsdp_param_dtype is not None or cfg.activation_checkpointing:
             problems.append("fsdp_param_dtype and activation_checkpointing need backend='ray'")
     if cfg.fsdp_param_dtype not in (None, "bfloat16", "float16"):

@@ -85,7 +85,7 @@ class SingleTurnEnv:
     """A single-turn task as an environment: one turn, scored by the task's reward.
 
     A round is scored at once (:meth:`step_batch`): ``workers`` reward calls in parallel, each
-    bounded by ``timeout_s`` seconds (None: no bound). A reward that raises, returns no finite
+    bounded by ``timeout_s`` seconds (None: no bound), in this process or by ``scorer``. A reward that raises, returns no finite
     number or runs out of time scores 0 and fails its episode (a reward error). With
     ``task_reward`` (the task's own reward, when ``reward`` adds a format bonus to it), each
     step's ``info["task"]`` holds it too.
@@ -102,12 +102,16 @@ class SingleTurnEnv:
         task_reward: RewardFn | None = None,
         timeout_s: float | None = None,
         workers: int = 1,
+        scorer: Any = None,
     ) -> None:
         self.reward = reward
         self.name = name
         self.task_reward = task_reward
         self.timeout_s = timeout_s
         self.workers = workers
+        self.scorer = scorer
+        """Scores a round with :func:`gspo.envs.rewards.score_each`'s signature (Ray tasks:
+        ``RayScorer.each``); None: ``score_each`` in this process."""
 
     def reset(self, example: Example) -> Example:
         return example
@@ -118,18 +122,17 @@ class SingleTurnEnv:
     def step_batch(
         self, states: list[Example], texts: list[str], finished: list[bool]
     ) -> list[Step]:
-        from gspo.envs.rewards import score, score_each  # rewards imports the task modules
+        from gspo.envs.rewards import score_each  # rewards imports the task modules
 
-        values = score_each(
-            self.reward, texts, states, timeout_s=self.timeout_s, workers=self.workers
-        )
+        each = self.scorer or score_each
+        values = each(self.reward, texts, states, timeout_s=self.timeout_s, workers=self.workers)
         out = [
             Step(done=True, failed=True) if v is None else Step(done=True, reward=v) for v in values
         ]
         if self.task_reward is not None:  # errors of the task reward alone are not counted
-            task, _ = score(self.task_reward, texts, states, workers=self.workers)
+            task = each(self.task_reward, texts, states, workers=self.workers)
             for step, value in zip(out, task, strict=True):
-                step.info["task"] = value
+                step.info["task"] = 0.0 if value is None else value
         return out
 
 

@@ -17,12 +17,21 @@ Engines: anything with the rollout protocol's ``generate(prompts, n, params, gen
 torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
 ids after the turn is sampled, so a turn can be sampled past its closing ``]]`` and is then
 cut there: correct, some wasted tokens). Not cached across turns: every round re-prefills its
-context (the torch engine keeps no KV cache between calls). Partial/async rollouts are not wired to this driver yet.
+context (the torch engine keeps no KV cache between calls).
+
+Async and partial rollouts (``max_staleness`` >= 1, :mod:`gspo.orchestration.async_episodes`)
+plug in through ``generate``: a function with ``engine.generate``'s signature that runs each
+round. The async producer's hook loads new weights before a round (a turn boundary) and
+pauses and continues a turn under new weights (:mod:`gspo.rollout.partial`); when its output
+carries ``Rollout.versions``, every policy token keeps its version and the packed rollout has
+``versions`` [N, L] (NO_VERSION on environment tokens and padding). vLLM engines have no such
+hook yet: async runs need the torch engine.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -77,18 +86,25 @@ def run_episodes(
     limits: Limits,
     generator: torch.Generator | None = None,
     version: int = 0,
+    generate: Callable[..., Rollout] | None = None,
     prompts: list[list[int]] | None = None,
 ) -> tuple[Rollout, list[Trajectory]]:
     """``n`` episodes per example; returns them packed as a Rollout (rows laid out group after
     group, ``loss_mask`` on policy tokens, ``extras["turn_ids"]`` and
     ``extras["policy_version"]``) and as :class:`Trajectory` records (rewards, turns, tools).
-    ``prompts``: the examples' prompt ids when the caller has them (the trainer's prompt
-    cache), else the encoder's. One-turn environments (``multi_turn`` False) take one batched
-    round and keep the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
+
+    ``generate(prompts, n, params, generator)`` runs each round (default ``engine.generate``);
+    when its rollouts carry per-token ``versions``, so does the result. ``prompts``: the
+    examples' prompt ids when the caller has them (the trainer's prompt cache), else the
+    encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
+    the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
     if not env.multi_turn:
         from .one_turn import run_one_turn  # it imports _step from here
 
-        return run_one_turn(engine, env, encoder, examples, n, params, limits, generator, prompts)
+        return run_one_turn(
+            engine, env, encoder, examples, n, params, limits, generator, prompts, generate=generate
+        )
+    generate = engine.generate if generate is None else generate
     tokenizer = encoder.tokenizer
     params = replace(
         params,
@@ -108,19 +124,20 @@ def run_episodes(
             trajs.append(Trajectory(prompt_ids=list(ids), history=[dict(m) for m in history]))
             states.append(env.reset(example))
             prompt_index.append(i)
-    first = True
+    first, stamped = True, False
     while True:
         active = [k for k, t in enumerate(trajs) if not t.done]
         if not active:
             break
         if first:  # every group starts from one prompt: n samples of each, as single-turn
-            out = engine.generate(starts, n, params, generator)
+            out = generate(starts, n, params, generator)
             first = False
         else:
-            out = engine.generate([trajs[k].context() for k in active], 1, params, generator)
+            out = generate([trajs[k].context() for k in active], 1, params, generator)
+        stamped = out.versions is not None
         for row, k in enumerate(active):
             _advance(trajs[k], states[k], env, encoder, tokenizer, out, row, limits)
-    rollout = to_rollout(trajs, prompt_index, pad_id=_pad_id(tokenizer))
+    rollout = to_rollout(trajs, prompt_index, pad_id=_pad_id(tokenizer), versions=stamped)
     rollout.extras["policy_version"] = torch.full((len(trajs),), version, dtype=torch.long)
     return rollout, trajs
 
@@ -137,11 +154,13 @@ def _advance(
     keep = out.completion_mask[row].bool()  # [L]
     ids = out.completion_ids[row][keep].tolist()
     logprobs = out.logprobs[row][keep].tolist()
+    versions = None if out.versions is None else out.versions[row][keep].tolist()
     finished = out.finish_reasons[row] == "stop"
     room = limits.max_total_tokens - len(t.ids)
     if len(ids) > room:  # the total budget cuts this turn
         ids, logprobs, finished = ids[:room], logprobs[:room], False
-    t.add_policy(ids, logprobs)
+        versions = None if versions is None else versions[:room]
+    t.add_policy(ids, logprobs, versions)
     text = tokenizer.decode(ids, skip_special_tokens=True)
     t.history.append({"role": "assistant", "content": text})
     step = _step(env, state, text, finished, limits.env_timeout_s)

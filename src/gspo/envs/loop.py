@@ -9,6 +9,7 @@ the trainer's ``advantages`` step like every episode-level reward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +82,8 @@ class Episodes:
         if env.multi_turn:
             check_multi_turn(cfg)
         self.eval_env = env
-        if train_reward is not None and type(env) is SingleTurnEnv:
+        self.own = train_reward is not None and type(env) is SingleTurnEnv
+        if self.own:
             reward = train_reward
             self.eval_env = SingleTurnEnv(env.reward, env.name, workers=reward_workers(env.reward))
             env = SingleTurnEnv(
@@ -97,6 +99,13 @@ class Episodes:
         self.limits = limits_from(cfg, env.multi_turn)
         self.stop_token_ids = tuple(fmt.stop_token_ids)
 
+    def use_scorer(self, scorer: Any) -> None:
+        """Score the task's rewards, in training and evaluation, with ``scorer``
+        (:func:`gspo.envs.rewards.score_each`'s signature: ``RayScorer.each``); environments
+        registered for the task keep their own scoring."""
+        if self.own:
+            self.env.scorer = self.eval_env.scorer = scorer
+
     def collect(
         self,
         engine,
@@ -106,11 +115,13 @@ class Episodes:
         generator: torch.Generator | None,
         version: int,
         prompts: list[list[int]] | None = None,
+        generate: Callable[..., Rollout] | None = None,
     ) -> Collected:
-        """``n`` episodes of each example (``prompts``: their ids, default the encoder's)."""
+        """``n`` episodes of each example (``prompts``: their ids, default the encoder's;
+        ``generate`` runs each round instead of ``engine.generate``: the async producer's)."""
         rollout, trajs = run_episodes(
             engine, self.env, self.encoder, examples, n, params, self.limits, generator, version,
-            prompts=prompts,
+            generate=generate, prompts=prompts,
         )  # fmt: skip
         return self._collected(rollout, trajs, n)
 

@@ -13,6 +13,7 @@ episode's tokens are exactly its completion.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -39,10 +40,12 @@ def run_one_turn(
     prompts: list[list[int]] | None = None,
     *,
     routing: bool = True,
+    generate: Callable[..., Rollout] | None = None,
 ) -> tuple[Rollout, list[Trajectory]]:
     """``n`` one-turn episodes per example (see the module doc); ``prompts``: the examples'
     prompt ids when the caller has them (the trainer's prompt cache), else the encoder's.
-    ``routing`` False: plain ``engine.generate``, no MoE routing record (evaluation)."""
+    ``routing`` False: plain ``engine.generate``, no MoE routing record (evaluation);
+    ``generate``: runs the round instead (a caller's hook, as in the multi-turn driver)."""
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]
     params = replace(
@@ -50,7 +53,9 @@ def run_one_turn(
         max_new_tokens=min(limits.max_tokens_per_turn, limits.max_total_tokens),
         stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
     )
-    if routing:
+    if generate is not None:
+        rollout = generate(prompts, n, params, generator)
+    elif routing:
         rollout = moe.generate_with_routing(engine, prompts, n, params, generator)
     else:
         rollout = engine.generate(prompts, n, params, generator)

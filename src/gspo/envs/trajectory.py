@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from gspo.rollout.base import Rollout
+from gspo.rollout.partial import NO_VERSION
 
 from .base import Message
 
@@ -118,6 +119,9 @@ class Trajectory:
     """Per token of ``ids``: the engine's log-prob (0.0 on environment tokens)."""
     turn: list[int] = field(default_factory=list)
     """Per token of ``ids``: the index of the policy turn it belongs to, -1 for env tokens."""
+    versions: list[int] = field(default_factory=list)
+    """Per token of ``ids``: the policy version that generated it (async runs), NO_VERSION for
+    env tokens and for policy tokens of engines that record none."""
     turn_rewards: list[float] = field(default_factory=list)
     reward: float = 0.0
     finish: str = ""
@@ -145,9 +149,14 @@ class Trajectory:
         """Everything the policy conditions its next turn on."""
         return self.prompt_ids + self.ids
 
-    def add_policy(self, ids: list[int], logprobs: list[float]) -> None:
+    def add_policy(
+        self, ids: list[int], logprobs: list[float], versions: list[int] | None = None
+    ) -> None:
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} policy tokens but {len(logprobs)} log-probs")
+        if versions is not None and len(versions) != len(ids):
+            raise ValueError(f"{len(ids)} policy tokens but {len(versions)} versions")
+        self.versions += [NO_VERSION] * len(ids) if versions is None else versions
         k = len(self.turn_rewards)
         self.ids += ids
         self.policy += [True] * len(ids)
@@ -160,14 +169,19 @@ class Trajectory:
         self.policy += [False] * len(ids)
         self.logprobs += [0.0] * len(ids)
         self.turn += [-1] * len(ids)
+        self.versions += [NO_VERSION] * len(ids)
 
 
-def to_rollout(trajectories: list[Trajectory], prompt_index: list[int], pad_id: int) -> Rollout:
+def to_rollout(
+    trajectories: list[Trajectory], prompt_index: list[int], pad_id: int, versions: bool = False
+) -> Rollout:
     """Pack trajectories into a :class:`Rollout` (prompts left-padded, the rest right-padded).
 
     ``completion_mask`` is 1 on every real token after the prompt (policy and environment:
     the attention mask of the training forward); ``loss_mask`` is 1 on policy tokens only;
-    ``extras["turn_ids"]`` [N, L] holds each policy token's turn index (-1 elsewhere).
+    ``extras["turn_ids"]`` [N, L] holds each policy token's turn index (-1 elsewhere);
+    with ``versions``, ``Rollout.versions`` [N, L] each token's policy version (NO_VERSION on
+    environment tokens and padding).
     """
     n = len(trajectories)
     p = max(len(t.prompt_ids) for t in trajectories)
@@ -179,6 +193,7 @@ def to_rollout(trajectories: list[Trajectory], prompt_index: list[int], pad_id: 
     loss_mask = torch.zeros((n, length), dtype=torch.long)  # [N, L]
     logprobs = torch.zeros((n, length), dtype=torch.float32)  # [N, L]
     turns = torch.full((n, length), -1, dtype=torch.long)  # [N, L]
+    stamps = torch.full((n, length), NO_VERSION, dtype=torch.long)  # [N, L]
     for i, t in enumerate(trajectories):
         m = len(t.prompt_ids)
         prompt_ids[i, p - m :] = torch.tensor(t.prompt_ids)
@@ -190,6 +205,7 @@ def to_rollout(trajectories: list[Trajectory], prompt_index: list[int], pad_id: 
             loss_mask[i, :k] = torch.tensor(t.policy, dtype=torch.long)
             logprobs[i, :k] = torch.tensor(t.logprobs)
             turns[i, :k] = torch.tensor(t.turn)
+            stamps[i, :k] = torch.tensor(t.versions, dtype=torch.long)
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
@@ -200,4 +216,5 @@ def to_rollout(trajectories: list[Trajectory], prompt_index: list[int], pad_id: 
         prompt_index=torch.tensor(prompt_index, dtype=torch.long),
         extras={"turn_ids": turns},
         loss_mask=loss_mask,
+        versions=stamps if versions else None,
     )

@@ -30,11 +30,25 @@ SAFE_ON_RESUME = frozenset(
         "wandb",
         "threads",
         "reward_workers",
+        "reward_placement",
+        "backend",
+        "trainer_workers",
+        "placement",
+        "ray_address",
     }
 )
 """Fields a resumed run may change: they decide how long the run goes and what it reports, not
 what a step computes (``threads`` changes only the float reduction order; ``reward_workers`` only how many rewards
-are scored at once)."""
+are scored at once). The layout may change too: the local backend and any number of FSDP2 ranks
+read each other's checkpoints (``gspo.backend.reshard``) and compute the same update up to the
+order of float sums; ``rollout_workers`` may change between 0 and 1 (one engine sampling with
+the step's generator), not beyond (more workers sample other streams)."""
+
+
+def _safe(key: str, old: Any, new: Any) -> bool:
+    if key == "rollout_workers":
+        return max(int(old), int(new)) <= 1
+    return key in SAFE_ON_RESUME
 
 
 def requested_values(
@@ -83,7 +97,7 @@ def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> dict[str, 
 def check_changes(saved: dict[str, Any], requested: dict[str, Any], where: str) -> dict[str, Any]:
     """The safe changes ``requested`` makes to ``saved``; ConfigError naming any unsafe one."""
     diff = _differences(saved, requested)
-    unsafe = {k: v for k, v in diff.items() if k not in SAFE_ON_RESUME}
+    unsafe = {k: v for k, v in diff.items() if not _safe(k, *v)}
     if unsafe:
         listed = "\n  - ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in unsafe.items())
         raise ConfigError(

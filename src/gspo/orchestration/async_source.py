@@ -21,6 +21,9 @@ resume cannot reproduce: the versions the regenerated batches would have had in 
 run (there, the batch of step k + 1 may come from version k; after the resume it comes from
 k + 1), and any async run depends on thread timing, so two async runs with one seed agree in
 their prompts and draws but not bit for bit.
+
+Multi-turn tasks: :class:`~.async_episodes.EpisodeSource` (a subclass) runs whole episodes on
+the thread, loading new weights at turn boundaries and mid-turn, with per-token versions.
 """
 
 from __future__ import annotations
@@ -177,5 +180,12 @@ class AsyncSource:
 
 
 def build_source(parts: Parts, model: Any) -> AsyncSource | None:
-    """The async source when ``max_staleness`` >= 1, else None (the synchronous loop)."""
-    return AsyncSource(parts, model) if parts.cfg.max_staleness >= 1 else None
+    """The async source when ``max_staleness`` >= 1, else None (the synchronous loop); for a
+    multi-turn task, the episodes' (``async_episodes``)."""
+    if parts.cfg.max_staleness < 1:
+        return None
+    if parts.episodes.env.multi_turn:
+        from .async_episodes import EpisodeSource  # it subclasses AsyncSource
+
+        return EpisodeSource(parts, model)
+    return AsyncSource(parts, model)

@@ -20,6 +20,7 @@ import torch
 
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
 from ..backend.ray_cluster import import_ray, start_ray, stop_ray
+from .ray_rewards import RayScorer
 from .ray_rollout import RolloutPool
 
 READY_TIMEOUT_S = 60.0
@@ -67,15 +68,21 @@ def placement_options(ray: Any, cfg: Any) -> tuple[list[dict], list[dict], list[
 
 
 def build_ray_parts(
-    cfg: Any, model: torch.nn.Module, tokenizer: Any, output_dir: Any, temp_dir: str | None = None
+    cfg: Any,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    output_dir: Any,
+    temp_dir: str | None = None,
+    reward_cpus: int = 0,
 ) -> tuple[RayFSDPBackend, Any]:
     """(backend, rollout engine) for ``backend='ray'``: the engine is a :class:`RolloutPool`
-    with rollout_workers >= 1, else an engine in the driver sharing the driver's weights."""
+    with rollout_workers >= 1, else an engine in the driver sharing the driver's weights.
+    ``reward_cpus``: CPUs a private local Ray gets beyond the bundles, for reward tasks."""
     refuse_unsupported(cfg, model)  # before Ray starts
     owns = not import_ray().is_initialized()
     n, m = cfg.trainer_workers, cfg.rollout_workers
     bundles = max(n, m) if cfg.placement == "colocated" else n + m
-    ray = start_ray(cfg.ray_address, num_cpus=bundles, temp_dir=temp_dir)
+    ray = start_ray(cfg.ray_address, num_cpus=bundles + reward_cpus, temp_dir=temp_dir)
     groups: list[Any] = []
     pool = None
     try:
@@ -108,6 +115,25 @@ def build_ray_parts(
     backend.owns_ray = False
     backend.after_close = lambda: _release(ray, groups, owns)
     return backend, engine
+
+
+def ray_scorer(
+    backend: RayFSDPBackend, engine: Any, tasks: int, reward_fns: tuple
+) -> RayScorer | None:
+    """Reward scoring in ``tasks`` Ray tasks on the backend's Ray (None: 0 tasks, score in the
+    driver); an unpicklable reward closes the engine and the backend and raises, naming it."""
+    if tasks < 1:
+        return None
+    try:
+        return RayScorer(backend.ray, tasks, reward_fns)
+    except BaseException:
+        from ..rollout.build import close_engine
+
+        try:
+            close_engine(engine)
+        finally:
+            backend.close()
+        raise
 
 
 def _release(ray: Any, groups: list[Any], owns: bool) -> None:
