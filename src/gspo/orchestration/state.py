@@ -72,8 +72,8 @@ class Parts:
     data_metrics: dict[str, float] = field(default_factory=dict)
     """``data/*`` counts logged at step 0."""
     scorer: Any = None
-    """Scores a round's rewards with :func:`gspo.envs.rewards.score`'s signature (Ray tasks:
-    ``orchestration.ray_rewards.RayScorer``); None: ``score`` in this process."""
+    """Rewards on Ray tasks (``orchestration.ray_rewards.RayScorer``; the task's environment
+    scores with its ``each``, :meth:`Episodes.use_scorer`); None: in this process."""
     source: Any = None
     """Async rollouts (``orchestration.async_source``, max_staleness >= 1): where each step's
     scored batch comes from instead of ``steps.collect``; None: the synchronous loop."""
