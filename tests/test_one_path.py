@@ -102,7 +102,7 @@ def test_single_turn_collect_goes_through_the_driver_and_keeps_the_engine_rollou
 
 
 def _run(tmp_path: Path, **overrides) -> list[dict]:
-    cfg = make_cfg(tmp_path, steps=3, eval_every=2, **overrides)
+    cfg = make_cfg(tmp_path, **{"steps": 3, "eval_every": 2, **overrides})
     drop = ("time/", "throughput/")
     return [
         {k: v for k, v in record.items() if not k.startswith(drop)}
@@ -224,3 +224,37 @@ def test_a_registered_single_turn_env_keeps_its_own_reward(tmp_path, even, monke
     parts = trainer_module.build_parts(cfg, Path(tmp_path))
     assert parts.episodes.env.reward is parts.train_reward is not even_share
     assert parts.episodes.env.task_reward is even_share is parts.episodes.eval_env.reward
+
+
+class RoundCounter:
+    """A multi-turn environment with ``step_batch``: the driver hands it each round at once."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.rounds = inner, []
+        self.name, self.multi_turn, self.stop_strings = inner.name, True, inner.stop_strings
+
+    def reset(self, example):
+        return self.inner.reset(example)
+
+    def step(self, state, text, finished):
+        raise AssertionError("the driver must call step_batch")
+
+    def step_batch(self, states, texts, finished):
+        self.rounds.append(len(states))
+        return [self.inner.step(*a) for a in zip(states, texts, finished, strict=True)]
+
+
+def test_multi_turn_rounds_go_to_step_batch_and_train_the_same(tmp_path, monkeypatch):
+    kw = dict(task="guess", max_new_tokens=6, max_total_tokens=40, max_turns=3, eval_every=0)
+    plain = _run(tmp_path / "plain", **kw)
+    made = []
+    factory = ENVIRONMENTS["guess"]
+
+    def batched(task, cfg, chat):
+        made.append(RoundCounter(factory(task, cfg, chat)))
+        return made[-1]
+
+    monkeypatch.setitem(ENVIRONMENTS, "guess", batched)
+    assert _run(tmp_path / "batched", **kw) == plain
+    rounds = made[0].rounds
+    assert rounds[0] == 2 * 4 and len(rounds) > 3  # prompts x group_size, then later turns

@@ -128,9 +128,8 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
         "Multi-turn tasks: policy + environment tokens after the prompt per episode.", 128
     )
     env_timeout_s: float = _doc(
-        "Multi-turn tasks (and one-turn environments without step_batch): seconds one "
-        "environment step may take before the episode fails (counted in episode/failed); "
-        "0: no limit.",
+        "Environments without step_batch (the multi-turn tasks'): seconds one environment "
+        "step may take before the episode fails (counted in episode/failed); 0: no limit.",
         30.0,
     )
     tool_timeout_s: float = _doc(

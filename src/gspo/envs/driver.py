@@ -11,7 +11,8 @@ reply is tokenized incrementally (:mod:`gspo.envs.trajectory`).
 Limits: ``max_turns`` policy turns, ``max_tokens_per_turn`` per turn, ``max_total_tokens``
 after the prompt (policy + environment tokens; the turn that crosses it is cut), and
 ``env_timeout_s`` per environment call (a call that hangs or raises fails the episode, which
-is counted in ``episode/failed``; the run goes on).
+is counted in ``episode/failed``; the run goes on). An environment with ``step_batch`` answers
+each round's turns at once (:func:`step_round`) and bounds its own calls.
 
 Engines: anything with the rollout protocol's ``generate(prompts, n, params, generator)``, the
 torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
@@ -99,7 +100,7 @@ def run_episodes(
     encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
     the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
     if not env.multi_turn:
-        from .one_turn import run_one_turn  # it imports _step from here
+        from .one_turn import run_one_turn  # it imports step_round from here
 
         return run_one_turn(
             engine, env, encoder, examples, n, params, limits, generator, prompts, generate=generate
@@ -135,8 +136,11 @@ def run_episodes(
         else:
             out = generate([trajs[k].context() for k in active], 1, params, generator)
         stamped = out.versions is not None
-        for row, k in enumerate(active):
-            _advance(trajs[k], states[k], env, encoder, tokenizer, out, row, limits)
+        turns = [_take_turn(trajs[k], tokenizer, out, row, limits) for row, k in enumerate(active)]
+        texts, finished = [x[1] for x in turns], [x[2] for x in turns]
+        steps = step_round(env, [states[k] for k in active], texts, finished, limits.env_timeout_s)
+        for k, (ids, _, done), step in zip(active, turns, steps, strict=True):
+            _advance(trajs[k], step, ids, done, encoder, limits)
     rollout = to_rollout(trajs, prompt_index, pad_id=_pad_id(tokenizer), versions=stamped)
     rollout.extras["policy_version"] = torch.full((len(trajs),), version, dtype=torch.long)
     return rollout, trajs
@@ -147,10 +151,25 @@ def _pad_id(tokenizer) -> int:
     return int(pad if pad is not None else tokenizer.eos_token_id)
 
 
-def _advance(
-    t: Trajectory, state, env, encoder, tokenizer, out: Rollout, row: int, limits: Limits
-) -> None:
-    """Append one sampled turn to ``t``, ask the environment, append its reply or end."""
+def step_round(
+    env: Environment, states: list, texts: list[str], finished: list[bool], timeout_s: float
+) -> list[Step]:
+    """The environment's answers to a round of turns: its ``step_batch`` when it has one (the
+    whole round at once: parallel reward workers), else ``step`` per episode, each bounded by
+    ``timeout_s`` (a hang or a raise fails that episode)."""
+    batched = getattr(env, "step_batch", None)
+    if batched is None:
+        return [_step(env, *a, timeout_s) for a in zip(states, texts, finished, strict=True)]
+    steps = list(batched(states, texts, finished))
+    if len(steps) != len(states):
+        raise ValueError(f"{env.name}: step_batch answered {len(steps)} steps for {len(states)}")
+    return steps
+
+
+def _take_turn(
+    t: Trajectory, tokenizer, out: Rollout, row: int, limits: Limits
+) -> tuple[list[int], str, bool]:
+    """Append one sampled turn (row ``row`` of ``out``) to ``t``: (its ids, text, finished)."""
     keep = out.completion_mask[row].bool()  # [L]
     ids = out.completion_ids[row][keep].tolist()
     logprobs = out.logprobs[row][keep].tolist()
@@ -163,7 +182,13 @@ def _advance(
     t.add_policy(ids, logprobs, versions)
     text = tokenizer.decode(ids, skip_special_tokens=True)
     t.history.append({"role": "assistant", "content": text})
-    step = _step(env, state, text, finished, limits.env_timeout_s)
+    return ids, text, finished
+
+
+def _advance(
+    t: Trajectory, step: Step, ids: list[int], finished: bool, encoder, limits: Limits
+) -> None:
+    """The environment's answer ``step`` to the turn ``ids``: append its reply or end ``t``."""
     t.turn_rewards[-1] += step.turn_reward
     t.tool_calls += step.tool_calls
     t.tool_errors += step.tool_errors

@@ -24,7 +24,8 @@ from gspo.models import moe
 from gspo.models.text import decode_completions
 from gspo.rollout.base import Rollout, SamplingParams
 
-from .base import Environment, Step
+from .base import Environment
+from .driver import step_round
 from .trajectory import Trajectory
 
 
@@ -61,24 +62,6 @@ def run_one_turn(
         rollout = engine.generate(prompts, n, params, generator)
     trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
     return rollout, trajs
-
-
-def step_round(
-    env: Environment, states: list, texts: list[str], finished: list[bool], timeout_s: float
-) -> list[Step]:
-    """The environment's answers to a round of turns: its ``step_batch`` when it has one, else
-    ``step`` per episode, each bounded by ``timeout_s`` (a hang or a raise fails the episode)."""
-    batched = getattr(env, "step_batch", None)
-    if batched is not None:
-        steps = list(batched(states, texts, finished))
-        if len(steps) != len(states):
-            raise ValueError(
-                f"{env.name}: step_batch answered {len(steps)} steps for {len(states)} turns"
-            )
-        return steps
-    from .driver import _step  # the driver imports this module
-
-    return [_step(env, s, t, f, timeout_s) for s, t, f in zip(states, texts, finished, strict=True)]
 
 
 def answer_round(
