@@ -20,6 +20,7 @@ import torch
 
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
 from ..backend.ray_cluster import import_ray, start_ray, stop_ray
+from ..rollout.build import colocated_sleep
 from .ray_rewards import RayScorer
 from .ray_rollout import RolloutPool
 
@@ -114,7 +115,14 @@ def build_ray_parts(
         raise
     backend.owns_ray = False
     backend.after_close = lambda: _release(ray, groups, owns)
+    attach_sleeper(backend, engine, cfg)
     return backend, engine
+
+
+def attach_sleeper(backend: Any, engine: Any, cfg: Any) -> None:
+    """Colocated vLLM on CUDA: the engine sleeps through each update and wakes before the
+    weight sync (``RayFSDPBackend.update`` / ``push_weights``); elsewhere nothing."""
+    backend.sleeper = engine if colocated_sleep(cfg) else None
 
 
 def ray_scorer(
