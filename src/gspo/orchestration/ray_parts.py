@@ -5,7 +5,9 @@ Placement (``cfg.placement``):
 - ``separate``: the N training ranks in one placement group and the M rollout workers in
   another, one bundle each (1 CPU, or 1 GPU on CUDA);
 - ``colocated``: max(N, M) bundles; rank i and rollout worker i share bundle i (half its CPU
-  or GPU each), as verl's hybrid engine shares devices between training and rollout.
+  or GPU each), as verl's hybrid engine shares devices between training and rollout. With
+  vLLM on CUDA the engines sleep through each update and wake before the weight sync
+  (:func:`attach_sleeper`; never run on a GPU).
 
 A local Ray is started for the run (a private temp dir, as many logical CPUs as the bundles
 need) unless ``ray_address`` names a cluster; the backend shuts down what this run started.
