@@ -177,5 +177,12 @@ class AsyncSource:
 
 
 def build_source(parts: Parts, model: Any) -> AsyncSource | None:
-    """The async source when ``max_staleness`` >= 1, else None (the synchronous loop)."""
-    return AsyncSource(parts, model) if parts.cfg.max_staleness >= 1 else None
+    """The async source when ``max_staleness`` >= 1, else None (the synchronous loop); on
+    the Ray backend the rollout workers' (``orchestration.ray_async``)."""
+    if parts.cfg.max_staleness < 1:
+        return None
+    if getattr(parts.cfg, "backend", "local") == "ray":
+        from .ray_async import RayAsyncSource  # imports this module
+
+        return RayAsyncSource(parts, model)
+    return AsyncSource(parts, model)
