@@ -185,3 +185,21 @@ def test_ray_async_vllm_workers_run(tmp_path):
     assert max(r["async/staleness_max"] for r in records) <= 1
     assert all(r["response_length/mean"] > 0 for r in records)
     assert all(abs(r["ratio/mean"] - 1) < 0.5 for r in records)  # engine log-probs are sane
+
+
+def test_ray_async_resume_trains_every_step_once(tmp_path):
+    """Stop after step 2 (checkpoint), resume: steps 3, 4 come from batches regenerated from the
+    checkpoint's weights (fresh: staleness 0 at the first resumed step), none twice."""
+    from gspo.logging import read_metrics
+    from gspo.trainer import train
+
+    kw = dict(steps=4, checkpoint_every=2)
+    train(_cfg(tmp_path, "run", stop_after=2, **kw))
+    rest = train(_cfg(tmp_path, "run", **kw), resume=True)
+    resumed = [r for r in rest.history if "reward/mean" in r]
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert resumed[0]["async/staleness_max"] == 0
+    steps = [
+        r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r
+    ]
+    assert steps == [1, 2, 3, 4]
