@@ -70,7 +70,7 @@ def run_one(main, sft: Path, out: Path, algo: str, k: int, seed: int, a: argpars
         "wall_s": wall,
         "loop_s": loop_s,
         "s_per_step": loop_s / len(steps),
-        "trainer_idle_s": mean("async/trainer_idle_s"),
+        "rollout_wait_s": mean("time/rollout_s"),  # the trainer's wait (sync: the rollout)
         "to_target_s": to_target,
         "tokens_per_s": tokens / loop_s,
         "staleness_mean": mean("async/staleness_mean"),
@@ -119,7 +119,7 @@ def table(runs: list[dict[str, Any]], target: float) -> str:
     head = (
         f"| algo | K | reward first 25 -> last 50 | greedy start -> end | loop s | "
         f"s to greedy >= {target} (runs reaching) | tokens/s | staleness | partial | clip seq | "
-        "s/step (loop) | trainer idle s/step |"
+        "s/step (loop) | trainer waits for rollouts s/step |"
     )
     lines = [head, "|" + " --- |" * 12]
     keys = sorted({(r["algo"], r["k"]) for r in runs})
@@ -135,7 +135,7 @@ def table(runs: list[dict[str, Any]], target: float) -> str:
             f"{g0:.3f} -> {g1:.3f} | {m('loop_s'):.1f} | {to} | {m('tokens_per_s'):.0f} | "
             f"{m('staleness_mean'):.2f} | {m('partial_fraction'):.3f} | "
             f"{m('clip_seq_fraction'):.3f} | {m('s_per_step'):.3f} | "
-            f"{m('trainer_idle_s'):.3f} |"
+            f"{m('rollout_wait_s'):.3f} |"
         )
     return "\n".join(lines)
 
