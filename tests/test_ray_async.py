@@ -109,7 +109,7 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path):
 
 
 def test_ray_async_slow_trainer_bounds_staleness(tmp_path, monkeypatch):
-    """A trainer slower than the workers: they run ahead, by at most K versions."""
+    """A trainer slower than the workers (K = 2): they run ahead, by at most K versions."""
     from gspo.trainer import train
 
     update = steps_module.update
@@ -121,14 +121,13 @@ def test_ray_async_slow_trainer_bounds_staleness(tmp_path, monkeypatch):
     monkeypatch.setattr(steps_module, "update", slow)
     import ray
 
-    result = train(_cfg(tmp_path, "slow-trainer", steps=5, max_staleness=1))
+    result = train(_cfg(tmp_path, "slow-trainer", steps=5, max_staleness=2))
     assert not ray.is_initialized()
     records = _steps(result.output_dir)
     for r in records:
         print({k: round(v, 3) for k, v in r.items() if k.startswith("async/")})
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    assert max(r["async/staleness_max"] for r in records) <= 1
-    assert sum(r["async/staleness_mean"] for r in records[1:]) > 0  # it ran ahead
+    assert max(r["async/staleness_max"] for r in records) == 2  # ran ahead to the bound, no more
     assert all(r["async/dropped_samples"] == 0 for r in records)
     assert (result.output_dir / "final" / "model.safetensors").is_file()
 
