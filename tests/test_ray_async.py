@@ -216,3 +216,21 @@ def test_ray_async_resume_trains_every_step_once(tmp_path):
         r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r
     ]
     assert steps == [1, 2, 3, 4]
+
+
+def test_ray_async_refusals_shut_the_workers_down():
+    """Multi-turn episodes are refused with a message naming the way out, and the workers and
+    ranks already started are closed before the error propagates."""
+    from types import SimpleNamespace
+
+    from gspo.orchestration.ray_async import build_ray_source
+
+    closed = []
+    parts = SimpleNamespace(
+        episodes=object(),
+        engine=SimpleNamespace(workers=[], close=lambda: closed.append("pool")),
+        backend=SimpleNamespace(close=lambda: closed.append("ranks")),
+    )
+    with pytest.raises(ValueError, match="single-turn tasks only"):
+        build_ray_source(parts, None)
+    assert closed == ["pool", "ranks"]

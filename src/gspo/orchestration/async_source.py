@@ -182,7 +182,7 @@ def build_source(parts: Parts, model: Any) -> AsyncSource | None:
     if parts.cfg.max_staleness < 1:
         return None
     if getattr(parts.cfg, "backend", "local") == "ray":
-        from .ray_async import RayAsyncSource  # imports this module
+        from .ray_async import build_ray_source  # imports this module
 
-        return RayAsyncSource(parts, model)
+        return build_ray_source(parts, model)
     return AsyncSource(parts, model)

@@ -77,12 +77,6 @@ class RayAsyncSource(AsyncSource):
 
     def __init__(self, parts: Parts, model: torch.nn.Module) -> None:
         cfg = parts.cfg
-        if parts.episodes is not None:
-            raise ValueError(
-                "max_staleness >= 1 with backend='ray' supports single-turn tasks only"
-            )
-        if not hasattr(parts.engine, "workers"):
-            raise ValueError("max_staleness >= 1 with backend='ray' needs rollout_workers >= 1")
         self.cfg, self.mode, self.model = cfg, cfg.async_partial, model
         self.pool = parts.engine
         self.ray = self.pool.ray
@@ -166,3 +160,21 @@ class RayAsyncSource(AsyncSource):
             return super().close()
         finally:
             self.pool.close()
+
+
+def build_ray_source(parts: Parts, model: torch.nn.Module) -> RayAsyncSource:
+    """The Ray async source; what it cannot do is refused here, and the workers, ranks and Ray
+    that ``build_ray_parts`` started are shut down before the error propagates."""
+    try:
+        if parts.episodes is not None:
+            raise ValueError(
+                "max_staleness >= 1 with backend='ray' supports single-turn tasks only (not "
+                "multi-turn episodes); use max_staleness=0 or backend='local'"
+            )
+        if not hasattr(parts.engine, "workers"):
+            raise ValueError("max_staleness >= 1 with backend='ray' needs rollout_workers >= 1")
+        return RayAsyncSource(parts, model)
+    except BaseException:
+        parts.engine.close()
+        parts.backend.close()
+        raise
