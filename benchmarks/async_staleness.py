@@ -2,6 +2,9 @@
 
     python benchmarks/async_staleness.py                         # K 0 1 2, grpo gspo, seeds 0 1
     python benchmarks/async_staleness.py --steps 100 --ks 0 1    # shorter
+    python benchmarks/async_staleness.py --backend ray --algos gspo --ks 0 1 --seeds 0 1 \
+        --steps 60 --eval-every 60
+        # Ray: 1 FSDP2 rank + 1 rollout worker (--async-chunk-tokens 4), sync vs K = 1
 
 One cold-start SFT checkpoint (250 steps, seed 1, hidden 64, as the learning tests), then every
 (algo, K, seed) run starts from it with the demo preset (16 prompts x 8 samples, 6 new tokens,
@@ -37,6 +40,9 @@ def run_one(main, sft: Path, out: Path, algo: str, k: int, seed: int, a: argpars
     args += ["--algo", algo, "--lr", "3e-4", "--eval-every", str(a.eval_every)]
     args += ["--checkpoint-every", "0", "--max-staleness", str(k), "--seed", str(seed)]
     args += ["--output-dir", str(out), *COMMON]
+    if a.backend == "ray":
+        args += ["--backend", "ray", "--trainer-workers", "1", "--rollout-workers", "1"]
+        args += ["--async-chunk-tokens", "4"]
     t0 = time.perf_counter()
     assert main(args) == 0
     wall = time.perf_counter() - t0
@@ -63,6 +69,8 @@ def run_one(main, sft: Path, out: Path, algo: str, k: int, seed: int, a: argpars
         "greedy": evals,
         "wall_s": wall,
         "loop_s": loop_s,
+        "s_per_step": loop_s / len(steps),
+        "rollout_wait_s": mean("time/rollout_s"),  # the trainer's wait (sync: the rollout)
         "to_target_s": to_target,
         "tokens_per_s": tokens / loop_s,
         "staleness_mean": mean("async/staleness_mean"),
@@ -80,9 +88,13 @@ def main_(argv: list[str] | None = None) -> None:
     p.add_argument("--algos", nargs="+", default=["grpo", "gspo"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--target", type=float, default=0.35, help="greedy accuracy for to_target_s")
+    p.add_argument("--backend", choices=["local", "ray"], default="local")
     p.add_argument("--work", default="/tmp/gspo-async-bench")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results/async_staleness.json"))
+    p.add_argument("--out", default=None, help="default results/async_staleness[_ray].json")
     a = p.parse_args(argv)
+    if a.out is None:
+        name = "async_staleness" + ("_ray" if a.backend == "ray" else "") + ".json"
+        a.out = str(Path(__file__).parent / "results" / name)
     from gspo.cli import main
 
     work = Path(a.work)
@@ -94,7 +106,7 @@ def main_(argv: list[str] | None = None) -> None:
     for algo in a.algos:
         for k in a.ks:
             for seed in a.seeds:
-                out = work / f"{algo}-k{k}-s{seed}"
+                out = work / f"{a.backend}-{algo}-k{k}-s{seed}"
                 runs.append(run_one(main, sft, out, algo, k, seed, a))
                 print(json.dumps(runs[-1]), flush=True)
     result = {"machine": platform.processor() or platform.machine(), "args": vars(a), "runs": runs}
@@ -106,9 +118,10 @@ def main_(argv: list[str] | None = None) -> None:
 def table(runs: list[dict[str, Any]], target: float) -> str:
     head = (
         f"| algo | K | reward first 25 -> last 50 | greedy start -> end | loop s | "
-        f"s to greedy >= {target} (runs reaching) | tokens/s | staleness | partial | clip seq |"
+        f"s to greedy >= {target} (runs reaching) | tokens/s | staleness | partial | clip seq | "
+        "s/step (loop) | trainer waits for rollouts s/step |"
     )
-    lines = [head, "|" + " --- |" * 10]
+    lines = [head, "|" + " --- |" * 12]
     keys = sorted({(r["algo"], r["k"]) for r in runs})
     for algo, k in keys:
         rs = [r for r in runs if r["algo"] == algo and r["k"] == k]
@@ -121,7 +134,8 @@ def table(runs: list[dict[str, Any]], target: float) -> str:
             f"| {algo} | {k} | {m('reward_first25'):.3f} -> {m('reward_last50'):.3f} | "
             f"{g0:.3f} -> {g1:.3f} | {m('loop_s'):.1f} | {to} | {m('tokens_per_s'):.0f} | "
             f"{m('staleness_mean'):.2f} | {m('partial_fraction'):.3f} | "
-            f"{m('clip_seq_fraction'):.3f} |"
+            f"{m('clip_seq_fraction'):.3f} | {m('s_per_step'):.3f} | "
+            f"{m('rollout_wait_s'):.3f} |"
         )
     return "\n".join(lines)
 

@@ -9,8 +9,8 @@
 # Writes benchmarks/results/engines_gpu.json and runs under runs/gpu-vllm/. Not run yet: no GPU
 # was available when it was written (see docs/performance.md). Step 4b (the Ray backend on one
 # GPU) was added later, also without a GPU: it has never run, and the GPU paths it exercises
-# (NCCL process group, GPU placement bundles, vLLM inside a Ray actor on a GPU) have never run
-# either; expect to debug it.
+# (NCCL process group, GPU placement bundles, vLLM inside a Ray actor on a GPU, vLLM sleep mode
+# around the update) have never run either; expect to debug it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1
@@ -72,12 +72,58 @@ python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \
 python3 -m gspo.cli train --model "$QWEN" --rollout-engine vllm --vllm-dtype bfloat16 \
     --output-dir "$OUT/qwen3-shape-vllm" "${COMMON[@]}"
 
-# 4b. The same SmolLM2 vLLM run on the Ray backend, one GPU: one FSDP2 rank (NCCL, world
-#    size 1) and one vLLM rollout worker, colocated (rank and worker each hold half of the
-#    GPU's bundle; separate placement would need two GPUs). vLLM takes 0.3 of the GPU memory,
-#    the rank and the driver's copy of the policy the rest: there is no vLLM sleep/wake, both
-#    stay resident. Each step the rank gathers the full weights to CPU, the driver sends them
-#    through Ray's object store and the worker reloads them into vLLM (no NCCL/CUDA IPC sync).
+# 4b. The Ray backend on one GPU: one FSDP2 rank (NCCL, world size 1) and one vLLM rollout
+#    worker, colocated (rank and worker each hold half of the GPU's bundle; separate placement
+#    would need two GPUs). This is the colocated path: vLLM starts with enable_sleep_mode, sleeps
+#    (level 1: weights offloaded to CPU, KV cache dropped) through every update and wakes before
+#    the weight sync (rollout/build.py colocated_sleep, RayFSDPBackend.update / push_weights).
+#    The sync itself is still the CPU path: the rank gathers the full weights to CPU, the driver
+#    sends them through Ray's object store and the worker reloads them into vLLM; vLLM's NCCL /
+#    CUDA-IPC weight transfer is not in the code (docs/architecture.md, "GPU weight sync").
+#    First a direct check (float32 vLLM, two steps): GPU memory free while asleep and after the
+#    wake-up, the weight-sync seconds, engine vs trainer log-probs after the sync; then the run.
+python3 - "$OUT" <<'EOF2'
+import sys, time
+import torch
+from gspo.build import build_policy
+from gspo.config import TrainConfig, build
+from gspo.models import token_logprobs
+from gspo.orchestration.ray_parts import build_ray_parts
+from gspo.rollout.base import SamplingParams
+cfg = build(TrainConfig, overrides=dict(
+    model="smollm2-135m-instruct", device="cuda", dtype="float32", output_dir=f"{sys.argv[1]}/sleep-check",
+    backend="ray", trainer_workers=1, rollout_workers=1, placement="colocated",
+    rollout_engine="vllm", vllm_dtype="float32", vllm_gpu_memory_utilization=0.3, lr=1e-5))
+torch.manual_seed(0)
+model, tok = build_policy(cfg, torch.device("cpu"))
+backend, pool = build_ray_parts(cfg, model, tok, cfg.output_dir)
+try:
+    assert backend.sleeper is pool, "colocated vLLM on CUDA should sleep through the update"
+    params = SamplingParams(max_new_tokens=64, temperature=1.0)
+    prompts = [tok.encode(p) for p in ("What is 12 + 30?", "Name a prime above 50.")] * 4
+    gib = lambda: torch.cuda.mem_get_info()[0] / 2**30
+    print(f"free GPU memory, engine awake: {gib():.2f} GiB")
+    for step in range(2):
+        rollout = pool.generate(prompts, 4, params, torch.Generator().manual_seed(step))
+        adv = torch.randn(rollout.num_samples)  # [N]
+        backend.update(rollout, rollout.logprobs, adv, step)  # sleep, then the update
+        print(f"step {step}: free GPU memory while vLLM sleeps: {gib():.2f} GiB")
+        t0 = time.perf_counter()
+        backend.push_weights(pool)  # gather, wake, sync
+        sync_s = time.perf_counter() - t0
+        after = pool.generate(prompts, 4, params, torch.Generator().manual_seed(10 + step))
+        with torch.no_grad():
+            trainer, _ = token_logprobs(backend.model, after.prompt_ids, after.prompt_mask,
+                                        after.completion_ids, after.completion_mask)  # [N, L]
+        mask = after.completion_mask.bool()
+        diff = float((trainer - after.logprobs).abs()[mask].max())
+        print(f"step {step}: weight sync (gather + wake + object store + reload) {sync_s:.3f} s; "
+              f"free GPU memory after wake-up {gib():.2f} GiB; engine vs trainer log-probs "
+              f"after the sync, max |diff| {diff:.2e}")
+finally:
+    pool.close()
+    backend.close()
+EOF2
 python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \
     --vllm-dtype bfloat16 --vllm-gpu-memory-utilization 0.3 --backend ray \
     --trainer-workers 1 --rollout-workers 1 --placement colocated \

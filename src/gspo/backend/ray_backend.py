@@ -83,6 +83,10 @@ class RayFSDPBackend:
         self.cfg, self.model, self.output_dir = cfg, model, output_dir
         self.owns_ray = not import_ray().is_initialized()  # then close() shuts it down
         self.after_close: Any = None  # called by close() once the ranks are gone
+        # An engine sharing the ranks' devices (colocated vLLM on CUDA): it sleeps during the
+        # update and wakes before the weight sync (set by orchestration.ray_parts).
+        self.sleeper: Any = None
+        self.asleep = False
         self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
         actor = self.ray.remote(num_cpus=1)(FSDPRank)
         options = actor_options or [{} for _ in range(workers)]
@@ -126,6 +130,9 @@ class RayFSDPBackend:
         step: int,
         weights: torch.Tensor | None = None,
     ) -> dict[str, float]:
+        if self.sleeper is not None and not self.asleep:
+            self.sleeper.sleep()  # free the shared GPU memory for the update
+            self.asleep = True
         # One object-store copy of the batch for all ranks (each takes its rows).
         args = [self.ray.put(a) for a in (rollout, old_logprobs, advantages, weights)]
         states = self._all(
@@ -138,8 +145,12 @@ class RayFSDPBackend:
         return self._all(lambda r: r.full_state_dict.remote(), "the weight gather")[0]
 
     def push_weights(self, engine: Any) -> None:
-        """Gather the full weights into the driver's copy and hand it to the engine(s)."""
+        """Gather the full weights into the driver's copy and hand it to the engine(s), woken
+        first if it slept through the update."""
         self.model.load_state_dict(self.full_state_dict())
+        if self.sleeper is not None and self.asleep:
+            self.sleeper.wake()
+            self.asleep = False
         engine.update_weights(self.model)
 
     def step_metrics(self, rollout: Rollout) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Asynchronous-RL config fields (``max_staleness``, ``async_partial``) and their checks.
+"""Asynchronous-RL config fields (``max_staleness``, ``async_partial``, ``async_chunk_tokens``)
+and their checks.
 
 ``AsyncFields`` is a base of ``TrainConfig``. Its checks run when a config is made
 (``__post_init__``), so a bad value stops the run before any work, naming the field.
@@ -22,9 +23,10 @@ class AsyncFields:
         "synchronous loop (generate, then train, bit for bit as without this field). K >= 1: a "
         "rollout thread with its own copy of the weights generates the batches of upcoming "
         "steps while the trainer trains; a sample is admitted only if the weights that "
-        "generated its oldest token are at most K updates old (async/* metrics). Local backend, "
-        "torch engine, no dynamic_sampling; multi-turn episodes load new weights at turn "
-        "boundaries and mid-turn.",
+        "generated its oldest token are at most K updates old (async/* metrics). Local backend "
+        "(torch engine; single-turn tasks and multi-turn episodes, which load new weights at turn "
+        "boundaries and mid-turn) or backend='ray' (rollout workers, torch or vLLM; single-turn "
+        "tasks); no dynamic_sampling.",
         0,
     )
     async_partial: str = _doc(
@@ -34,6 +36,13 @@ class AsyncFields:
         "'mask' also continues but drops the tokens made before the newest version from the "
         "loss (slime-style); 'restart' starts the step's batch again under the new weights.",
         "keep",
+    )
+    async_chunk_tokens: int = _doc(
+        "backend='ray' with max_staleness >= 1: the most new tokens per generation call of the "
+        "rollout workers; new weights reach a running generation at these chunk boundaries "
+        "(each chunk continues from prompt + tokens so far). 0: the whole generation in one "
+        "call (versions per sample, no pause). The local thread pauses at any token.",
+        8,
     )
 
     def __post_init__(self) -> None:
@@ -54,8 +63,15 @@ def async_problems(cfg: object) -> list[str]:
         out.append(f"async_partial must be one of {', '.join(PARTIAL_MODES)}, got {mode!r}")
     if k == 0:
         return out
-    if getattr(cfg, "rollout_engine", "torch") != "torch":
-        out.append("max_staleness >= 1 needs rollout_engine='torch' (the local rollout thread)")
+    chunk = getattr(cfg, "async_chunk_tokens", 8)
+    if not isinstance(chunk, int) or chunk < 0:
+        out.append(f"async_chunk_tokens must be an integer >= 0, got {chunk!r}")
+    ray = getattr(cfg, "backend", "local") == "ray"
+    if getattr(cfg, "rollout_engine", "torch") != "torch" and not ray:
+        out.append(
+            "max_staleness >= 1 with rollout_engine='vllm' needs backend='ray' with "
+            "rollout_workers >= 1 (the local rollout thread runs the torch engine)"
+        )
     if getattr(cfg, "dynamic_sampling", False):
         out.append("max_staleness >= 1 does not support dynamic_sampling yet")
     if getattr(cfg, "routing_replay", None) == "engine":

@@ -20,10 +20,10 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
         # Each mixin with a __post_init__ checks its own fields; the MRO would run only the first.
         ScaleFields.__post_init__(self)
         AsyncFields.__post_init__(self)
-        if self.max_staleness >= 1 and self.backend != "local":
+        if self.max_staleness >= 1 and self.backend == "ray" and self.rollout_workers < 1:
             raise ConfigError(
-                "invalid config:\n  - max_staleness >= 1 (asynchronous rollouts) runs on "
-                "backend='local' only for now; use max_staleness=0 with backend='ray'"
+                "invalid config:\n  - max_staleness >= 1 with backend='ray' needs "
+                "rollout_workers >= 1 (the workers generate while the ranks train)"
             )
 
     # --- run, model, task: SharedFields (gspo.config.fields); what differs here ---------------

@@ -180,10 +180,15 @@ class AsyncSource:
 
 
 def build_source(parts: Parts, model: Any) -> AsyncSource | None:
-    """The async source when ``max_staleness`` >= 1, else None (the synchronous loop); for a
-    multi-turn task, the episodes' (``async_episodes``)."""
+    """The async source when ``max_staleness`` >= 1, else None (the synchronous loop); on
+    the Ray backend the rollout workers' (``orchestration.ray_async``, single-turn only); for a
+    multi-turn task on the local backend, the episodes' (``async_episodes``)."""
     if parts.cfg.max_staleness < 1:
         return None
+    if getattr(parts.cfg, "backend", "local") == "ray":
+        from .ray_async import build_ray_source  # imports this module
+
+        return build_ray_source(parts, model)
     if parts.episodes.env.multi_turn:
         from .async_episodes import EpisodeSource  # it subclasses AsyncSource
 

@@ -5,7 +5,9 @@ Placement (``cfg.placement``):
 - ``separate``: the N training ranks in one placement group and the M rollout workers in
   another, one bundle each (1 CPU, or 1 GPU on CUDA);
 - ``colocated``: max(N, M) bundles; rank i and rollout worker i share bundle i (half its CPU
-  or GPU each), as verl's hybrid engine shares devices between training and rollout.
+  or GPU each), as verl's hybrid engine shares devices between training and rollout. With
+  vLLM on CUDA the engines sleep through each update and wake before the weight sync
+  (:func:`attach_sleeper`; never run on a GPU).
 
 A local Ray is started for the run (a private temp dir, as many logical CPUs as the bundles
 need) unless ``ray_address`` names a cluster; the backend shuts down what this run started.
@@ -20,6 +22,7 @@ import torch
 
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
 from ..backend.ray_cluster import import_ray, start_ray, stop_ray
+from ..rollout.build import colocated_sleep
 from .ray_rewards import RayScorer
 from .ray_rollout import RolloutPool
 
@@ -114,7 +117,14 @@ def build_ray_parts(
         raise
     backend.owns_ray = False
     backend.after_close = lambda: _release(ray, groups, owns)
+    attach_sleeper(backend, engine, cfg)
     return backend, engine
+
+
+def attach_sleeper(backend: Any, engine: Any, cfg: Any) -> None:
+    """Colocated vLLM on CUDA: the engine sleeps through each update and wakes before the
+    weight sync (``RayFSDPBackend.update`` / ``push_weights``); elsewhere nothing."""
+    backend.sleeper = engine if colocated_sleep(cfg) else None
 
 
 def ray_scorer(

@@ -62,6 +62,12 @@ class RolloutWorker:
         self.model.load_state_dict(state)
         self.engine.update_weights(self.model)
 
+    def sleep(self) -> None:
+        self.engine.sleep()  # only vLLM engines are asked to (ray_parts.attach_sleeper)
+
+    def wake(self) -> None:
+        self.engine.wake()
+
     def logprobs(self, rollout: Rollout) -> torch.Tensor:
         """[N, L] this worker's policy log-probs of a rollout's completions (for checks)."""
         from ..models import token_logprobs
@@ -190,6 +196,13 @@ class RolloutPool:
         state = model if isinstance(model, dict) else model.state_dict()
         ref = self.ray.put({k: v.detach().cpu() for k, v in state.items()})
         self._all(lambda w: w.update_weights.remote(ref), "the weight sync")
+
+    def sleep(self) -> None:
+        """Every worker's engine releases its GPU memory (colocated vLLM on CUDA)."""
+        self._all(lambda w: w.sleep.remote(), "sleep")
+
+    def wake(self) -> None:
+        self._all(lambda w: w.wake.remote(), "wake-up")
 
     def logprobs(self, rollout: Rollout, worker: int = 0) -> torch.Tensor:
         return self._all(

@@ -21,6 +21,23 @@ def vllm_options(cfg: Any):
         tensor_parallel_size=cfg.vllm_tensor_parallel_size,
         cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib,
         multiprocess=cfg.vllm_multiprocess,
+        sleep_mode=colocated_sleep(cfg),
+    )
+
+
+def colocated_sleep(cfg: Any) -> bool:
+    """Whether the vLLM engine sleeps while the trainer updates: only on the Ray backend with
+    colocated placement (training and rollout share the GPUs), the vLLM engine and CUDA. vLLM
+    has no sleep on CPU (a warning) and the torch engine holds no separate memory."""
+    import torch
+
+    device = str(getattr(cfg, "device", "cpu"))
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return (
+        getattr(cfg, "backend", "local") == "ray"
+        and getattr(cfg, "placement", "separate") == "colocated"
+        and getattr(cfg, "rollout_engine", "torch") == "vllm"
+        and cuda
     )
 
 

