@@ -227,7 +227,7 @@ def test_ray_async_refusals_shut_the_workers_down():
 
     closed = []
     parts = SimpleNamespace(
-        episodes=object(),
+        episodes=SimpleNamespace(env=SimpleNamespace(multi_turn=True)),
         engine=SimpleNamespace(workers=[], close=lambda: closed.append("pool")),
         backend=SimpleNamespace(close=lambda: closed.append("ranks")),
     )
