@@ -12,7 +12,7 @@ import torch
 
 import gspo.envs.loop as loop_module
 import gspo.trainer as trainer_module
-from gspo.config import TrainConfig, build
+from gspo.config import ConfigError, TrainConfig, build
 from gspo.core.seeding import prompt_indices
 from gspo.envs import ENVIRONMENTS, SingleTurnEnv, Step
 from gspo.envs.rewards import score
@@ -214,10 +214,18 @@ def test_a_registered_single_turn_env_keeps_its_own_reward(tmp_path, even, monke
     def always(text: str, example: Example) -> float:
         return 1.0
 
-    monkeypatch.setitem(ENVIRONMENTS, "even", lambda task, cfg, chat: SingleTurnEnv(always))
-    cfg = make_cfg(tmp_path, format_reward_weight=0.5)
-    episodes = trainer_module.build_parts(cfg, Path(tmp_path)).episodes
+    monkeypatch.setitem(
+        ENVIRONMENTS, "even", lambda task, cfg, chat: SingleTurnEnv(always, name="even")
+    )
+    episodes = trainer_module.build_parts(make_cfg(tmp_path), Path(tmp_path)).episodes
     assert episodes.env.reward is always and episodes.eval_env is episodes.env
+    # Its environment gives the rewards: a format bonus would be ignored, so it is refused.
+    cfg = make_cfg(tmp_path, format_reward_weight=0.5)
+    with pytest.raises(ValueError, match=r"format_reward_weight=0\.5 applies to tasks scored by"):
+        trainer_module.build_parts(cfg, Path(tmp_path))
+    # The config check names the field before any work (built-in environments: guess, ...).
+    with pytest.raises(ConfigError, match="task 'guess' has its own environment"):
+        make_cfg(tmp_path, task="guess", format_reward_weight=0.5)
     # Without a registered environment: the training reward (format bonus) trains, the task's
     # reward evaluates.
     monkeypatch.delitem(ENVIRONMENTS, "even")

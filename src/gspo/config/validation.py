@@ -212,6 +212,11 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         math.isfinite(cfg.format_reward_weight),
         f"format_reward_weight must be finite, got {cfg.format_reward_weight}",
     )
+    if cfg.format_reward_weight:  # a task with its own environment: the env gives the rewards
+        from gspo.envs.base import format_bonus_problem
+
+        problem = format_bonus_problem(cfg.task, cfg.format_reward_weight)
+        need(problem is None, problem or "")
     need(cfg.max_bad_steps >= 1, "max_bad_steps must be >= 1")
     need(
         cfg.bad_rows in ("error", "skip"),

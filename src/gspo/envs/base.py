@@ -151,6 +151,23 @@ def register_env(name: str):
     return decorator
 
 
+def format_bonus_problem(task: str, weight: float) -> str | None:
+    """Why ``format_reward_weight`` cannot apply to ``task``, or None: a task with a registered
+    environment is scored by that environment alone, so a format bonus would be ignored."""
+    import gspo.envs.tasks  # noqa: F401  registers the built-in environments
+
+    return format_bonus_refusal(task, weight) if weight and task in ENVIRONMENTS else None
+
+
+def format_bonus_refusal(name: str, weight: float) -> str:
+    """The message refusing a format bonus for the environment ``name``, which scores itself."""
+    return (
+        f"format_reward_weight={weight} applies to tasks scored by a reward function; task "
+        f"{name!r} has its own environment, which gives its episodes' rewards (set "
+        "format_reward_weight to 0)"
+    )
+
+
 def env_for(task: Task, cfg: Any = None, chat: bool = False) -> Environment:
     """The environment of ``task``: its registered multi-turn environment, or the task's
     reward as a :class:`SingleTurnEnv`."""

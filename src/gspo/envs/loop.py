@@ -19,7 +19,7 @@ from gspo.core.metrics import CORRECT, mean_and_se
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 
-from .base import Environment, SingleTurnEnv
+from .base import Environment, SingleTurnEnv, format_bonus_refusal
 from .credit import check_credit, turn_advantages
 from .driver import Limits, episode_metrics, run_episodes
 from .one_turn import answer_round
@@ -81,6 +81,9 @@ class Episodes:
     ) -> None:
         if env.multi_turn:
             check_multi_turn(cfg)
+        bonus = getattr(cfg, "format_reward_weight", 0.0)
+        if train_reward is None and bonus:  # the environment scores alone: no format bonus
+            raise ValueError(format_bonus_refusal(env.name, bonus))
         self.eval_env = env
         self.own = train_reward is not None and type(env) is SingleTurnEnv
         if self.own:
