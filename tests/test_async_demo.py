@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from cold_start import ADDITION_D64
 
 from gspo.cli import main
 
-SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 
 
@@ -19,9 +19,7 @@ def test_async_run_learns_the_addition_demo(tmp_path):
     reward (mean of steps 1-25 -> 251-300) 0.146 -> 0.205, held-out greedy accuracy 0.25 ->
     0.425, staleness mean 1.0; the synchronous run: 0.142 -> 0.236, 0.25 -> 0.46. (K = 2:
     0.143 -> 0.182, greedy 0.25 -> 0.235: the demo's tight GSPO clip cuts the stale updates.)"""
-    sft = tmp_path / "sft"
-    args = ["sft", "--task", "addition", *SHAPE, "--steps", "250", "--max-new-tokens", "6"]
-    assert main([*args, "--seed", "1", "--output-dir", str(sft), *COMMON]) == 0
+    sft = ADDITION_D64  # the stored cold start (tests/cold_start.py)
     out = tmp_path / "k1"
     args = ["train", "--preset", "demo", "--model", str(sft), "--steps", "300", "--lr", "3e-4"]
     args += ["--eval-every", "300", "--checkpoint-every", "0", "--max-staleness", "1"]

@@ -74,7 +74,7 @@ class CountingSync(WeightSync):
         return super().newer()
 
 
-def _episodes(weights_for, mode="keep", env=None):
+def _episodes(weights_for, mode="keep", env=None, hook=round_generate):
     """Episodes of two prompts x 3 on an engine copy of model 1, with the hook's syncs."""
     old, new = _model(1), _model(2)
     engine = TorchEngine(
@@ -95,7 +95,7 @@ def _episodes(weights_for, mode="keep", env=None):
         engine, env, PlainEncoder(TOK), EXAMPLES, 3,
         SamplingParams(stop_token_ids=(TOK.eos_token_id,)),
         Limits(max_turns=3, max_tokens_per_turn=8, max_total_tokens=60),
-        torch.Generator().manual_seed(0), generate=round_generate(engine, weights, mode, counts),
+        torch.Generator().manual_seed(0), generate=hook(engine, weights, mode, counts),
     )  # fmt: skip
     return rollout, trajs, counts, old, new
 
@@ -151,6 +151,53 @@ def test_a_turn_paused_mid_way_continues_under_the_new_weights_with_their_logpro
 def test_restart_mode_raises_on_new_weights_inside_an_episode():
     with pytest.raises(Restart):
         _episodes(lambda load, w: CountingSync(load, w, at=4), mode="restart")
+
+
+def chunked_hook(engine, weights, mode, counts):
+    """The Ray producer's round hook (chunks of one token) over a local engine standing in for
+    the worker pool: the same ChunkedGeneration calls, no Ray needed."""
+    from types import SimpleNamespace
+
+    from gspo.orchestration.ray_async import chunked_round_generate
+
+    source = SimpleNamespace(
+        pool=engine, chunk=1, parts=SimpleNamespace(tokenizer=TOK),
+        generate_chunk=lambda g, version: g.run_chunk(version),
+    )  # fmt: skip
+    return chunked_round_generate(source, weights, mode, counts)
+
+
+def test_chunked_rounds_switch_at_turn_boundaries_with_their_versions_and_logprobs():
+    box = {}
+
+    def weights_for(load, new_weights):
+        box["w"], box["new"] = WeightSync(load, version=0), new_weights
+        return box["w"]
+
+    def publish_once():
+        if "done" not in box:
+            box["done"] = True
+            box["w"].publish(box["new"], 1)
+
+    env = TurnsEnv(publish_once)
+    rollout, _, counts, old, new = _episodes(weights_for, env=env, hook=chunked_hook)
+    assert counts == {"async/turn_boundary_syncs": 1, "async/mid_turn_syncs": 0}
+    turns, v = rollout.extras["turn_ids"], rollout.versions
+    assert (v[turns == 0] == 0).all() and (v[turns >= 1] == 1).all() and (turns >= 1).any()
+    _check_versions_and_logprobs(rollout, old, new)
+
+
+def test_chunked_rounds_take_new_weights_between_two_chunks_of_a_turn():
+    rollout, _, counts, old, new = _episodes(
+        lambda load, w: CountingSync(load, w, at=3), hook=chunked_hook
+    )
+    assert counts["async/mid_turn_syncs"] == 1
+    turns, v = rollout.extras["turn_ids"], rollout.versions
+    first = turns == 0  # [N, L]
+    assert any(((v[i][first[i]] == 0).any() and (v[i][first[i]] == 1).any()) for i in range(6))
+    _check_versions_and_logprobs(rollout, old, new)
+    with pytest.raises(Restart):
+        _episodes(lambda load, w: CountingSync(load, w, at=3), "restart", hook=chunked_hook)
 
 
 # --- the trainer --------------------------------------------------------------------------

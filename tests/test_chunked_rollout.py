@@ -94,3 +94,31 @@ def test_restart_is_reproducible_and_chunk_generators_differ(setup):
     assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
     with pytest.raises(ValueError, match="async_chunk_tokens"):
         ChunkedGeneration(_engine(a), prompts, N, PARAMS, None, 0, PAD_ID)
+
+
+def test_a_stop_sequence_across_a_chunk_boundary_ends_the_row_there(setup):
+    """The engine matches a stop string inside one chunk only; one whose tokens straddle two
+    chunks is matched by the generation, which ends the row right after it."""
+    _, prompts, a, _ = setup
+
+    def run(stop_seqs=()):
+        g = ChunkedGeneration(
+            _engine(a), prompts, N, PARAMS, torch.Generator().manual_seed(3), 3, PAD_ID, stop_seqs
+        )
+        while not g.done:
+            g.run_chunk(0)
+        return g.result()
+
+    free = run()
+    lengths = free.completion_mask.sum(dim=1).tolist()  # [N]
+    row = next(i for i, n in enumerate(lengths) if n >= 5)
+    seq = free.completion_ids[row, 2:4].tolist()  # tokens 2 (chunk 0) and 3 (chunk 1)
+    got = run([seq])
+    assert got.finish_reasons[row] == "stop"
+    assert int(got.completion_mask[row].sum()) == 4
+    assert torch.equal(got.completion_ids[row, :4], free.completion_ids[row, :4])
+    assert torch.equal(got.logprobs[row, :4], free.logprobs[row, :4])
+    for i in range(len(lengths)):  # no row runs on past the sequence across a boundary
+        toks = got.completion_ids[i, : int(got.completion_mask[i].sum())].tolist()
+        for b in (3, 6, 9):
+            assert toks[b - 1 : b + 1] != seq or len(toks) == b + 1

@@ -219,8 +219,8 @@ def test_ray_async_resume_trains_every_step_once(tmp_path):
 
 
 def test_ray_async_refusals_shut_the_workers_down():
-    """Multi-turn episodes are refused with a message naming the way out, and the workers and
-    ranks already started are closed before the error propagates."""
+    """An engine without rollout workers is refused with a message naming the way out, and the
+    ranks (and pool) already started are closed before the error propagates."""
     from types import SimpleNamespace
 
     from gspo.orchestration.ray_async import build_ray_source
@@ -228,9 +228,66 @@ def test_ray_async_refusals_shut_the_workers_down():
     closed = []
     parts = SimpleNamespace(
         episodes=SimpleNamespace(env=SimpleNamespace(multi_turn=True)),
-        engine=SimpleNamespace(workers=[], close=lambda: closed.append("pool")),
+        engine=SimpleNamespace(close=lambda: closed.append("engine")),
         backend=SimpleNamespace(close=lambda: closed.append("ranks")),
     )
-    with pytest.raises(ValueError, match="single-turn tasks only"):
+    with pytest.raises(ValueError, match="needs rollout_workers >= 1"):
         build_ray_source(parts, None)
-    assert closed == ["pool", "ranks"]
+    assert closed == ["engine", "ranks"]
+
+
+@pytest.mark.parametrize(("k", "mode"), [(0, "keep"), (1, "keep"), (1, "restart")])
+def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
+    """Three-turn episodes (the environment replies between turns) on the Ray rollout worker:
+    synchronous (K = 0) and async (K = 1) with a slow worker, so new weights arrive while the
+    episodes of the next step are running. Staleness stays <= K, every episode takes its three
+    turns, and no environment token is ever trained."""
+    from test_async_episodes import TurnsEnv
+
+    import gspo.trainer as trainer_module
+    from gspo.orchestration.ray_async import RayAsyncSource
+    from gspo.rollout.partial import NO_VERSION
+    from gspo.trainer import train
+
+    monkeypatch.setattr(trainer_module, "env_for", lambda task, cfg, chat: TurnsEnv())
+    chunk = RayAsyncSource.generate_chunk
+
+    def slow(self, g, version):
+        time.sleep(0.1)
+        return chunk(self, g, version)
+
+    monkeypatch.setattr(RayAsyncSource, "generate_chunk", slow)
+    seen = []
+    update = steps_module.update
+
+    def spy(parts, state, batch):
+        seen.append(batch.rollout)
+        return update(parts, state, batch)
+
+    monkeypatch.setattr(steps_module, "update", spy)
+    cfg = _cfg(
+        tmp_path, f"turns-{k}-{mode}", steps=4, max_staleness=k, async_partial=mode,
+        algo="gspo_token", credit="turn", max_turns=3, max_total_tokens=40, overlong_buffer=0,
+        eval_every=4, n_test=4,
+    )  # fmt: skip
+    result = train(cfg)
+    records = _steps(result.output_dir)
+    for r in records:
+        print({key: round(v, 3) for key, v in r.items() if key.startswith(("async/", "episode/"))})
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["episode/turns_mean"] == 3 for r in records)
+    for rollout in seen:  # environment tokens: context only
+        env = rollout.completion_mask.bool() & ~rollout.loss_mask.bool()  # [N, L]
+        assert env.any() and not rollout.loss_mask.bool()[rollout.extras["turn_ids"] < 0].any()
+        if k:
+            assert ((rollout.versions != NO_VERSION) == rollout.policy_mask.bool()).all()
+    if k == 0:
+        assert not any(key.startswith("async/") for key in records[0])
+        return
+    assert max(r["async/staleness_max"] for r in records) <= 1
+    syncs = sum(r["async/mid_turn_syncs"] + r["async/turn_boundary_syncs"] for r in records)
+    partial = max(r["async/partial_fraction"] for r in records)
+    if mode == "keep":
+        assert syncs > 0 and partial > 0  # weights changed inside running episodes
+    else:
+        assert partial == 0 and sum(r["async/restarts"] for r in records) > 0

@@ -8,13 +8,13 @@ import os
 import time
 
 import pytest
+from cold_start import ADDITION_D64
 
 from gspo.cli import main
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
-SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 
 
@@ -27,9 +27,7 @@ def test_ray_async_run_learns_the_addition_demo(tmp_path):
     accuracy 0.250 -> 0.390, staleness mean 0.99 (every batch one version behind but the
     first)."""
     t0 = time.perf_counter()
-    sft = tmp_path / "sft"
-    args = ["sft", "--task", "addition", *SHAPE, "--steps", "250", "--max-new-tokens", "6"]
-    assert main([*args, "--seed", "1", "--output-dir", str(sft), *COMMON]) == 0
+    sft = ADDITION_D64  # the stored cold start (tests/cold_start.py)
     out = tmp_path / "ray-k1"
     steps = 150
     args = ["train", "--preset", "demo", "--model", str(sft), "--steps", str(steps)]

@@ -7,13 +7,13 @@ import json
 import os
 
 import pytest
+from cold_start import ADDITION_D64
 
 from gspo.cli import main
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
-SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 
 
@@ -24,9 +24,7 @@ def test_ray_backend_learns_the_addition_demo(tmp_path):
     of steps 1-25 -> 101-150) 0.142 -> 0.158 (the local torch run: 0.142 -> 0.167); held-out
     greedy accuracy 0.250 -> 0.335 (200 problems; one seed swings by about +-0.1, hence the
     loose bounds)."""
-    sft = tmp_path / "sft"
-    args = ["sft", "--task", "addition", *SHAPE, "--steps", "250", "--max-new-tokens", "6"]
-    assert main([*args, "--seed", "1", "--output-dir", str(sft), *COMMON]) == 0
+    sft = ADDITION_D64  # the stored cold start (tests/cold_start.py)
     out = tmp_path / "ray"
     args = ["train", "--preset", "demo", "--model", str(sft), "--steps", "150", "--lr", "3e-4"]
     args += ["--eval-every", "150", "--checkpoint-every", "0", "--seed", "0"]

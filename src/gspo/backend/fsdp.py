@@ -39,18 +39,23 @@ class FSDPRank:
         self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")  # Ray: 1 GPU each
 
     def rendezvous(self) -> str:
-        """(Rank 0) ``tcp://IP:PORT`` of a free port on this rank's node, where the process
-        group meets (the node's address, so that ranks on other nodes of a cluster reach it)."""
+        """(Rank 0) ``tcp://IP:PORT`` where the process group meets: rank 0's TCP store, already
+        listening on a port the OS picked (no window in which another process can take a
+        port found free), on the node's address so that ranks on other nodes reach it."""
         import ray
-
-        from .ray_cluster import free_port
+        from torch.distributed import TCPStore
 
         ip = ray.util.get_node_ip_address()
-        return f"tcp://{ip}:{free_port(ip)}"
+        self._store = TCPStore(
+            ip, 0, self.world, is_master=True, wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )  # fmt: skip
+        return f"tcp://{ip}:{self._store.port}"
 
     def setup(self, init_method: str, state: dict[str, torch.Tensor]) -> None:
         """Join the process group, build the policy from the driver's weights, shard it."""
         import torch.distributed as dist
+        from torch.distributed import TCPStore
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         from ..models.build import build_policy
@@ -58,12 +63,17 @@ class FSDPRank:
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
+        timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        store = getattr(self, "_store", None)  # rank 0 holds the listening store
+        if store is None:
+            host, port = init_method.removeprefix("tcp://").rsplit(":", 1)
+            store = TCPStore(host, int(port), self.world, is_master=False, timeout=timeout)
         dist.init_process_group(
             "nccl" if self.device.type == "cuda" else "gloo",
-            init_method=init_method,
+            store=store,
             rank=self.rank,
             world_size=self.world,
-            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+            timeout=timeout,
         )
         model, _ = build_policy(cfg, self.device)
         model.load_state_dict(state)

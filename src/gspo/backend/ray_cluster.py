@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,13 +20,6 @@ def import_ray() -> Any:
             "the Ray backend needs Ray: pip install 'gspo[ray]' (ray==2.60.0)"
         ) from err
     return ray
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def start_ray(

@@ -26,7 +26,8 @@ class AsyncFields:
         "generated its oldest token are at most K updates old (async/* metrics). Local backend "
         "(torch engine; single-turn tasks and multi-turn episodes, which load new weights at turn "
         "boundaries and mid-turn) or backend='ray' (rollout workers, torch or vLLM; single-turn "
-        "tasks); no dynamic_sampling.",
+        "tasks and multi-turn episodes, new weights entering at turn and chunk boundaries); no "
+        "dynamic_sampling.",
         0,
     )
     async_partial: str = _doc(

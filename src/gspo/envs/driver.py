@@ -25,8 +25,10 @@ plug in through ``generate``: a function with ``engine.generate``'s signature th
 round. The async producer's hook loads new weights before a round (a turn boundary) and
 pauses and continues a turn under new weights (:mod:`gspo.rollout.partial`); when its output
 carries ``Rollout.versions``, every policy token keeps its version and the packed rollout has
-``versions`` [N, L] (NO_VERSION on environment tokens and padding). vLLM engines have no such
-hook yet: async runs need the torch engine.
+``versions`` [N, L] (NO_VERSION on environment tokens and padding). On the Ray backend the hook
+runs each round on the rollout workers (torch or vLLM) chunk by chunk, new weights entering at
+chunk boundaries (:func:`gspo.orchestration.ray_async.chunked_round_generate`); a local vLLM
+engine has no such hook (async runs on the local backend need the torch engine).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -102,8 +103,23 @@ def round_generate(
     return generate
 
 
-class EpisodeSource(AsyncSource):
-    """Scored batches of multi-turn episodes from the rollout thread (local backend)."""
+class EpisodeProducer:
+    """What an async source of multi-turn episodes adds to its base (``AsyncSource`` locally,
+    ``RayAsyncSource`` on Ray): the producer runs whole episodes through the driver with the
+    source's round hook (:meth:`round_hook`), and ``collect`` hands them to the trainer."""
+
+    cfg: Any
+    parts: Parts
+    mode: str
+    thread: Any
+
+    def round_hook(self, weights: WeightSync, counts: dict[str, float]) -> Callable[..., Rollout]:
+        """The driver's ``generate`` hook (local: the thread's torch engine, any token)."""
+        return round_generate(self.engine, weights, self.mode, counts)  # type: ignore[attr-defined]
+
+    def episode_engine(self) -> tuple[Any, torch.device]:
+        """The engine the driver is handed (the hook generates) and its generators' device."""
+        return self.engine, self.engine.device  # type: ignore[attr-defined]
 
     def _produce(self, step: int, weights: WeightSync) -> Produced:
         """Run and score the episodes of ``step`` (on the rollout thread)."""
@@ -113,12 +129,13 @@ class EpisodeSource(AsyncSource):
         examples = [parts.train_set[i] for i in idx]
         counts = {"async/turn_boundary_syncs": 0.0, "async/mid_turn_syncs": 0.0}
         counts["async/restarts"] = 0.0
+        engine, device = self.episode_engine()
         while True:
-            gen = step_generator(cfg.seed, step, stream=0, device=self.engine.device)
-            hook = round_generate(self.engine, weights, self.mode, counts)
+            gen = step_generator(cfg.seed, step, stream=0, device=device)
+            hook = self.round_hook(weights, counts)
             try:
                 got = parts.episodes.collect(
-                    self.engine, examples, cfg.group_size, parts.params, gen, weights.version,
+                    engine, examples, cfg.group_size, parts.params, gen, weights.version,
                     generate=hook,
                 )  # fmt: skip
                 break
@@ -169,3 +186,7 @@ class EpisodeSource(AsyncSource):
         if advantages is not None:
             batch.advantages = advantages.to(parts.device)
         return batch
+
+
+class EpisodeSource(EpisodeProducer, AsyncSource):
+    """Scored batches of multi-turn episodes from the rollout thread (local backend)."""

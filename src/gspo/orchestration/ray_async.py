@@ -33,21 +33,30 @@ trained twice and none is lost silently (``async/dropped_samples``, ``async/unus
 The versions of the regenerated batches may differ from the unbroken run's, and two async runs
 with one seed agree in prompts and draws, not bit for bit (thread timing).
 
-Not supported (refused): multi-turn episodes, dynamic sampling, rollout_workers = 0.
+Multi-turn episodes: :class:`RayEpisodeSource` runs whole episodes in the driver's thread (the
+environments step there) and each round of turns on the workers, chunk by chunk
+(:func:`chunked_round_generate`): new weights are loaded at a turn boundary or between two chunks
+of a turn, every policy token keeps its chunk's log-prob and version, and ``async_partial``
+means what it means for the local episodes (:mod:`.async_episodes`), at chunk granularity.
+
+Not supported (refused): dynamic sampling, rollout_workers = 0.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ..core.seeding import prompt_indices, step_generator
+from ..rollout.base import Rollout, SamplingParams
 from ..rollout.chunked import ChunkedGeneration
 from ..rollout.partial import sample_versions
+from .async_episodes import EpisodeProducer, Restart
 from .async_rollout import Produced, RolloutThread, WeightSync
 from .async_source import AsyncSource, mask_older_tokens
 from .state import Parts
@@ -122,8 +131,9 @@ class RayAsyncSource(AsyncSource):
             gen = step_generator(cfg.seed, step, stream=0, device=torch.device("cpu"))
             pad = parts.tokenizer.pad_token_id
             return ChunkedGeneration(
-                self.pool, prompts, cfg.group_size, parts.params, gen, self.chunk, pad
-            )
+                self.pool, prompts, cfg.group_size, parts.params, gen, self.chunk, pad,
+                stop_sequences(parts.tokenizer, parts.params.stop_strings),
+            )  # fmt: skip
 
         g = fresh()
         while not g.done:
@@ -162,17 +172,69 @@ class RayAsyncSource(AsyncSource):
             self.pool.close()
 
 
+def stop_sequences(tokenizer: Any, stop_strings: tuple[str, ...]) -> list[list[int]]:
+    """The stop strings' token ids (as the engines encode them), for the chunk boundaries."""
+    return [list(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in stop_strings]
+
+
+def chunked_round_generate(
+    source: RayAsyncSource, weights: WeightSync, mode: str, counts: dict[str, float]
+) -> Callable[..., Rollout]:
+    """The driver's ``generate`` hook on the workers: one round of turns, chunk by chunk, with
+    weight loads at the turn boundary and between chunks, each token tagged with its version;
+    counts the loads in ``counts``. Each round advances the step generator by one draw, so the
+    rounds of an episode sample from different streams."""
+    rounds = [0]
+    pad = source.parts.tokenizer.pad_token_id
+
+    def generate(
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        if weights.newer():  # a turn boundary (or the episodes' start): no turn in flight
+            if mode == "restart" and rounds[0] > 0:
+                raise Restart
+            weights.sync()
+            if rounds[0] > 0:
+                counts["async/turn_boundary_syncs"] += 1
+        rounds[0] += 1
+        stops = stop_sequences(source.parts.tokenizer, params.stop_strings)
+        g = ChunkedGeneration(source.pool, prompts, n, params, generator, source.chunk, pad, stops)
+        while not g.done:
+            source.generate_chunk(g, weights.version)
+            if weights.newer() and not g.done:  # new weights between two chunks of a turn
+                if mode == "restart":
+                    raise Restart
+                weights.sync()
+                counts["async/mid_turn_syncs"] += 1
+        if generator is not None:
+            torch.rand(1, generator=generator)  # the next round draws from a new state
+        return g.result()
+
+    return generate
+
+
+class RayEpisodeSource(EpisodeProducer, RayAsyncSource):
+    """Scored batches of multi-turn episodes: the environments step in the driver's rollout
+    thread, the turns are generated on the Ray rollout workers."""
+
+    def round_hook(self, weights: WeightSync, counts: dict[str, float]) -> Callable[..., Rollout]:
+        return chunked_round_generate(self, weights, self.mode, counts)
+
+    def episode_engine(self) -> tuple[Any, torch.device]:
+        return self.pool, torch.device("cpu")
+
+
 def build_ray_source(parts: Parts, model: torch.nn.Module) -> RayAsyncSource:
     """The Ray async source; what it cannot do is refused here, and the workers, ranks and Ray
     that ``build_ray_parts`` started are shut down before the error propagates."""
     try:
-        if parts.episodes.env.multi_turn:
-            raise ValueError(
-                "max_staleness >= 1 with backend='ray' supports single-turn tasks only (not "
-                "multi-turn episodes); use max_staleness=0 or backend='local'"
-            )
         if not hasattr(parts.engine, "workers"):
             raise ValueError("max_staleness >= 1 with backend='ray' needs rollout_workers >= 1")
+        if parts.episodes.env.multi_turn:
+            return RayEpisodeSource(parts, model)
         return RayAsyncSource(parts, model)
     except BaseException:
         parts.engine.close()

@@ -16,7 +16,10 @@ torch-only pause at any token):
 - the random stream differs from an unchunked run: chunk c > 0 draws from a generator derived
   from the step generator's state and c (reproducible for a fixed chunk size and worker
   count), and every chunk re-prefills prompt + prefix (no KV cache carried over);
-- a stop string spanning a chunk boundary is not seen (stop token ids are exact).
+- a stop string is matched by the engine inside a chunk; one spanning a chunk boundary is
+  matched here on the row's tokens (``stop_seqs``: the stop strings' token ids), and the row
+  ends at it as the engine would have stopped there (the tokens the chunk drew past it are
+  dropped).
 """
 
 from __future__ import annotations
@@ -55,11 +58,13 @@ class ChunkedGeneration:
         generator: torch.Generator | None,
         chunk: int,
         pad_id: int,
+        stop_seqs: list[list[int]] | tuple = (),
     ) -> None:
         if chunk < 1:
             raise ValueError(f"async_chunk_tokens must be >= 1, got {chunk}")
         self.engine, self.prompts, self.n, self.params = engine, prompts, n, params
         self.chunk, self.pad_id = chunk, int(pad_id)
+        self.stop_seqs = [list(q) for q in stop_seqs if q]
         # The initial state, so chunk c's generator does not depend on how far chunk 0 drew.
         self._gen_state = None if generator is None else generator.get_state()
         self._gen_device = None if generator is None else generator.device
@@ -104,15 +109,34 @@ class ChunkedGeneration:
         lengths = out.completion_mask.sum(dim=1).tolist()  # [rows]
         self.generated += size
         for k, i in enumerate(rows):
-            got = int(lengths[k])
+            got, before = int(lengths[k]), len(self.tokens[i])
             self.tokens[i] += out.completion_ids[k, :got].tolist()
             self.logprobs[i] += out.logprobs[k, :got].tolist()
             self.versions[i] += [version] * got
-            if out.finish_reasons[k] == "stop":
+            end = self._stop_across(self.tokens[i], before) if self.calls else None
+            if end is not None:  # a stop string across the chunk boundary: the row ends there
+                del self.tokens[i][end:], self.logprobs[i][end:], self.versions[i][end:]
+                self.finish[i] = "stop"
+            elif out.finish_reasons[k] == "stop":
                 self.finish[i] = "stop"
             elif self.generated >= self.max_new:
                 self.finish[i] = "length"
         self.calls += 1
+
+    def _stop_across(self, tokens: list[int], boundary: int) -> int | None:
+        """The end of the first stop sequence in ``tokens`` that starts before ``boundary``
+        (the previous chunks' tokens) and ends after it, or None. The engine saw only the
+        new chunk's tokens, so these are the stops it could not match; the earliest wins."""
+        best = None
+        for seq in self.stop_seqs:
+            for start in range(max(boundary - len(seq) + 1, 0), boundary):
+                end = start + len(seq)
+                if end > len(tokens) or (best is not None and end >= best):
+                    break
+                if tokens[start:end] == seq:
+                    best = end
+                    break
+        return best
 
     def result(self) -> Rollout:
         """The generation as a ``Rollout`` with per-token ``versions``; call once ``done``."""
