@@ -242,3 +242,38 @@ def test_sigkilled_driver_leaves_nothing_and_resumes_exactly(tmp_path):
     wb = load_file(str(killed / "final" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_rank_failing_because_its_peer_died_names_the_dead_peer():
+    """Rank 0's collective fails first ("Connection reset by peer", a task error) while Ray has
+    not yet reported rank 1's death: gather waits for the peers and names rank 1; a task error
+    with no dead peer propagates as it is."""
+    from types import SimpleNamespace
+
+    from gspo.backend.ray_backend import WorkerLostError, gather
+
+    class TaskError(Exception):
+        pass
+
+    class ActorError(Exception):
+        pass
+
+    def fake_ray(outcomes: dict):
+        def wait(refs, num_returns=1, timeout=None):
+            return list(refs[:num_returns]), list(refs[num_returns:])
+
+        def get(ref):
+            raise outcomes[ref]
+
+        errors = SimpleNamespace(
+            RayActorError=ActorError, WorkerCrashedError=ActorError, RayTaskError=TaskError
+        )
+        return SimpleNamespace(wait=wait, get=get, exceptions=errors)
+
+    names = ["training rank 0", "training rank 1"]
+    ray = fake_ray({"r0": TaskError("gloo: Connection reset by peer"), "r1": ActorError()})
+    with pytest.raises(WorkerLostError, match="training rank 1 died during the update"):
+        gather(ray, ["r0", "r1"], names, "the update", None)
+    ray = fake_ray({"r0": TaskError("a bug of its own"), "r1": TaskError("same")})
+    with pytest.raises(TaskError, match="a bug of its own"):
+        gather(ray, ["r0", "r1"], names, "the update", None)

@@ -43,24 +43,48 @@ def refuse_unsupported(cfg: Any, model: torch.nn.Module) -> None:
         raise ValueError("backend='ray' does not support LoRA (lora_rank > 0) yet")
 
 
+PEER_GRACE_S = 20.0
+"""How long :func:`gather` waits, after a task failed with an error, for its peers' results:
+a rank whose peer was killed often fails first (gloo: "Connection reset by peer") before Ray
+reports the killed actor, and the run should name the one that died."""
+
+
 def gather(ray: Any, refs: list, names: list[str], what: str, output_dir: str | None) -> list:
     """``ray.get`` of every ref, in order; the first actor found dead raises
-    :class:`WorkerLostError` at once (its peers may be stuck in a collective waiting for it)."""
+    :class:`WorkerLostError` at once (its peers may be stuck in a collective waiting for it).
+    A task that fails with an error of its own while a peer has died (its collective lost the
+    peer) also raises the peer's :class:`WorkerLostError`; otherwise its error propagates."""
     index = {ref: i for i, ref in enumerate(refs)}
     pending, results = list(refs), [None] * len(refs)
+    lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         i = index[done[0]]
         try:
             results[i] = ray.get(done[0])
-        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as err:
-            last = latest_checkpoint(output_dir) if output_dir else None
-            raise WorkerLostError(
-                f"{names[i]} died during {what} ({type(err).__name__}); the run stops. Last "
-                f"good checkpoint: {last or 'none yet'}"
-                + (" (continue with --resume)" if last else "")
-            ) from None
+        except lost as err:
+            raise _lost(names[i], what, err, output_dir) from None
+        except ray.exceptions.RayTaskError as failed:
+            ready = []
+            if pending:
+                ready, _ = ray.wait(pending, num_returns=len(pending), timeout=PEER_GRACE_S)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except lost as err:  # the peer that died is the cause: name it
+                    raise _lost(names[index[ref]], what, err, output_dir) from None
+                except Exception:  # another casualty of the same failure
+                    continue
+            raise failed from None
     return results
+
+
+def _lost(name: str, what: str, err: BaseException, output_dir: str | None) -> WorkerLostError:
+    last = latest_checkpoint(output_dir) if output_dir else None
+    return WorkerLostError(
+        f"{name} died during {what} ({type(err).__name__}); the run stops. Last good "
+        f"checkpoint: {last or 'none yet'}" + (" (continue with --resume)" if last else "")
+    )
 
 
 class RayFSDPBackend:
