@@ -69,6 +69,18 @@ class EpisodeBatch:
     counts: dict[str, float] = field(default_factory=dict)
 
 
+def turn_boundary(weights: WeightSync, mode: str, rounds: list[int], counts: dict) -> None:
+    """Before a round of turns (no turn in flight): load newer weights, or in 'restart' mode
+    raise :class:`Restart` if they arrive after the episodes started; counts the round."""
+    if weights.newer():
+        if mode == "restart" and rounds[0] > 0:
+            raise Restart
+        weights.sync()
+        if rounds[0] > 0:
+            counts["async/turn_boundary_syncs"] += 1
+    rounds[0] += 1
+
+
 def round_generate(
     engine: TorchEngine, weights: WeightSync, mode: str, counts: dict[str, float]
 ) -> Callable[..., Rollout]:
@@ -82,13 +94,7 @@ def round_generate(
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> Rollout:
-        if weights.newer():  # a turn boundary (or the episodes' start): no turn in flight
-            if mode == "restart" and rounds[0] > 0:
-                raise Restart
-            weights.sync()
-            if rounds[0] > 0:
-                counts["async/turn_boundary_syncs"] += 1
-        rounds[0] += 1
+        turn_boundary(weights, mode, rounds, counts)
         g = ResumableGeneration(engine, prompts, n, params, generator)
         while not g.done:
             g.run(None, weights.version, stop=weights.newer)  # to the turn's end or new weights

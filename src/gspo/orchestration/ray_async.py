@@ -56,7 +56,7 @@ from ..core.seeding import prompt_indices, step_generator
 from ..rollout.base import Rollout, SamplingParams
 from ..rollout.chunked import ChunkedGeneration
 from ..rollout.partial import sample_versions
-from .async_episodes import EpisodeProducer, Restart
+from .async_episodes import EpisodeProducer, Restart, turn_boundary
 from .async_rollout import Produced, RolloutThread, WeightSync
 from .async_source import AsyncSource, mask_older_tokens
 from .state import Parts
@@ -193,13 +193,7 @@ def chunked_round_generate(
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> Rollout:
-        if weights.newer():  # a turn boundary (or the episodes' start): no turn in flight
-            if mode == "restart" and rounds[0] > 0:
-                raise Restart
-            weights.sync()
-            if rounds[0] > 0:
-                counts["async/turn_boundary_syncs"] += 1
-        rounds[0] += 1
+        turn_boundary(weights, mode, rounds, counts)
         stops = stop_sequences(source.parts.tokenizer, params.stop_strings)
         g = ChunkedGeneration(source.pool, prompts, n, params, generator, source.chunk, pad, stops)
         while not g.done:
