@@ -15,7 +15,24 @@ from .models.text import decode_completions, encode_prompts  # noqa: F401  (re-e
 
 
 def build_task(cfg) -> Task:
-    """A built-in synthetic task, or a task made of the user's data files."""
+    """A built-in synthetic task, or a task made of the user's data files, with the run's
+    code-reward limits (``code_*`` fields) on a reward that runs the sandbox."""
+    task = _build_task(cfg)
+    if hasattr(cfg, "code_test_timeout_s"):  # TrainConfig (SFT has no rewards to limit)
+        from .envs.sandbox import with_code_limits
+
+        task.reward = with_code_limits(
+            task.reward,
+            test_timeout_s=cfg.code_test_timeout_s,
+            total_timeout_s=cfg.code_total_timeout_s or None,
+            memory_mb=cfg.code_memory_mb,
+            run_memory_mb=cfg.code_run_memory_mb,
+            compare=cfg.code_compare,
+        )
+    return task
+
+
+def _build_task(cfg) -> Task:
     if cfg.task == "file":
         from .envs.tasks.files import make_file_task
 

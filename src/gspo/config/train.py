@@ -53,6 +53,30 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
         "rewards and 1 for others (gspo.rewards.reward_workers).",
         0,
     )
+    # The code reward's limits (gspo.envs.sandbox.code_reward; docs/sandbox.md), applied to
+    # any task whose reward runs the sandbox (task 'code', or reward 'code' for data files).
+    code_test_timeout_s: float = _doc(
+        "Code reward: seconds each unit test may run (an alarm inside the sandbox).", 2.0
+    )
+    code_total_timeout_s: float = _doc(
+        "Code reward: wall-clock seconds of one whole sandboxed run (all of a completion's "
+        "tests); 0: code_test_timeout_s per test plus 2 s.",
+        0.0,
+    )
+    code_memory_mb: int = _doc(
+        "Code reward: address-space limit of each sandboxed process in MiB (RLIMIT_AS).", 512
+    )
+    code_run_memory_mb: int = _doc(
+        "Code reward: memory of a whole sandboxed run in MiB (its cgroup: processes, tmpfs "
+        "files, page cache), where the host gives cgroups.",
+        1024,
+    )
+    code_compare: str = _doc(
+        "Code reward: how answers compare, unless a row's 'compare' field says: 'auto' (an "
+        "expected string as text, a number as a number), 'text' or 'number' (numbers written "
+        "as text too, within 1e-6). See docs/sandbox.md.",
+        "auto",
+    )
     max_prompt_tokens: int = _doc(
         "Longest prompt in tokens; 0: what the model's context length (max_position_embeddings; "
         "256 for the tiny models) leaves after max_new_tokens. A larger value is an error.",

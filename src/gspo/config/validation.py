@@ -22,6 +22,30 @@ from .fields import (
 from .train import SFTConfig, TrainConfig
 
 
+def _check_code_limits(cfg: Any, need: Any) -> None:
+    """The code reward's limits (TrainConfig's code_* fields)."""
+    from gspo.envs.sandbox.compare import COMPARE_MODES
+
+    test_s, total_s = cfg.code_test_timeout_s, cfg.code_total_timeout_s
+    need(
+        math.isfinite(test_s) and test_s > 0,
+        f"code_test_timeout_s must be a positive number of seconds, got {test_s}",
+    )
+    need(
+        math.isfinite(total_s) and total_s >= 0,
+        f"code_total_timeout_s must be >= 0 (0: per-test limit times tests + 2 s), got {total_s}",
+    )
+    need(cfg.code_memory_mb >= 64, f"code_memory_mb must be >= 64, got {cfg.code_memory_mb}")
+    need(
+        cfg.code_run_memory_mb >= 64,
+        f"code_run_memory_mb must be >= 64, got {cfg.code_run_memory_mb}",
+    )
+    need(
+        cfg.code_compare in COMPARE_MODES,
+        f"code_compare must be one of {', '.join(COMPARE_MODES)}, got {cfg.code_compare!r}",
+    )
+
+
 def validate(cfg: Any) -> None:
     """Raise ConfigError listing every problem in ``cfg``."""
     problems: list[str] = []
@@ -224,6 +248,7 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
     )
     need(cfg.reward_timeout_s >= 0, f"reward_timeout_s must be >= 0, got {cfg.reward_timeout_s}")
     need(cfg.reward_workers >= 0, f"reward_workers must be >= 0, got {cfg.reward_workers}")
+    _check_code_limits(cfg, need)
     need(cfg.max_prompt_tokens >= 0, f"max_prompt_tokens must be >= 0, got {cfg.max_prompt_tokens}")
     need(
         cfg.long_prompts in ("error", "truncate", "skip"),

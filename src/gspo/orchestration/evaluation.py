@@ -169,7 +169,7 @@ def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
     """(problems, reward, description) that ``gspo eval`` scores: a data file's rows
     (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
     if cfg.data:
-        from gspo.envs.rewards import get_reward
+        from gspo.envs.rewards import get_reward, uses_sandbox
         from gspo.tasks.files import load_examples
 
         reward = get_reward(cfg.reward)
@@ -179,6 +179,7 @@ def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
             answer_key=cfg.answer_key,
             answer_format=cfg.answer_format,
             split="test",
+            answer_optional=uses_sandbox(reward),  # rows scored by their tests
         )
         where = f"file {cfg.data} (reward {cfg.reward})"
     else:

@@ -38,7 +38,7 @@ from gspo.envs.sandbox.config import (
     SandboxConfig,
     SandboxError,
 )
-from gspo.envs.sandbox.harness import TestReport, code_reward, run_tests
+from gspo.envs.sandbox.harness import TestReport, code_reward, run_tests, with_code_limits
 from gspo.envs.sandbox.run import isolation, run_python
 from gspo.envs.sandbox.suite import TestSuite, extract_code
 from gspo.envs.sandbox.timeout import RewardTimeout, RewardWorkerError, with_timeout
@@ -62,5 +62,6 @@ __all__ = [
     "run_tests",
     "short_repr",
     "values_match",
+    "with_code_limits",
     "with_timeout",
 ]

@@ -9,13 +9,19 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gspo.envs.sandbox.compare import outputs_match, parse_results, short_repr, values_match
+from gspo.envs.sandbox.compare import (
+    check_mode,
+    outputs_match,
+    parse_results,
+    short_repr,
+    values_match,
+)
 from gspo.envs.sandbox.config import DEFAULT_CONFIG, RunResult, SandboxConfig
 from gspo.envs.sandbox.run import run_python
 from gspo.envs.sandbox.suite import TestSuite, extract_code
 
 if TYPE_CHECKING:
-    from gspo.envs.tasks.base import Example
+    from gspo.envs.tasks.base import Example, RewardFn
 
 logger = logging.getLogger("gspo.sandbox")
 
@@ -101,13 +107,26 @@ def main():
         for i in range(len(cases)):
             report(i, False, error="does not compile: " + describe(exc))
         return
+    try:
+        setup = compile(cfg["setup"], "<setup>", "exec")
+        test_setup = compile(cfg["test_setup"], "<test setup>", "exec")
+    except BaseException as exc:
+        for i in range(len(cases)):
+            report(i, False, error="setup does not compile: " + describe(exc))
+        return
     devnull = open(os.devnull, "w")
 
     if kind in ("assert", "call"):
         namespace = {"__name__": "solution", "__builtins__": builtins}
         sys.stdout = devnull  # the solution's prints are not the answer here
+        stage = "setup"
         try:
+            bounded(lambda: exec(setup, namespace))
+            stage = "solution"
             bounded(lambda: exec(code, namespace))
+            stage = "test setup"
+            bounded(lambda: exec(test_setup, namespace))
+            stage = "solution"
             if kind == "call":
                 name = cfg["func_name"]
                 cls = namespace.get("Solution")
@@ -117,7 +136,7 @@ def main():
                     target = namespace[name]
         except BaseException as exc:
             for i in range(len(cases)):
-                report(i, False, error="solution failed: " + describe(exc))
+                report(i, False, error=stage + " failed: " + describe(exc))
             return
         for i, case in enumerate(cases):
             try:
@@ -150,8 +169,10 @@ def main():
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
         error = None
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
         try:
-            bounded(lambda: exec(code, {"__name__": "__main__", "__builtins__": builtins}))
+            bounded(lambda: exec(setup, namespace))
+            bounded(lambda: exec(code, namespace))
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 error = f"exit status {exc.code}"
@@ -177,8 +198,12 @@ def run_tests(
     test_timeout_s: float = 2.0,
     total_timeout_s: float | None = None,
     config: SandboxConfig | None = None,
+    compare: str = "auto",
 ) -> TestReport:
     """Run ``suite`` against ``code`` in one sandboxed process; never raises for the code.
+
+    Answers compare in the suite's own mode (a row's ``compare``), else in ``compare``
+    (see :mod:`gspo.envs.sandbox.compare`).
 
     Each test gets ``test_timeout_s`` (a SIGALRM inside the sandbox); the whole run is bounded
     by ``total_timeout_s`` (default: ``test_timeout_s`` per test plus 2 s), which also covers
@@ -193,6 +218,7 @@ def run_tests(
     if total_timeout_s is None:
         total_timeout_s = test_timeout_s * n + 2.0
     config = dataclasses.replace(config or DEFAULT_CONFIG, timeout_s=total_timeout_s)
+    mode = suite.compare or check_mode(compare)
     nonce = secrets.token_hex(16)
     # Room for the expected answer and then some, so a right answer is never cut short, and
     # the whole result channel stays under the output cap.
@@ -205,6 +231,8 @@ def run_tests(
         "func_name": suite.func_name,
         "timeout_s": test_timeout_s,
         "value_chars": value_chars,
+        "setup": suite.setup,
+        "test_setup": suite.test_setup,
     }
     run = run_python(
         _HARNESS,
@@ -236,10 +264,10 @@ def run_tests(
         error = record.get("error")
         value = record.get("value")
         if ok and suite.kind == "stdio":
-            ok = isinstance(value, str) and outputs_match(value, suite.expected[i])
+            ok = isinstance(value, str) and outputs_match(value, suite.expected[i], mode)
             error = None if ok else "wrong output"
         elif ok and suite.kind == "call":
-            ok = values_match(value, suite.expected[i])
+            ok = values_match(value, suite.expected[i], mode)
             error = None if ok else f"returned {short_repr(value)}"
         passed.append(ok)
         errors.append(
@@ -256,17 +284,22 @@ def code_reward(
     test_timeout_s: float = 2.0,
     total_timeout_s: float | None = None,
     config: SandboxConfig | None = None,
+    compare: str = "auto",
 ) -> float:
     """Share of the example's unit tests that the completion's code passes, in the sandbox.
 
-    The code is :func:`extract_code` of the completion; the tests come from ``example.meta``
-    (see :meth:`TestSuite.from_meta`). With ``all_or_nothing``, 1.0 only if every test passes.
-    No code scores 0.0. Example data without usable tests raises ValueError (a data problem,
-    which :func:`gspo.rewards.score` counts as an error). Select options for a registry with
+    The code is :func:`extract_code` of the completion (for HumanEval rows, the last block
+    defining the ``entry_point``); the tests come from ``example.meta`` (see
+    :meth:`TestSuite.from_meta`; HumanEval rows run the example's prompt first when it is
+    Python). With ``all_or_nothing``, 1.0 only if every test passes. ``compare`` is the task's
+    comparison mode (a row's ``compare`` field wins). No code scores 0.0. Example data without
+    usable tests raises ValueError (a data problem, which :func:`gspo.rewards.score` counts as
+    an error). Select options for a registry with
     ``functools.partial(code_reward, all_or_nothing=True)``.
     """
-    suite = TestSuite.from_meta(example.meta)
-    code = extract_code(completion)
+    suite = TestSuite.from_meta(example.meta, prompt=example.prompt)
+    entry_point = example.meta.get("entry_point")
+    code = extract_code(completion, entry_point if isinstance(entry_point, str) else None)
     if not code.strip():
         return 0.0
     report = run_tests(
@@ -275,6 +308,7 @@ def code_reward(
         test_timeout_s=test_timeout_s,
         total_timeout_s=total_timeout_s,
         config=config,
+        compare=compare,
     )
     if report.run.error is not None:
         logger.warning("code_reward: sandbox problem: %s", report.run.error)
@@ -282,3 +316,40 @@ def code_reward(
 
 
 code_reward.uses_sandbox = True  # type: ignore[attr-defined]  # gspo.rewards.reward_workers
+
+
+def with_code_limits(
+    reward_fn: RewardFn,
+    *,
+    test_timeout_s: float = 2.0,
+    total_timeout_s: float | None = None,
+    memory_mb: int = DEFAULT_CONFIG.memory_mb,
+    run_memory_mb: int = DEFAULT_CONFIG.run_memory_mb,
+    compare: str = "auto",
+) -> RewardFn:
+    """``reward_fn`` with these limits if it is :func:`code_reward` or a ``functools.partial``
+    of it (whose own keywords win: a task's choice stays), else ``reward_fn`` unchanged.
+    Used by the trainer for the run's ``code_*`` config fields."""
+    import dataclasses
+    import functools
+
+    if reward_fn is code_reward:
+        args: tuple = ()
+        keywords: dict = {}
+    elif isinstance(reward_fn, functools.partial) and reward_fn.func is code_reward:
+        args, keywords = reward_fn.args, dict(reward_fn.keywords)
+    else:
+        return reward_fn
+    config = dataclasses.replace(
+        keywords.pop("config", None) or DEFAULT_CONFIG,
+        memory_mb=memory_mb,
+        run_memory_mb=run_memory_mb,
+    )
+    config.validate()
+    options = {
+        "test_timeout_s": test_timeout_s,
+        "total_timeout_s": total_timeout_s,
+        "compare": check_mode(compare),
+        "config": config,
+    }
+    return functools.partial(code_reward, *args, **{**options, **keywords})

@@ -1,36 +1,22 @@
 """What a sandboxed test run checks: the program in a completion (:func:`extract_code`) and
 the unit tests of a problem (:class:`TestSuite`, read from ``Example.meta``: assert
-statements, stdin/stdout pairs or LiveCodeBench-style functional cases)."""
+statements, HumanEval's check function, MBPP's test list, stdin/stdout pairs or
+LiveCodeBench-style functional cases)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gspo.envs.sandbox.compare import check_mode
 from gspo.envs.sandbox.compare import loads as _loads
+from gspo.envs.sandbox.extract import extract_code
+from gspo.envs.sandbox.layouts import humaneval_tests, mbpp_tests, prompt_preamble, row_setup
 
-_FENCE_RE = None  # compiled lazily: importing re is not free and the boot stage never needs it
-
-
-def extract_code(completion: str) -> str:
-    """The program in a completion: the last fenced code block, preferring Python ones.
-
-    ````` ```python ... ``` ````` (also ``py`` / ``python3``) wins over an unlabelled or other
-    fence; a final fence left open (a truncated completion) counts up to the end; text without
-    any fence is taken as code as it is.
-    """
-    import re
-
-    global _FENCE_RE
-    if _FENCE_RE is None:
-        _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
-    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE_RE.finditer(completion)]
-    if not blocks:
-        return completion.strip("\n")
-    python_blocks = [code for lang, code in blocks if lang in ("python", "py", "python3")]
-    return (python_blocks or [code for _, code in blocks])[-1].strip("\n")
+__all__ = ["TestSuite", "extract_code"]
 
 
 def _decode_test_cases(value: Any, field_name: str) -> list[dict[str, Any]]:
@@ -79,6 +65,14 @@ def _unpickle_string(text: str, field_name: str) -> str:
     return value
 
 
+def _output(value: Any) -> Any:
+    """An expected stdout as the data gave it: numbers stay numbers (compared as numbers in
+    the ``auto`` mode), everything else is text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return str(value)
+
+
 @dataclass(frozen=True)
 class TestSuite:
     """The unit tests of one problem, in one of three forms (see :meth:`from_meta`)."""
@@ -89,8 +83,19 @@ class TestSuite:
     cases: tuple[Any, ...]
     """Statements (assert), stdin texts (stdio) or argument lists (call)."""
     expected: tuple[Any, ...] = ()
-    """Expected stdout texts (stdio) or return values (call); never sent into the sandbox."""
+    """Expected stdout (stdio: texts, or numbers where the data gave numbers) or return values
+    (call); never sent into the sandbox."""
     func_name: str | None = None
+    setup: str = ""
+    """Code run before the solution, in its namespace (a row's ``setup`` / ``preamble`` /
+    ``test_setup_code``; HumanEval: the prompt's stub, imports and helpers). If it fails,
+    every test fails."""
+    test_setup: str = ""
+    """Code run after the solution and before the tests (assert kind; HumanEval: the test
+    field outside ``check`` and ``candidate = <entry_point>``). If it fails, every test fails."""
+    compare: str | None = None
+    """The row's comparison mode (``meta["compare"]``: auto, text or number); None: the
+    task's (``code_reward(compare=...)``)."""
 
     __test__ = False  # not a pytest class
 
@@ -98,13 +103,18 @@ class TestSuite:
         return len(self.cases)
 
     @classmethod
-    def from_meta(cls, meta: Mapping[str, Any]) -> TestSuite:
+    def from_meta(cls, meta: Mapping[str, Any], prompt: str | None = None) -> TestSuite:
         """Read the tests from ``Example.meta``; ValueError if there are none or they are bad.
 
         Accepted layouts, first match wins:
 
         * ``tests``: a list of Python statements (usually ``assert f(2) == 4``), each one test,
-          run in the namespace the solution defined (HumanEval / MBPP style);
+          run in the namespace the solution defined;
+        * HumanEval: ``test`` (source defining ``check(candidate)``) and ``entry_point``; each
+          assert of ``check`` is one test, ``assert True`` lines are not tests
+          (:func:`~gspo.envs.sandbox.layouts.humaneval_tests`); without a setup field, the
+          ``prompt`` (the example's) runs first when it is Python, else its import lines;
+        * MBPP: ``test_list`` (assert strings) plus ``challenge_test_list``;
         * ``inputs`` and ``outputs``: equal-length lists of stdin texts and expected stdout;
         * ``test_cases``, or LiveCodeBench's ``public_test_cases`` + ``private_test_cases``: a
           list (or JSON string) of ``{"input", "output", "testtype"}`` objects. ``testtype``
@@ -112,7 +122,27 @@ class TestSuite:
           ``meta["func_name"]`` or the JSON ``meta["metadata"]``) on the JSON values of the
           input's lines, on ``Solution()`` if the code defines that class (LeetCode style),
           and compares the return value with the JSON output.
+
+        Any layout may add a setup field (``setup``, ``preamble`` or MBPP's
+        ``test_setup_code``: code run before the solution) and ``compare`` (the comparison
+        mode of :mod:`~gspo.envs.sandbox.compare`).
         """
+        suite = cls._tests_from_meta(meta, prompt)
+        compare = meta.get("compare")
+        if compare is not None and compare != "":
+            try:
+                compare = check_mode(compare)
+            except ValueError as exc:
+                raise ValueError(f"meta['compare']: {exc}") from None
+        else:
+            compare = None
+        setup = row_setup(meta)
+        if setup is None:
+            setup = suite.setup
+        return dataclasses.replace(suite, setup=setup, compare=compare)
+
+    @classmethod
+    def _tests_from_meta(cls, meta: Mapping[str, Any], prompt: str | None) -> TestSuite:
         if "tests" in meta:
             tests = meta["tests"]
             if isinstance(tests, str):
@@ -122,6 +152,12 @@ class TestSuite:
             if not tests:
                 raise ValueError("meta['tests'] is empty")
             return cls("assert", tuple(tests))
+        if "test" in meta and "entry_point" in meta:
+            test_setup, tests = humaneval_tests(meta["test"], meta["entry_point"])
+            preamble = prompt_preamble(meta.get("prompt", prompt))
+            return cls("assert", tests, setup=preamble, test_setup=test_setup)
+        if "test_list" in meta:
+            return cls("assert", mbpp_tests(meta))
         if "inputs" in meta or "outputs" in meta:
             inputs, outputs = meta.get("inputs"), meta.get("outputs")
             if not (isinstance(inputs, list) and isinstance(outputs, list)):
@@ -131,12 +167,13 @@ class TestSuite:
                     f"meta['inputs'] ({len(inputs)}) and meta['outputs'] ({len(outputs)}) "
                     "must be non-empty and of equal length"
                 )
-            return cls("stdio", tuple(map(str, inputs)), tuple(map(str, outputs)))
+            return cls("stdio", tuple(map(str, inputs)), tuple(map(_output, outputs)))
         keys = [k for k in ("test_cases", "public_test_cases", "private_test_cases") if k in meta]
         if not keys:
             raise ValueError(
-                "no tests in example.meta: expected 'tests', 'inputs'/'outputs' or "
-                f"'test_cases' (have: {', '.join(map(str, meta)) or 'nothing'})"
+                "no tests in example.meta: expected 'tests', 'test' + 'entry_point' (HumanEval), "
+                "'test_list' (MBPP), 'inputs'/'outputs' or 'test_cases' (have: "
+                f"{', '.join(map(str, meta)) or 'nothing'})"
             )
         cases = [c for k in keys if meta[k] for c in _decode_test_cases(meta[k], k)]
         if not cases:

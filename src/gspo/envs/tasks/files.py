@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gspo.envs.rewards import get_reward
+from gspo.envs.rewards import get_reward, uses_sandbox
 from gspo.envs.tasks.base import Example, Task
 
 __all__ = ["ANSWER_FORMATS", "EXTENSIONS", "DataError", "load_examples", "make_file_task"]
@@ -168,6 +168,7 @@ def load_examples(
     on_error: str = "raise",
     skipped: list[str] | None = None,
     answer_format: str = "raw",
+    answer_optional: bool = False,
 ) -> list[Example]:
     """Load problems from a local .jsonl, .json or .parquet file.
 
@@ -186,6 +187,9 @@ def load_examples(
     solution, then ``#### 72``); ``boxed`` takes the last ``\\boxed{...}`` (MATH's
     ``solution`` field). The full field is then kept in ``meta["solution"]``; a row without
     the marker is a :class:`DataError` naming it.
+
+    ``answer_optional`` (rows scored by their tests, e.g. the code reward): the answer column
+    may be absent and a row's answer null or empty; such rows get the answer ``""``.
     """
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(
@@ -206,7 +210,7 @@ def load_examples(
     columns, rows = _load_rows(path, split)
     wanted = [prompt_key, answer_key] + ([demo_key] if demo_key is not None else [])
     for key in wanted:
-        if key not in columns:
+        if key not in columns and not (answer_optional and key == answer_key):
             raise DataError(
                 f"{path}: missing column {key!r} (available columns: {', '.join(columns)})"
             )
@@ -218,9 +222,15 @@ def load_examples(
         where = _where(path, index, lines)
         try:
             prompt = _text_field(row[prompt_key], prompt_key, where, numbers_ok=False)
-            answer = _text_field(row[answer_key], answer_key, where, numbers_ok=True)
-            solution = answer
-            answer = _final_answer(answer, answer_format, answer_key, where)
+            value = row.get(answer_key)
+            if answer_optional and (
+                value is None or (isinstance(value, str) and not value.strip())
+            ):
+                answer = solution = ""
+            else:
+                answer = _text_field(value, answer_key, where, numbers_ok=True)
+                solution = answer
+                answer = _final_answer(answer, answer_format, answer_key, where)
             demo = None
             if demo_key is not None and row[demo_key] is not None:
                 demo = _text_field(row[demo_key], demo_key, where, numbers_ok=False)
@@ -231,7 +241,7 @@ def load_examples(
                 skipped.append(str(exc))
             continue
         meta = {key: value for key, value in row.items() if key not in wanted}
-        if answer_format != "raw":
+        if answer_format != "raw" and solution:
             meta["solution"] = solution
         examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta))
     return examples
@@ -247,13 +257,23 @@ def make_file_task(
 
     ``keys`` are passed to :func:`load_examples` (``prompt_key``, ``answer_key``,
     ``demo_key``). The reward is looked up with :func:`gspo.envs.rewards.get_reward` first, so a
-    typo fails before any file is read.
+    typo fails before any file is read. Rows scored by tests (a reward that runs the code
+    sandbox) need no answer.
     """
     reward = get_reward(reward_name)
-    unknown = set(keys) - {"prompt_key", "answer_key", "demo_key", "on_error", "answer_format"}
+    allowed = {
+        "prompt_key",
+        "answer_key",
+        "demo_key",
+        "on_error",
+        "answer_format",
+        "answer_optional",
+    }
+    unknown = set(keys) - allowed
     if unknown:
         raise ValueError(f"unknown keyword(s) for load_examples: {', '.join(sorted(unknown))}")
     skipped: list[str] = []
+    keys.setdefault("answer_optional", uses_sandbox(reward))
     train = load_examples(train_path, split="train", skipped=skipped, **keys)
     test = (
         load_examples(test_path, split="test", skipped=skipped, **keys)
