@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "benchmark": "humaneval",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/humaneval.py " + " ".join(argv or sys.argv[1:]),
+        "command": " ".join(["python benchmarks/humaneval.py", *(argv or sys.argv[1:])]),
         "machine": platform.machine(),
         "cores": os.cpu_count(),
         "load_average": os.getloadavg(),

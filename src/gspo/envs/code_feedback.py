@@ -47,8 +47,9 @@ class CodeFeedbackEnv:
         from gspo.envs.sandbox import TestSuite, extract_code, run_tests
 
         state.attempts += 1
-        code = extract_code(text)
-        suite = TestSuite.from_meta(state.example.meta)
+        suite = TestSuite.from_meta(state.example.meta, prompt=state.example.prompt)
+        entry_point = state.example.meta.get("entry_point")
+        code = extract_code(text, entry_point if isinstance(entry_point, str) else None)
         if not code.strip():
             report = None
         else:

@@ -26,8 +26,9 @@ with threads.
 
 Modules, by job: ``config`` (limits, results), ``run`` (the caller side of a run), ``boot`` and
 ``boot_root`` (isolation setup in the boot process), ``interpreter``, ``cgroup``, ``slots`` and
-``seccomp`` (the isolation mechanisms), ``suite``, ``harness`` and ``compare`` (unit tests and
-judging answers), ``timeout`` (bounded-time reward calls).
+``seccomp`` (the isolation mechanisms), ``suite``, ``layouts``, ``extract``, ``harness`` and
+``compare`` (unit tests, benchmark row layouts, code in a completion, judging answers),
+``timeout`` (bounded-time reward calls).
 """
 
 from gspo.envs.sandbox.compare import outputs_match, parse_results, short_repr, values_match

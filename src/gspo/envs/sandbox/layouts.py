@@ -2,7 +2,7 @@
 function) with its ``entry_point``, and MBPP's ``test_list`` with its setup code.
 
 HumanEval's check functions start with ``assert True, "This prints if this assert fails..."``
-lines (37 of 164) that test nothing; they are dropped, so a wrong solution scores 0 rather
+lines (in 36 of 164) that test nothing; they are dropped, so a wrong solution scores 0 rather
 than the share of those lines.
 """
 
