@@ -252,6 +252,11 @@ def test_answer_is_optional_for_rows_scored_by_tests(tmp_path) -> None:
     assert task.train[0].meta["test_list"] == MBPP_ROW["test_list"]
     with pytest.raises(ValueError, match="missing column 'answer'"):
         make_file_task(path, None, "exact_match", prompt_key="text")
+    from gspo.config import EvalConfig
+    from gspo.orchestration.evaluation import eval_examples
+
+    cfg = build(EvalConfig, overrides={"data": str(path), "reward": "code", "prompt_key": "text"})
+    assert [e.answer for e in eval_examples(cfg)[0]] == ["", ""]  # gspo eval too
     nulls = tmp_path / "nulls.jsonl"
     nulls.write_text(json.dumps({"prompt": "p", "answer": None, "tests": ["assert 1"]}) + "\n")
     assert load_examples(nulls, answer_optional=True)[0].answer == ""
@@ -331,3 +336,13 @@ def test_humaneval_problems_from_the_installed_package() -> None:
     for kind, want in (("reference", 1.0), ("no imports", 1.0), ("wrong", 0.0)):
         rewards, errors = score(code_reward, [t[kind] for t in texts], examples)
         assert rewards == [want] * 3 and errors == 0, kind
+
+
+def test_a_tasks_own_code_reward_options_win_over_the_runs() -> None:
+    from gspo.envs.sandbox import with_code_limits
+
+    task_reward = functools.partial(code_reward, compare="number", test_timeout_s=9.0)
+    limited = with_code_limits(task_reward, test_timeout_s=3.0, memory_mb=200, compare="text")
+    assert limited.keywords["compare"] == "number" and limited.keywords["test_timeout_s"] == 9.0
+    assert limited.keywords["config"].memory_mb == 200
+    assert with_code_limits(len, test_timeout_s=3.0) is len  # not a code reward: unchanged

@@ -328,8 +328,9 @@ def with_code_limits(
     compare: str = "auto",
 ) -> RewardFn:
     """``reward_fn`` with these limits if it is :func:`code_reward` or a ``functools.partial``
-    of it (whose own keywords win: a task's choice stays), else ``reward_fn`` unchanged.
-    Used by the trainer for the run's ``code_*`` config fields."""
+    of it (whose own keywords win: a task's choice stays; the memory limits go into its own
+    ``config`` when it has one), else ``reward_fn`` unchanged. Used by the trainer for the
+    run's ``code_*`` config fields."""
     import dataclasses
     import functools
 
