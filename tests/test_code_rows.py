@@ -219,6 +219,9 @@ def test_humaneval_rows_score_in_the_sandbox() -> None:
     wrong = "```python\ndef total(xs):\n    return sum(xs) if xs else 1\n```"
     assert code_reward(wrong, row) == pytest.approx(2 / 3)
     assert code_reward("```python\ndef total(xs):\n    return None\n```", row) == 0.0
+    # A base model continues the prompt: a body alone completes the setup (the prompt).
+    assert code_reward("    return sum(xs)\n", row) == 1.0
+    assert code_reward("    return sum(xs)\n", ex(**meta)) == 0.0  # no prompt: no setup
 
 
 @linux
