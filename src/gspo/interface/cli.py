@@ -18,6 +18,7 @@ from typing import Any
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
+from .resume import RESUME_FIELDS
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -57,8 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue the run in --output-dir from its latest checkpoint, with the config saved "
-        "there; other flags may change only steps, stop_after, eval/checkpoint cadence, "
-        "keep_checkpoints, max_bad_steps, logging, progress and threads",
+        f"there; other flags may change only {RESUME_FIELDS}",
     )
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
 
