@@ -145,3 +145,21 @@ def test_every_metric_a_run_logs_is_documented(tmp_path, task, extra):
     result = train(cfg)
     keys = {k for record in result.history for k in record}
     assert _undocumented(keys) == []
+
+
+def test_no_developer_machine_paths_in_docs():
+    # a doc citing a file of the machine it was written on (as docs/reproduction.md once cited
+    # its notes under /work/) points a reader at nothing
+    skip = {"runs", "build", "venv", "node_modules"}  # outputs and installs, not docs
+    docs = [
+        p
+        for p in ROOT.rglob("*.md")
+        if not any(part in skip or part.startswith(".") for part in p.relative_to(ROOT).parts)
+    ]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in docs
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"(?<![\w.~])/(work|home|Users)/", line)
+    ]
+    assert not found, f"absolute machine paths in docs: {found}"
