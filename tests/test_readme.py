@@ -163,3 +163,15 @@ def test_no_developer_machine_paths_in_docs():
         if re.search(r"(?<![\w.~])/(work|home|Users)/", line)
     ]
     assert not found, f"absolute machine paths in docs: {found}"
+
+
+def test_train_help_lists_flags_in_the_readme_order():
+    # README: run, model and task (Training), the objective, then async, vLLM and Ray sections;
+    # the dataclass order put the async and Ray fields first
+    from gspo.interface.cli import _parser
+
+    train = _parser()._subparsers._group_actions[0].choices["train"]
+    flags = [a.option_strings[0] for a in train._actions if a.option_strings]
+    order = ["--output-dir", "--model", "--task", "--algo", "--steps", "--rollout-engine"]
+    assert [flags.index(f) for f in order] == sorted(flags.index(f) for f in order)
+    assert flags.index("--wandb") < min(flags.index(f) for f in ("--backend", "--max-staleness"))
