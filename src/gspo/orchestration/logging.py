@@ -102,9 +102,10 @@ def eta_s(elapsed_s: float, done: int, total: int) -> float | None:
 
     The average over the whole phase, not tqdm's default moving average of the last steps: a
     training phase alternates fast steps with slow ones (held-out evaluation every eval_every
-    steps, checkpoints), and the moving average forgets the slow ones between them. Measured on
-    ``gspo demo --threads 1`` (busy 2-core machine): the moving average was off by 34% of the
-    true time left (median; up to 140%), the average rate by 14% (up to 49%)."""
+    steps, checkpoints), and the moving average forgets the slow ones between them. In the bar
+    log of one ``gspo demo --threads 1`` run (busy 2-core machine) tqdm's moving average was off
+    by 34% of the true time left (median; up to 140%) in the RL phase; this average, computed
+    from the same log, by 14% (up to 49%)."""
     if done <= 0:
         return None
     return elapsed_s / done * max(total - done, 0)
