@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
-from gspo.config.fields import SharedFields
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
-from .resume import RESUME_FIELDS
 
 
 def _help_order(cls: type) -> list:
     """The fields of ``cls`` in the README's order: run, model and task first (SharedFields),
     then the class's own, then the other mixins (engine, Ray, async) in their declared order.
     The dataclass order is the reverse: a TrainConfig's async and Ray fields came first."""
+    from gspo.config.fields import SharedFields
+
     bases = [b for b in cls.__mro__[1:] if "__dataclass_fields__" in vars(b)]
     shared = [b for b in bases if b is SharedFields]
     owners = [*shared, cls, *(b for b in bases if b is not SharedFields)]
@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         "train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)", epilog=TRAIN_EVAL_DEFAULTS
     )
     _add_config_flags(p_train, TrainConfig)
+    from .resume import RESUME_FIELDS  # torch-free: gspo.config only
+
     p_train.add_argument(
         "--resume",
         action="store_true",
