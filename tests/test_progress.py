@@ -40,7 +40,7 @@ def test_the_bars_show_the_average_rate_eta(make):
     if make == "sft":
         bar = progress_bar(800, desc="sft", file=io.StringIO())
     else:
-        cfg = SimpleNamespace(progress=True, algo="gspo")
+        cfg = SimpleNamespace(progress=True, algo="gspo", steps=800)
         bar = _progress(cfg, 0, 800)
         bar.fp = io.StringIO()
     for _ in range(5):
