@@ -15,6 +15,7 @@ from .config import SFTConfig
 from .core.seeding import step_generator
 from .evaluation import evaluate_model
 from .models import save_model, token_logprobs
+from .orchestration.logging import progress_bar
 from .trainer import lr_lambda
 
 
@@ -69,9 +70,7 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
     bar = None
     if cfg.progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, desc="sft", unit="step", dynamic_ncols=True)
+        bar = progress_bar(cfg.steps, desc="sft")
     losses: list[float] = []
     model.train()
     for step in range(cfg.steps):

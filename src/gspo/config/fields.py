@@ -101,8 +101,9 @@ class SharedFields:
     )
 
     task: str = _doc(
-        "Built-in task (addition, reversal, sorting, countdown, word_problems, ...) or 'file' "
-        "for --train-file.",
+        "Built-in task (addition, reversal, sorting, countdown, scratchpad, multiply, "
+        "word_problems, code; multi-turn: calculator, guess, code_feedback) or 'file' for "
+        "--train-file.",
         "addition",
     )
     difficulty: int | None = _doc(
@@ -122,7 +123,8 @@ class SharedFields:
         "raw",
     )
     reward: str | None = _doc(
-        "Reward name for data files (exact_match, numeric, math_verify, format).", None
+        "Reward name for data files (exact_match, numeric, math_verify, format, countdown, code).",
+        None,
     )
 
 

@@ -20,10 +20,27 @@ from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, fie
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
 
 
+def _help_order(cls: type) -> list:
+    """The fields of ``cls`` in the README's order: run, model and task first (SharedFields),
+    then the class's own, then the other mixins (engine, Ray, async) in their declared order.
+    The dataclass order is the reverse: a TrainConfig's async and Ray fields came first."""
+    from gspo.config.fields import SharedFields
+
+    bases = [b for b in cls.__mro__[1:] if "__dataclass_fields__" in vars(b)]
+    shared = [b for b in bases if b is SharedFields]
+    owners = [*shared, cls, *(b for b in bases if b is not SharedFields)]
+
+    def owner(name: str) -> int:  # the class that declares the field
+        return next(i for i, c in enumerate(owners) if name in vars(c).get("__annotations__", {}))
+
+    listed = fields(cls)
+    return sorted(listed, key=lambda f: (owner(f.name), listed.index(f)))
+
+
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     docs = field_docs(cls)
     group = parser.add_argument_group(f"{cls.__name__} fields")
-    for f in fields(cls):
+    for f in _help_order(cls):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         group.add_argument(
@@ -53,12 +70,13 @@ def _parser() -> argparse.ArgumentParser:
         "train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)", epilog=TRAIN_EVAL_DEFAULTS
     )
     _add_config_flags(p_train, TrainConfig)
+    from .resume import RESUME_FIELDS  # torch-free: gspo.config only
+
     p_train.add_argument(
         "--resume",
         action="store_true",
         help="continue the run in --output-dir from its latest checkpoint, with the config saved "
-        "there; other flags may change only steps, stop_after, eval/checkpoint cadence, "
-        "keep_checkpoints, max_bad_steps, logging, progress and threads",
+        f"there; other flags may change only {RESUME_FIELDS}",
     )
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
 

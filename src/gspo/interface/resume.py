@@ -45,6 +45,12 @@ order of float sums; ``rollout_workers`` may change between 0 and 1 (one engine 
 the step's generator), not beyond (more workers sample other streams)."""
 
 
+RESUME_FIELDS = (
+    ", ".join(sorted(SAFE_ON_RESUME - {"output_dir"})) + " and rollout_workers between 0 and 1"
+)
+"""The fields ``--resume`` lets change, as ``gspo train --help`` and the README list them."""
+
+
 def _safe(key: str, old: Any, new: Any) -> bool:
     if key == "rollout_workers":
         return max(int(old), int(new)) <= 1

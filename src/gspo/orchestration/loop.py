@@ -26,7 +26,7 @@ from typing import Any
 
 from ..backend.checkpoint import latest_checkpoint
 from . import steps
-from .logging import MetricsLogger, progress_postfix
+from .logging import MetricsLogger, progress_bar, progress_postfix
 from .signals import SignalWatch
 from .state import Parts, StepState
 
@@ -124,6 +124,6 @@ def _echo(bar):
 def _progress(cfg: Any, start: int, last: int):
     if not cfg.progress:
         return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=last - start, initial=0, desc=f"{cfg.algo}", unit="step", dynamic_ncols=True)
+    # this process's steps only (a resumed run's bar starts at 0 of the steps left), and the
+    # ETA at their average rate, evaluations and checkpoints included (eta_s)
+    return progress_bar(last - start, desc=f"{cfg.algo}")

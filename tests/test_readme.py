@@ -1,0 +1,177 @@
+"""The README's lists agree with the code: task and reward names with the registries (and
+``gspo train --help``), the fields ``--resume`` lets change with ``interface/resume.py``, and
+metric names with what the code logs (both ways: every documented name is one the code writes,
+and every name a short run logs is documented). They drifted apart before (README names like
+``turn_reward_mean`` without their ``episode/`` prefix, a reward list missing two rewards)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SRC = ROOT / "src" / "gspo"
+
+# Prefixes of the metric names in metrics.jsonl (a backticked `prefix/name` in the README with
+# one of these prefixes is read as a metric name; other slashes are paths).
+METRIC_PREFIXES = {
+    *("reward", "advantage", "response_length", "response", "clip", "ratio", "kl", "faults"),
+    *("time", "throughput", "mismatch", "eval", "data", "episode", "async", "moe", "opsm"),
+}
+PLAIN_METRICS = {"entropy", "grad_norm", "loss", "lr", "step"}
+
+
+def _listed(flag: str) -> list[str]:
+    """The names of the README's one-line list ``    --flag: a, b, c``."""
+    lines = re.findall(rf"^ {{4}}{re.escape(flag)}: (.+)$", README, re.M)
+    assert len(lines) == 1, f"README should hold exactly one '    {flag}: ...' line"
+    return [name.strip() for name in lines[0].split(",")]
+
+
+def test_readme_task_list_is_the_registry():
+    from gspo.envs.tasks import TASKS
+
+    listed = _listed("--task")
+    assert len(listed) == len(set(listed))
+    assert set(listed) == set(TASKS) | {"file"}
+
+
+def test_readme_reward_list_is_the_registry():
+    from gspo.envs.rewards import REWARDS
+
+    assert sorted(_listed("--reward")) == sorted(REWARDS)
+
+
+def test_train_help_names_every_task_and_reward():
+    from gspo.config import TrainConfig, field_docs
+    from gspo.envs.rewards import REWARDS
+    from gspo.envs.tasks import TASKS
+
+    docs = field_docs(TrainConfig)
+    for name in TASKS:
+        assert re.search(rf"\b{name}\b", docs["task"]), f"--task help lacks {name}"
+    for name in REWARDS:
+        assert re.search(rf"\b{name}\b", docs["reward"]), f"--reward help lacks {name}"
+
+
+def test_readme_resume_fields_are_resume_py():
+    from gspo.interface.cli import _parser
+    from gspo.interface.resume import RESUME_FIELDS, SAFE_ON_RESUME
+
+    start = README.index("Flags given with it may change only what does not make a different run")
+    paragraph = README[start : README.index("each change is printed", start)]
+    documented = set(re.findall(r"`([a-z_]+)`", paragraph))
+    assert documented == (SAFE_ON_RESUME - {"output_dir"}) | {"rollout_workers"}
+    train = _parser()._subparsers._group_actions[0].choices["train"]
+    (resume,) = [a for a in train._actions if "--resume" in a.option_strings]
+    assert RESUME_FIELDS in resume.help
+
+
+def _source_names() -> tuple[set[str], list[re.Pattern]]:
+    """Every string literal under src/gspo, and every f-string as a pattern (its fields as
+    numbers: the numbered metric names, e.g. f"episode/turn{k + 1}_reward_mean")."""
+    literals: set[str] = set()
+    patterns: list[re.Pattern] = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                literals.add(node.value)
+            elif isinstance(node, ast.JoinedStr):
+                parts = [
+                    re.escape(v.value) if isinstance(v, ast.Constant) else r"\d+"
+                    for v in node.values
+                ]
+                patterns.append(re.compile("".join(parts)))
+    return literals, patterns
+
+
+def _documented_metrics() -> set[str]:
+    names = set()
+    for token in re.findall(r"`([^`\s]+)`", README):
+        head, _, rest = token.partition("/")
+        # `a|b` shorthand is read too, so that the test refuses it: the code logs no such name
+        if head in METRIC_PREFIXES and re.fullmatch(r"[a-z0-9_@*|]+", rest):
+            names.add(token)
+    return names
+
+
+def test_documented_metric_names_are_logged_by_the_code():
+    literals, patterns = _source_names()
+
+    def written(name: str) -> bool:
+        return name in literals or any(p.fullmatch(name) for p in patterns)
+
+    missing = []
+    for name in sorted(_documented_metrics()):
+        head, _, rest = name.partition("/")
+        if rest == "*":  # `clip/*`: the family exists
+            ok = any(s.startswith(head + "/") for s in literals)
+        elif head == "eval":  # the evaluation's keys, logged as f"eval/{key}", and the
+            # episode metrics of a multi-turn evaluation under eval/ instead of episode/
+            ok = written(rest) or written(name) or written(f"episode/{rest}")
+        else:
+            ok = written(name)
+        if not ok:
+            missing.append(name)
+    assert not missing, f"README names metrics the code never logs: {missing}"
+
+
+def _undocumented(keys: set[str]) -> list[str]:
+    documented = _documented_metrics() | PLAIN_METRICS
+    out = []
+    for key in sorted(keys):
+        # `_off_policy` and `_se` variants are documented once, by their suffix
+        base = re.sub(r"(_off_policy|_se)$", "", key)
+        if base not in documented and f"{base.split('/')[0]}/*" not in documented:
+            out.append(key)
+    return out
+
+
+@pytest.mark.parametrize(
+    "task, extra",
+    [("addition", {}), ("calculator", {"max_turns": 2, "max_total_tokens": 48})],
+    ids=["one-turn", "multi-turn"],
+)
+def test_every_metric_a_run_logs_is_documented(tmp_path, task, extra):
+    from gspo.config import TrainConfig, build
+    from gspo.trainer import train
+
+    run = dict(output_dir=str(tmp_path / "run"), task=task, device="cpu", threads=1)
+    cfg = build(TrainConfig, preset="smoke", overrides=dict(**run, eval_every=2, n_test=4, **extra))
+    result = train(cfg)
+    keys = {k for record in result.history for k in record}
+    assert _undocumented(keys) == []
+
+
+def test_no_developer_machine_paths_in_docs():
+    # a doc citing a file of the machine it was written on (as docs/reproduction.md once cited
+    # its notes under /work/) points a reader at nothing
+    skip = {"runs", "build", "venv", "node_modules"}  # outputs and installs, not docs
+    docs = [
+        p
+        for p in ROOT.rglob("*.md")
+        if not any(part in skip or part.startswith(".") for part in p.relative_to(ROOT).parts)
+    ]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in docs
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"(?<![\w.~])/(work|home|Users)/", line)
+    ]
+    assert not found, f"absolute machine paths in docs: {found}"
+
+
+def test_train_help_lists_flags_in_the_readme_order():
+    # README: run, model and task (Training), the objective, then async, vLLM and Ray sections;
+    # the dataclass order put the async and Ray fields first
+    from gspo.interface.cli import _parser
+
+    train = _parser()._subparsers._group_actions[0].choices["train"]
+    flags = [a.option_strings[0] for a in train._actions if a.option_strings]
+    order = ["--output-dir", "--model", "--task", "--algo", "--steps", "--rollout-engine"]
+    assert [flags.index(f) for f in order] == sorted(flags.index(f) for f in order)
+    assert flags.index("--wandb") < min(flags.index(f) for f in ("--backend", "--max-staleness"))
