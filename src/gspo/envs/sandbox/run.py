@@ -142,7 +142,7 @@ def run_python(
             result_r, result_w = os.pipe()
             pass_fds.append(result_w)
         try:
-            python_dirs, hidden_dirs = interpreter_dirs(python, config.site_packages)
+            python_dirs, hidden_dirs, python = interpreter_dirs(python, config.site_packages)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             raise SandboxError(str(exc)) from None
         cwd = os.path.join(workspace, "work")  # used only without a mount namespace
