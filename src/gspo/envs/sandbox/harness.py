@@ -219,7 +219,8 @@ def run_tests(
         "cases": list(suite.cases),
         "func_name": suite.func_name,
         "timeout_s": test_timeout_s,
-        "wall_s": wall_backstop_s(test_timeout_s),
+        # Capped by the run's own backstop when the caller set a shorter one.
+        "wall_s": min(wall_backstop_s(test_timeout_s), config.wall_timeout_s or math.inf),
         "value_chars": value_chars,
     }
     run = run_python(

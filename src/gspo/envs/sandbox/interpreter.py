@@ -110,7 +110,10 @@ def python_dirs(python: str, site_packages: bool) -> tuple[list[str], list[str],
             if os.path.isdir(path) and not _under(path, (*SYSTEM_DIRS, *binds)):
                 binds.append(path)
         return binds, [], os.path.abspath(python)
-    executable = os.path.realpath(python)
+    # A link under the bound system directories works inside as it is (and keeps its name);
+    # elsewhere (a venv, ~/.local/bin) the link itself is not bound: run its target.
+    given = os.path.abspath(python)
+    executable = given if _under(given, SYSTEM_DIRS) else os.path.realpath(python)
     stdlib = sorted({os.path.realpath(p) for p in info["stdlib"] if os.path.isdir(p)})
     binds, hidden = [], []
     for libdir in sorted({os.path.realpath(p) for p in info["libdirs"]}):

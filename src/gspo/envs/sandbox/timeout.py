@@ -152,18 +152,27 @@ def send(obj):
         data = pickle.dumps(("error", RuntimeError(f"unpicklable reward result: {exc!r}")))
     out.write(struct.pack("<Q", len(data)) + data)
     out.flush()
-fn = recv()
-send(("ready", None))
-while True:
-    completion, example = recv()
-    try:
-        send(("value", fn(completion, example)))
-    except BaseException as exc:
+def main():
+    fn = recv()
+    send(("ready", None))
+    while True:
+        completion, example = recv()
         try:
-            pickle.dumps(exc)
-        except Exception:
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-        send(("error", exc))
+            send(("value", fn(completion, example)))
+        except SystemExit:
+            raise  # asked to stop (SIGTERM), or the caller closed the pipe
+        except BaseException as exc:
+            try:
+                pickle.dumps(exc)
+            except Exception:
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            send(("error", exc))
+try:
+    main()
+except SystemExit as exc:
+    # The call's finally blocks (the sandbox's teardown) have run; skip the interpreter's
+    # slow shutdown.
+    os._exit(exc.code if isinstance(exc.code, int) else 0)
 """
 
 _WORKER_START_TIMEOUT_S = 120.0  # importing the reward's module (and its imports) is not timed
