@@ -319,13 +319,13 @@ def spin():
         pass
 atexit.register(spin)
 ```"""
-# Correct and honest, with about 0.3 s of CPU work per test.
+# Correct and honest, with about 0.4 s of CPU work per test (on this project's machine).
 HONEST = """```python
 def f(x):
     total = 0
-    for i in range(1_500_000):
+    for i in range(6_000_000):
         total += i & 1
-    return 2 * x + (total - 750_000)
+    return 2 * x + (total - 3_000_000)
 ```"""
 TESTS = ex(tests=["assert f(2) == 4", "assert f(3) == 6"])
 
@@ -387,17 +387,24 @@ check(is_multiply_prime)
 
 
 def test_correct_solutions_pass_on_a_busy_machine() -> None:
+    """HumanEval/75's reference solution, 8 at once beside 8 busy loops (load >= 8), and 8
+    correct solutions that need about 0.4 s of CPU per test against a 1 s limit: on a busy
+    machine each gets a fraction of a core, so a wall-clock limit would fail them; a CPU-time
+    limit does not."""
     needs_cpu_cgroup()
+    heavy = functools.partial(code_reward, test_timeout_s=1.0)
     busy = [subprocess.Popen([sys.executable, "-S", "-c", "while True: pass"]) for _ in range(8)]
     try:
-        rewards, errors = score(
+        humaneval, errors = score(
             code_reward, [HUMANEVAL_75] * 8, [ex(tests=[HUMANEVAL_75_TEST])] * 8, workers=8
         )
+        heavy_rewards, heavy_errors = score(heavy, [HONEST] * 8, [TESTS] * 8, workers=8)
     finally:
         for proc in busy:
             proc.kill()
             proc.wait()
-    assert rewards == [1.0] * 8 and errors == 0
+    assert humaneval == [1.0] * 8 and errors == 0
+    assert heavy_rewards == [1.0] * 8 and heavy_errors == 0
 
 
 # --------------------------------------------------------------------------------------------
