@@ -453,3 +453,19 @@ def test_runs_end_when_the_waiting_caller_is_interrupted() -> None:
     # Interrupted, not ended by itself (its wall-clock backstop is 25 s per test).
     assert time.monotonic() - start < 20
     assert live_runs()[0] == 0 and live_processes() == []
+
+
+def test_cgroups_of_dead_callers_are_swept(tmp_path: Path) -> None:
+    """A caller killed outright leaves its runs' empty cgroups behind; the next one removes
+    them (and only those of callers that are gone)."""
+    from gspo.envs.sandbox.cgroup import Backend, sweep_stale
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"gspo-sandbox-{dead.pid}-0-abcd"
+    ours = tmp_path / f"gspo-sandbox-{os.getpid()}-0-abcd"
+    other = tmp_path / "unrelated"
+    for path in (stale, ours, other):
+        path.mkdir()
+    sweep_stale(Backend("v2", (str(tmp_path),)))
+    assert not stale.exists() and ours.exists() and other.exists()
