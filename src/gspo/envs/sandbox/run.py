@@ -106,8 +106,9 @@ def run_python(
 
     Never raises for anything the program does (crash, hang, bomb, attack); raises
     :class:`SandboxError` if the sandbox cannot be set up, and ValueError for bad arguments.
+    With a :class:`~gspo.envs.sandbox.cancel.CancelScope` in :data:`CANCEL` (set by
+    ``with_timeout``), the run is killed as soon as the scope is cancelled.
     """
-
     config = config or DEFAULT_CONFIG
     config.validate()
     files = dict(files or {})
