@@ -2,8 +2,8 @@
 
 Two tools live here:
 
-* :func:`run_python` runs a program in a separate process with a wall-clock and CPU time
-  limit, an address-space limit, a process-count limit, a file-size limit, a fresh private
+* :func:`run_python` runs a program in a separate process with a CPU-time limit for all its
+  processes (and a wall-clock backstop), a fair CPU share, an address-space limit, a process-count limit, a file-size limit, a fresh private
   working directory, no network and no view of the caller's files. :func:`code_reward` builds
   on it: it extracts the code from a completion, runs it against the unit tests stored in
   ``example.meta`` and returns the share of tests passed. What is and is not guaranteed is

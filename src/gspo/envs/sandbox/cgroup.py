@@ -17,6 +17,12 @@ Backends, first that works wins (``detect``):
   tmpfs and shared memory pages like v2 does.
 * none: the sandbox falls back to per-process limits; ``Isolation.missing`` says why.
 
+CPU, where the host offers it (v2 ``cpu`` delegated, or the v1 ``cpu`` and ``cpuacct``
+hierarchies): each run is its own group for the scheduler, so a run gets the same share of a
+busy CPU whether it has one process or eight (a run cannot take CPU from its neighbours by
+forking spinners), a quota of :data:`RUN_CPUS` cores, and a CPU-time counter covering every
+process of the run, which the caller reads to enforce the run's CPU-time limit.
+
 Only the standard library; nothing here runs inside the sandbox.
 """
 
@@ -45,6 +51,14 @@ class Backend:
     """``v2`` or ``v1``."""
     parents: tuple[str, ...]
     """v2: (parent,); v1: (memory parent, pids parent)."""
+    cpu_parents: tuple[str, ...] = ()
+    """v1: the cpu and cpuacct parents (one if they are mounted together); v2: (parent,) when
+    the cpu controller is enabled for children; () when there is no CPU control."""
+
+
+# CPU quota of one run, in cores: a run cannot use more than this, whatever it forks.
+RUN_CPUS = 1
+_PERIOD_US = 100_000
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:
@@ -96,6 +110,8 @@ def _v2_parent(parent: str | None) -> tuple[str | None, str]:
     wanted = {"memory", "pids"}
     if not wanted <= available:
         return None, f"v2 {parent} offers {sorted(available) or 'no controllers'}, not memory+pids"
+    if "cpu" in available:
+        wanted.add("cpu")
     if not wanted <= enabled:
         try:
             with open(control, "w") as f:
@@ -103,8 +119,24 @@ def _v2_parent(parent: str | None) -> tuple[str | None, str]:
         except OSError as exc:
             # EBUSY: the parent holds processes (the "no internal processes" rule); run the
             # trainer in a delegated cgroup (systemd-run --scope -p Delegate=yes) instead.
+            if "cpu" in wanted - enabled and {"memory", "pids"} <= enabled:
+                return parent, ""  # memory and pids are there; runs go without CPU control
             return None, f"v2 {parent}: cannot enable memory+pids for children ({exc.strerror})"
     return parent, ""
+
+
+def _v1_cpu_parents() -> tuple[str, ...]:
+    """The v1 cpu and cpuacct parent directories, or () if either hierarchy is missing."""
+    own = _own_paths()
+    parents: list[str] = []
+    for controller in ("cpu", "cpuacct"):
+        mount = next((m for m in _mounts() if m[2] == "cgroup" and controller in m[3]), None)
+        if mount is None or controller not in own:
+            return ()
+        path = _join(mount[0], mount[1], own[controller])
+        if path not in parents:
+            parents.append(path)
+    return tuple(parents)
 
 
 def _v1_parents() -> tuple[tuple[str, str] | None, str]:
@@ -143,7 +175,33 @@ def detect(parent: str | None = None) -> tuple[Backend | None, str]:
     with _detect_lock:
         if parent not in _detected:
             _detected[parent] = _detect(parent)
+            backend = _detected[parent][0]
+            if backend is not None:
+                sweep_stale(backend)
         return _detected[parent]
+
+
+def sweep_stale(backend: Backend) -> None:
+    """Remove the empty run cgroups of callers that died without their teardown (SIGKILL):
+    their runs died with them (parent-death signals), their directories stayed."""
+    for parent in {*backend.parents, *backend.cpu_parents}:
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            fields = name.split("-")
+            if not name.startswith("gspo-sandbox-") or len(fields) < 4:
+                continue
+            try:
+                os.kill(int(fields[2]), 0)
+                continue  # its caller lives (or the pid is someone else's now)
+            except (ValueError, PermissionError):
+                continue
+            except ProcessLookupError:
+                pass
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(parent, name))
 
 
 def _detect(parent: str | None) -> tuple[Backend | None, str]:
@@ -155,6 +213,8 @@ def _detect(parent: str | None) -> tuple[Backend | None, str]:
         backend = Backend("v2", (v2,))
         why = _probe(backend)
         if not why:
+            if _v2_cpu_enabled(v2):
+                backend = Backend("v2", (v2,), (v2,))
             return backend, ""
     reasons.append(why)
     if parent is None:
@@ -163,9 +223,20 @@ def _detect(parent: str | None) -> tuple[Backend | None, str]:
             backend = Backend("v1", v1)
             why = _probe(backend)
             if not why:
+                cpu = _v1_cpu_parents()
+                if cpu and not _probe(Backend("v1", cpu)):
+                    backend = Backend("v1", v1, cpu)
                 return backend, ""
         reasons.append(why)
     return None, "; ".join(reasons)
+
+
+def _v2_cpu_enabled(parent: str) -> bool:
+    try:
+        with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+            return "cpu" in f.read().split()
+    except OSError:
+        return False
 
 
 _counter = itertools.count()
@@ -178,26 +249,52 @@ class RunCgroup:
         self.backend = backend
         name = f"gspo-sandbox-{os.getpid()}-{next(_counter)}-{os.urandom(4).hex()}"
         self.dirs = [os.path.join(parent, name) for parent in backend.parents]
+        self.cpu_dirs = [os.path.join(parent, name) for parent in backend.cpu_parents]
+        self.dirs += [path for path in self.cpu_dirs if path not in self.dirs]
         try:
             for path in self.dirs:
                 os.mkdir(path, 0o755)
             if backend.version == "v2":
-                (path,) = self.dirs
+                path = self.dirs[0]
                 self._write(path, "memory.max", memory_bytes)
                 self._write(path, "memory.swap.max", 0, optional=True)
                 self._write(path, "pids.max", pids_max)
+                if self.cpu_dirs:
+                    self._write(path, "cpu.max", f"{RUN_CPUS * _PERIOD_US} {_PERIOD_US}")
             else:
-                memory, pids = self.dirs
+                memory, pids = self.dirs[:2]
                 self._write(memory, "memory.limit_in_bytes", memory_bytes)
                 self._write(memory, "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
                 self._write(pids, "pids.max", pids_max)
+                if self.cpu_dirs:
+                    self._write(self.cpu_dirs[0], "cpu.cfs_period_us", _PERIOD_US)
+                    self._write(self.cpu_dirs[0], "cpu.cfs_quota_us", RUN_CPUS * _PERIOD_US)
         except OSError:
             self.remove()
             raise
         self.procs_files = [os.path.join(path, "cgroup.procs") for path in self.dirs]
 
+    @property
+    def cpu_controlled(self) -> bool:
+        """Whether the run has a CPU share, quota and CPU-time counter of its own."""
+        return bool(self.cpu_dirs)
+
+    def cpu_usage_s(self) -> float | None:
+        """CPU seconds used so far by every process of the run (None without CPU control)."""
+        if not self.cpu_dirs:
+            return None
+        try:
+            if self.backend.version == "v2":
+                with open(os.path.join(self.cpu_dirs[0], "cpu.stat")) as f:
+                    stat = dict(line.split() for line in f if line.strip())
+                return int(stat["usage_usec"]) / 1e6
+            with open(os.path.join(self.cpu_dirs[-1], "cpuacct.usage")) as f:
+                return int(f.read()) / 1e9
+        except (OSError, ValueError, KeyError):
+            return None
+
     @staticmethod
-    def _write(directory: str, name: str, value: int, *, optional: bool = False) -> None:
+    def _write(directory: str, name: str, value: int | str, *, optional: bool = False) -> None:
         path = os.path.join(directory, name)
         if optional and not os.path.exists(path):
             return

@@ -16,7 +16,13 @@ class SandboxConfig:
     """Limits for one sandboxed run. The defaults suit competitive-programming solutions."""
 
     timeout_s: float = 10.0
-    """Wall-clock limit of the program (the CPU-time limit is this, rounded up, plus 1 s)."""
+    """CPU-time limit of the run: every process it starts, counted together by its cgroup
+    (without a cgroup's CPU counter, per process: RLIMIT_CPU, this rounded up plus 1 s). A
+    busy machine slows a run down but does not use up its limit."""
+    wall_timeout_s: float | None = None
+    """Wall-clock backstop of the run (a program that sleeps or blocks uses no CPU); None:
+    ``10 * timeout_s + 5`` (:func:`gspo.envs.sandbox.run.wall_backstop_s`), well above what
+    a run within its CPU limit needs on a loaded machine."""
     memory_mb: int = 512
     """Address-space limit (RLIMIT_AS) of each sandboxed process."""
     max_processes: int = 8
@@ -60,6 +66,9 @@ class SandboxConfig:
         problems = []
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             problems.append(f"timeout_s must be a positive number, got {self.timeout_s!r}")
+        wall = self.wall_timeout_s
+        if wall is not None and not (math.isfinite(wall) and wall > 0):
+            problems.append(f"wall_timeout_s must be a positive number or None, got {wall!r}")
         for name in (
             "memory_mb",
             "max_processes",
@@ -141,6 +150,7 @@ class RunResult:
     stdout: str
     stderr: str
     timed_out: bool
+    """Killed at its CPU-time limit or its wall-clock backstop (it did not exit by itself)."""
     output_limit: bool
     """Killed for writing more than ``max_output_bytes`` to a stream."""
     duration_s: float
@@ -152,6 +162,8 @@ class RunResult:
     from outside, e.g. by the kernel's OOM killer). Setup failures raise SandboxError."""
     memory_limit: bool = False
     """The run reached its cgroup memory bound (``run_memory_mb``)."""
+    cpu_s: float | None = None
+    """CPU seconds used by all the run's processes (None without a cgroup CPU counter)."""
 
     @property
     def ok(self) -> bool:

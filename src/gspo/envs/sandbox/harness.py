@@ -17,7 +17,7 @@ from gspo.envs.sandbox.compare import (
     values_match,
 )
 from gspo.envs.sandbox.config import DEFAULT_CONFIG, RunResult, SandboxConfig
-from gspo.envs.sandbox.run import run_python
+from gspo.envs.sandbox.run import run_python, wall_backstop_s
 from gspo.envs.sandbox.suite import TestSuite, extract_code
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def main():
         cfg = json.load(f)
     os.remove("tests.json")
     nonce, kind, cases, limit = cfg["nonce"], cfg["kind"], cfg["cases"], cfg["timeout_s"]
+    wall = cfg["wall_s"]
     value_cap = cfg["value_chars"]
 
     def report(i, ok, value=None, error=None):
@@ -72,25 +73,34 @@ def main():
     class TestTimeout(BaseException):
         pass
 
-    def on_alarm(signum, frame):
-        raise TestTimeout(f"over the {limit} s time limit")
+    # The limit is CPU time (ITIMER_PROF: this process, all its threads), so a test is not
+    # failed because the machine is busy; the wall clock is only a backstop, far above it, for
+    # code that sleeps or blocks.
+    def on_cpu(signum, frame):
+        raise TestTimeout(f"over the {limit} s CPU time limit")
 
+    def on_alarm(signum, frame):
+        raise TestTimeout(f"over the {wall} s wall-clock backstop")
+
+    signal.signal(signal.SIGPROF, on_cpu)
     signal.signal(signal.SIGALRM, on_alarm)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write raises instead of killing
 
     def bounded(fn):
-        signal.setitimer(signal.ITIMER_REAL, limit)
+        signal.setitimer(signal.ITIMER_PROF, limit)
+        signal.setitimer(signal.ITIMER_REAL, wall)
         try:
             value = fn()
             # Like interpreter exit, wait for threads the code started (solutions often run
             # main() in a thread with a bigger stack for deep recursion).
-            end = time.monotonic() + limit
+            end = time.monotonic() + wall
             for t in threading.enumerate():
                 if t is not threading.current_thread() and not t.daemon:
                     t.join(max(0.0, end - time.monotonic()))
             return value
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.setitimer(signal.ITIMER_PROF, 0)
 
     def describe(exc):
         text = f"{type(exc).__name__}: {exc}"
@@ -213,9 +223,14 @@ def run_tests(
     Answers compare in the suite's own mode (a row's ``compare``), else in ``compare``
     (see :mod:`gspo.envs.sandbox.compare`).
 
-    Each test gets ``test_timeout_s`` (a SIGALRM inside the sandbox); the whole run is bounded
-    by ``total_timeout_s`` (default: ``test_timeout_s`` per test plus 2 s), which also covers
-    a solution that blocks the alarm. Tests not reported before the run ends fail.
+    Each test gets ``test_timeout_s`` of CPU time (an ITIMER_PROF inside the sandbox), with a
+    wall-clock backstop of :func:`~gspo.envs.sandbox.run.wall_backstop_s` of it; the whole run
+    gets ``total_timeout_s`` of CPU time over all its processes (default: ``test_timeout_s``
+    per test plus 2 s) and its own wall-clock backstop, which also cover a solution that
+    blocks the timers. Tests not reported before the run ends fail, and a run that did not
+    exit by itself (killed at a limit) earns nothing, whatever it reported before: a solution
+    cannot report its results and then keep running (spinning in ``atexit``, leaving
+    processes behind) at the expense of the runs beside it.
     """
     import dataclasses
     import secrets
@@ -238,6 +253,8 @@ def run_tests(
         "cases": list(suite.cases),
         "func_name": suite.func_name,
         "timeout_s": test_timeout_s,
+        # Capped by the run's own backstop when the caller set a shorter one.
+        "wall_s": min(wall_backstop_s(test_timeout_s), config.wall_timeout_s or math.inf),
         "value_chars": value_chars,
         "setup": suite.setup,
         "test_setup": suite.test_setup,
@@ -251,15 +268,15 @@ def run_tests(
     reports, problems = parse_results(run.result, nonce, n)
     passed: list[bool] = []
     errors: list[str | None] = []
+    if run.timed_out or run.output_limit:
+        limit = "its time limit" if run.timed_out else "its output limit"
+        reason = f"the run did not exit by itself (killed at {limit}); it earns nothing"
+        return TestReport((False,) * n, (reason,) * n, run)
     for i in range(n):
         record = reports.get(i)
         if record is None:
             reason = "no result"
-            if run.timed_out:
-                reason = f"run exceeded {total_timeout_s:g} s"
-            elif run.output_limit:
-                reason = "output limit exceeded"
-            elif run.error:
+            if run.error:
                 reason = run.error
             elif run.returncode not in (0, None):
                 reason = f"harness exited with status {run.returncode}: {run.stderr[-300:]}"

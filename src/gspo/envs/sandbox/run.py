@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gspo.envs.sandbox.cancel import CANCEL, CancelScope
 from gspo.envs.sandbox.cgroup import RunCgroup
 from gspo.envs.sandbox.cgroup import detect as detect_cgroup
 from gspo.envs.sandbox.config import (
@@ -28,6 +29,20 @@ from gspo.envs.sandbox.interpreter import python_dirs as interpreter_dirs
 from gspo.envs.sandbox.slots import SlotError, UidSlot, clear_keyrings, kill_uid
 
 logger = logging.getLogger("gspo.sandbox")
+
+
+# How often a run's CPU time and its caller's cancel event are looked at.
+_POLL_S = 0.05
+WALL_FACTOR = 10.0
+WALL_SLACK_S = 5.0
+
+
+def wall_backstop_s(cpu_s: float) -> float:
+    """The wall-clock backstop for a CPU-time limit: far above what a run within its limit
+    needs when it gets a tenth of a core (a busy machine), so only a program that sleeps or
+    blocks meets it."""
+    return WALL_FACTOR * cpu_s + WALL_SLACK_S
+
 
 # Python-level fallback for machines without a network namespace: refuse sockets and new
 # processes from inside the interpreter. Weak by design (ctypes is blocked too, but a C
@@ -91,14 +106,9 @@ def run_python(
 
     Never raises for anything the program does (crash, hang, bomb, attack); raises
     :class:`SandboxError` if the sandbox cannot be set up, and ValueError for bad arguments.
+    With a :class:`~gspo.envs.sandbox.cancel.CancelScope` in :data:`CANCEL` (set by
+    ``with_timeout``), the run is killed as soon as the scope is cancelled.
     """
-    import selectors
-    import shutil
-    import signal
-    import subprocess
-    import tempfile
-    import time
-
     config = config or DEFAULT_CONFIG
     config.validate()
     files = dict(files or {})
@@ -111,6 +121,33 @@ def run_python(
     if not os.path.isfile(python):
         raise SandboxError(f"interpreter not found: {python}")
     is_root = os.geteuid() == 0
+    scope = CANCEL.get()
+    if scope is None:
+        return _run(code, stdin, files, args, config, result_channel, python, is_root, None)
+    scope._enter()
+    try:
+        return _run(code, stdin, files, args, config, result_channel, python, is_root, scope)
+    finally:
+        scope._exit()
+
+
+def _run(
+    code: str,
+    stdin: str | bytes,
+    files: dict[str, str | bytes],
+    args: Sequence[str],
+    config: SandboxConfig,
+    result_channel: bool,
+    python: str,
+    is_root: bool,
+    cancel: CancelScope | None,
+) -> RunResult:
+    import selectors
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+    import time
 
     try:
         slot = UidSlot(config.base_uid, config.uid_slots) if is_root else None
@@ -142,7 +179,7 @@ def run_python(
             result_r, result_w = os.pipe()
             pass_fds.append(result_w)
         try:
-            python_dirs, hidden_dirs = interpreter_dirs(python, config.site_packages)
+            python_dirs, hidden_dirs, python = interpreter_dirs(python, config.site_packages)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             raise SandboxError(str(exc)) from None
         cwd = os.path.join(workspace, "work")  # used only without a mount namespace
@@ -184,6 +221,8 @@ def run_python(
         spec_path = os.path.join(workspace, "spec.json")
         with open(os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump(spec, f)
+        wall_s = config.wall_timeout_s or wall_backstop_s(config.timeout_s)
+        cpu_start: float | None = None
         start = time.monotonic()
         with open(stdin_path, "rb") as stdin_file:
             proc = subprocess.Popen(
@@ -215,14 +254,22 @@ def run_python(
         # The clock starts once the program is about to exec, so boot overhead on a loaded
         # machine does not eat into its time; booting itself gets a generous bound.
         deadline = start + 30.0
-        started = exited = False
+        started = exited = cancelled = False
         timed_out = output_limit = False
         while selector.get_map():
+            if cancel is not None and cancel.cancelled:
+                cancelled = True
+                break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = started and not exited
                 break
-            for key, _ in selector.select(timeout=min(remaining, 0.5)):
+            if started and not exited and cgroup is not None and cpu_start is not None:
+                used = cgroup.cpu_usage_s()
+                if used is not None and used - cpu_start > config.timeout_s:
+                    timed_out = True  # the whole run's CPU time, every process counted
+                    break
+            for key, _ in selector.select(timeout=min(remaining, _POLL_S)):
                 fd = key.fd  # type: ignore[assignment]
                 try:
                     chunk = os.read(fd, 65536)
@@ -240,7 +287,9 @@ def run_python(
                         messages.append(json.loads(line))
                         if messages[-1].get("started") and not started:
                             started = True
-                            deadline = time.monotonic() + config.timeout_s
+                            deadline = time.monotonic() + wall_s
+                            if cgroup is not None:
+                                cpu_start = cgroup.cpu_usage_s()
                         exited = exited or "exit" in messages[-1]
                 elif len(buf) > config.max_output_bytes:
                     del buf[config.max_output_bytes :]
@@ -263,9 +312,11 @@ def run_python(
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
+        cpu_used: float | None = None
         if cgroup is not None:
             cgroup.kill_all()
             memory_limit = cgroup.memory_limit_hit()
+            cpu_used = cgroup.cpu_usage_s()
             cgroup.remove()
         if uid is not None:
             kill_uid(uid)
@@ -277,6 +328,8 @@ def run_python(
         if slot is not None:
             slot.release()
         shutil.rmtree(workspace, ignore_errors=True)
+    if cancelled:
+        raise SandboxError("run cancelled: its caller stopped waiting (run killed)")
 
     isolation_info = Isolation(frozenset(), ("boot failed",))
     returncode: int | None = None
@@ -311,6 +364,7 @@ def run_python(
         result=bytes(streams[result_r]) if result_r in streams else b"",
         error=error,
         memory_limit=memory_limit,
+        cpu_s=cpu_used,
     )
 
 

@@ -4,12 +4,13 @@ Denies the system calls that the sandbox's threat model (``docs/sandbox.md``) na
 keyrings, new namespaces (unshare, setns, clone with namespace flags), mounts, memfd, SysV
 shared memory and message queues, bpf, ptrace and cross-process memory access, io_uring,
 perf_event_open, userfaultfd, kernel modules, kexec, and the clock / host / swap / reboot
-calls. Everything else stays available, so ordinary Python programs (threads, fork,
-subprocess) run unchanged.
+calls; host-wide kernel pools (AIO, message queues, semaphores), inotify, and file locks.
+Sockets are an allow list: AF_UNIX only. Everything else stays available, so ordinary Python
+programs (threads, fork, subprocess, pipes, socketpair) run unchanged.
 
 Why assembled by hand rather than with libseccomp: the filter is installed by the boot stage,
 a ``python -I -S`` interpreter that may not be the caller's (``SandboxConfig.python``) and sees
-no site-packages, so it must use the standard library only; a deny list of ~60 numbers is a
+no site-packages, so it must use the standard library only; a deny list of ~70 numbers is a
 short, fully tested program. Supported: x86_64 and aarch64 (other machines get no filter, and
 the run reports ``seccomp`` missing). The architecture is checked first; a call made through
 another ABI (i386 ``int 0x80`` or x32 on x86_64) kills the process.
@@ -81,9 +82,46 @@ DENIED_EPERM: dict[str, tuple[int, int]] = {
     "clock_adjtime": (305, 266),
     "sethostname": (170, 161),
     "setdomainname": (171, 162),
+    # Host-wide kernel pools and host observation (docs/sandbox.md, "Shared kernel pools"):
+    # the AIO context pool (fs.aio-max-nr) is one per host, so a run holding it makes every
+    # io_setup on the host fail; POSIX message queues and SysV semaphores are refused as a
+    # rule even inside the private IPC namespace (nothing a test program needs). inotify on
+    # the read-only bound directories would see the trainer's and other runs' file opens;
+    # flock (and the fcntl locks, below) on those shared files would be a channel between
+    # concurrent runs.
+    "io_setup": (206, 0),
+    "mq_open": (240, 180),
+    "semget": (64, 190),
+    "inotify_init1": (294, 26),
+    "inotify_add_watch": (254, 27),
+    "flock": (73, 32),
 }
 # x86_64 only (no aarch64 equivalent).
-DENIED_EPERM_X86_64: dict[str, int] = {"iopl": 172, "ioperm": 173}
+DENIED_EPERM_X86_64: dict[str, int] = {"iopl": 172, "ioperm": 173, "inotify_init": 253}
+# socket(2) and socketpair(2) succeed only for these address families (arg0): an allow list,
+# so families nobody thought of (AF_VSOCK, whose port space is the host's; AF_NETLINK, whose
+# NETLINK_KOBJECT_UEVENT delivers the host's uevents; AF_PACKET, AF_ALG, ...) are refused with
+# EAFNOSUPPORT, as if the kernel lacked them. AF_UNIX covers socketpair, asyncio and
+# multiprocessing; the run's network namespace has no usable interface, so AF_INET/AF_INET6
+# would only add kernel surface.
+SOCKET = {"x86_64": 41, "aarch64": 198}
+SOCKETPAIR = {"x86_64": 53, "aarch64": 199}
+ALLOWED_SOCKET_FAMILIES = {"AF_UNIX": 1}
+# fcntl(2) commands refused with EPERM: record locks (classic and open-file-description ones,
+# and the F_GETLK that reads them), leases and dnotify. Locks and leases on the files bound
+# read-only from the host would cross runs; dnotify is inotify's older form.
+FCNTL = {"x86_64": 72, "aarch64": 25}
+DENIED_FCNTL_COMMANDS = {
+    "F_GETLK": 5,
+    "F_SETLK": 6,
+    "F_SETLKW": 7,
+    "F_OFD_GETLK": 36,
+    "F_OFD_SETLK": 37,
+    "F_OFD_SETLKW": 38,
+    "F_SETLEASE": 1024,
+    "F_GETLEASE": 1025,
+    "F_NOTIFY": 1026,
+}
 # clone3 passes its flags in a struct the filter cannot read: ENOSYS makes glibc fall back to
 # clone (threads, posix_spawn), whose flags the filter does check.
 CLONE3 = 435
@@ -104,7 +142,9 @@ _RET_K = 0x06
 _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
 _RET_ALLOW = 0x7FFF0000
-_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data; arg0's low word (little endian)
+# struct seccomp_data: nr, arch, then 64-bit arguments; the low word of each (little endian)
+# is what the kernel reads for the int arguments checked here (family, fcntl command).
+_OFF_NR, _OFF_ARCH, _OFF_ARG0, _OFF_ARG1 = 0, 4, 16, 24
 
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -135,17 +175,32 @@ def build_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
     program += [(_JEQ_K, "eperm", 0, nr) for nr in denied]
     program += [
         (_JEQ_K, "enosys", 0, CLONE3),
-        (_JEQ_K, 0, "allow", CLONE[machine]),
+        (_JEQ_K, "clone", 0, CLONE[machine]),
+        (_JEQ_K, "socket", 0, SOCKET[machine]),
+        (_JEQ_K, "socket", 0, SOCKETPAIR[machine]),
+        (_JEQ_K, "fcntl", "allow", FCNTL[machine]),
+    ]
+    labels = {"clone": len(program)}
+    program += [
         (_LD_W_ABS, 0, 0, _OFF_ARG0),
         (_JSET_K, "eperm", "allow", CLONE_NAMESPACE_FLAGS),
     ]
-    labels = {"allow": len(program), "eperm": len(program) + 1}
-    labels["enosys"], labels["kill"] = len(program) + 2, len(program) + 3
+    labels["socket"] = len(program)
+    program.append((_LD_W_ABS, 0, 0, _OFF_ARG0))
+    program += [(_JEQ_K, "allow", 0, f) for f in sorted(ALLOWED_SOCKET_FAMILIES.values())]
+    program.append((_JEQ_K, "eafnosupport", "eafnosupport", 0))
+    labels["fcntl"] = len(program)
+    program.append((_LD_W_ABS, 0, 0, _OFF_ARG1))
+    program += [(_JEQ_K, "eperm", 0, cmd) for cmd in sorted(DENIED_FCNTL_COMMANDS.values())]
+    program.append((_JEQ_K, "allow", "allow", 0))
+    end = len(program)
+    labels.update(allow=end, eperm=end + 1, enosys=end + 2, kill=end + 3, eafnosupport=end + 4)
     program += [
         (_RET_K, 0, 0, _RET_ALLOW),
         (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
         (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS),
         (_RET_K, 0, 0, _RET_KILL_PROCESS),
+        (_RET_K, 0, 0, _RET_ERRNO | errno.EAFNOSUPPORT),
     ]
 
     def offset(at: int, target: object) -> int:
@@ -159,9 +214,16 @@ def build_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
     return [(code, offset(i, jt), offset(i, jf), k) for i, (code, jt, jf, k) in enumerate(program)]
 
 
-def run_filter(program: list[tuple[int, int, int, int]], nr: int, arch: int, arg0: int = 0) -> int:
+def run_filter(
+    program: list[tuple[int, int, int, int]], nr: int, arch: int, arg0: int = 0, arg1: int = 0
+) -> int:
     """Interpret ``program`` on one call (what the kernel would return); for tests."""
-    data = {_OFF_NR: nr, _OFF_ARCH: arch, _OFF_ARG0: arg0 & 0xFFFFFFFF}
+    data = {
+        _OFF_NR: nr,
+        _OFF_ARCH: arch,
+        _OFF_ARG0: arg0 & 0xFFFFFFFF,
+        _OFF_ARG1: arg1 & 0xFFFFFFFF,
+    }
     pc = acc = 0
     while True:
         code, jt, jf, k = program[pc]

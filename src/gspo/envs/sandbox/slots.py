@@ -31,6 +31,8 @@ WAIT_S = 300.0
 _lock_dir: str | None = None
 _history: collections.deque[tuple[int, float, float]] = collections.deque(maxlen=100_000)
 _history_lock = threading.Lock()
+_live = 0  # slots this process holds now, and the most it held at once (for tests)
+_peak = 0
 
 
 class SlotError(RuntimeError):
@@ -78,6 +80,16 @@ def processes_of(uid: int) -> list[int]:
     return pids
 
 
+def live_runs(reset_peak: bool = False) -> tuple[int, int]:
+    """(runs of this process holding a uid now, the most at once since the last reset)."""
+    global _peak
+    with _history_lock:
+        now, peak = _live, _peak
+        if reset_peak:
+            _peak = _live
+        return now, peak
+
+
 def run_history() -> list[tuple[int, float, float]]:
     """(uid, held from, held until) of this process's finished runs, in CLOCK_BOOTTIME
     seconds (the clock of a process's start time in /proc), so that a check for leftover
@@ -121,6 +133,10 @@ class UidSlot:
                     continue
                 self._fd, self.uid = fd, uid
                 self._since = time.clock_gettime(time.CLOCK_BOOTTIME)
+                global _live, _peak
+                with _history_lock:
+                    _live += 1
+                    _peak = max(_peak, _live)
                 return
             if time.monotonic() > deadline:
                 raise SlotError(
@@ -131,9 +147,11 @@ class UidSlot:
             delay = min(delay * 2, 0.1)
 
     def release(self) -> None:
+        global _live
         if self._fd >= 0:
             with _history_lock:
                 _history.append((self.uid, self._since, time.clock_gettime(time.CLOCK_BOOTTIME)))
+                _live -= 1
             os.close(self._fd)  # closing releases the flock
             self._fd = -1
 

@@ -42,6 +42,11 @@ def _count_abandoned(thread: Any) -> int:
 
 
 _ABANDONED: list[Any] = []
+# How long a timed-out call waits for the teardown of the sandbox runs it cancelled.
+_TEARDOWN_S = 30.0
+# How long a process-mode worker gets to leave through its teardown before SIGKILL (a killed
+# worker's runs still die with it: parent-death signals; its cgroups are swept later).
+_TERM_GRACE_S = 3.0
 
 
 def with_timeout(fn: RewardFn, seconds: float, *, mode: str = "thread") -> RewardFn:
@@ -78,10 +83,14 @@ class _ThreadTimeout:
     def __call__(self, completion: str, example: Example) -> float:
         import threading
 
+        from gspo.envs.sandbox.cancel import CANCEL, CancelScope
+
         box: dict[str, Any] = {}
         done = threading.Event()
+        scope = CancelScope()
 
         def target() -> None:
+            CANCEL.set(scope)  # this thread's context: the sandbox runs the call makes
             try:
                 box["value"] = self.fn(completion, example)
             except BaseException as exc:  # re-raised in the caller, which decides
@@ -91,7 +100,19 @@ class _ThreadTimeout:
 
         thread = threading.Thread(target=target, name=self.__name__, daemon=True)
         thread.start()
-        if not done.wait(self.seconds):
+        try:
+            finished = done.wait(self.seconds)
+        except BaseException:
+            # The caller stops waiting (KeyboardInterrupt, e.g. a cancelled Ray task): so do
+            # the call's sandbox runs.
+            scope.cancel()
+            scope.wait_idle(_TEARDOWN_S)
+            raise
+        if not finished:
+            # Kill the call's sandbox runs and wait for their teardown, so that no run
+            # outlives its caller and a slot is free again before the next call starts.
+            scope.cancel()
+            scope.wait_idle(_TEARDOWN_S)
             running = _count_abandoned(thread)
             logger.warning(
                 "reward %s exceeded %g s; scored as an error (%d timed-out reward threads "
@@ -112,7 +133,9 @@ class _ThreadTimeout:
 # The worker: reads length-prefixed pickles (the function first, then (completion, example)
 # pairs) on stdin and answers on the original stdout; the reward's own prints go to stderr.
 _WORKER = r"""
-import os, pickle, struct, sys
+import os, pickle, signal, struct, sys
+# Asked to stop (a timed-out call): exit through the sandbox's teardown (finally blocks).
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 sys.path[:] = pickle.loads(bytes.fromhex(sys.argv[1]))
 inp = os.fdopen(os.dup(0), "rb")
 out = os.fdopen(os.dup(1), "wb")
@@ -129,18 +152,27 @@ def send(obj):
         data = pickle.dumps(("error", RuntimeError(f"unpicklable reward result: {exc!r}")))
     out.write(struct.pack("<Q", len(data)) + data)
     out.flush()
-fn = recv()
-send(("ready", None))
-while True:
-    completion, example = recv()
-    try:
-        send(("value", fn(completion, example)))
-    except BaseException as exc:
+def main():
+    fn = recv()
+    send(("ready", None))
+    while True:
+        completion, example = recv()
         try:
-            pickle.dumps(exc)
-        except Exception:
-            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
-        send(("error", exc))
+            send(("value", fn(completion, example)))
+        except SystemExit:
+            raise  # asked to stop (SIGTERM), or the caller closed the pipe
+        except BaseException as exc:
+            try:
+                pickle.dumps(exc)
+            except Exception:
+                exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+            send(("error", exc))
+try:
+    main()
+except SystemExit as exc:
+    # The call's finally blocks (the sandbox's teardown) have run; skip the interpreter's
+    # slow shutdown.
+    os._exit(exc.code if isinstance(exc.code, int) else 0)
 """
 
 _WORKER_START_TIMEOUT_S = 120.0  # importing the reward's module (and its imports) is not timed
@@ -222,11 +254,19 @@ class _ProcessTimeout:
                 header_done = True
 
     def _kill(self) -> int | None:
+        import subprocess
+
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        proc.kill()
-        code = proc.wait()
+        # SIGTERM first: the worker leaves through run_python's teardown, so its sandbox run
+        # is killed and its cgroup and slot freed; SIGKILL if it does not go (stuck in C).
+        proc.terminate()
+        try:
+            code = proc.wait(_TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
         for stream in (proc.stdin, proc.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
