@@ -1,14 +1,15 @@
-"""Command line: ``gspo train``, ``gspo sft``, ``gspo demo``, ``gspo eval``, ``gspo compare``,
-``gspo report``, ``gspo algos``.
+"""Command line: gspo train, gspo sft, gspo demo, gspo eval, gspo compare, gspo report,
+gspo algos.
 
-Every config field is a flag (``--clip-low 3e-4``); ``--config FILE`` (YAML or JSON) and
-``--preset NAME`` set many at once. Precedence: defaults < preset < file < flags.
+Every config field is a flag (--clip-low 3e-4); --config FILE (YAML or JSON) and --preset NAME
+set many at once. Precedence: defaults < preset < file < flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import fields
@@ -17,7 +18,7 @@ from typing import Any
 
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
 
-from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
+from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -35,6 +36,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         )
     parser.add_argument("--config", help="YAML or JSON file of config fields")
     parser.add_argument("--preset", help=f"named preset: {', '.join(PRESETS)}")
+    add_log_level(parser)
 
 
 def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -81,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument(
         "--progress", type=parse_bool, default=True, metavar="V", help="live progress bars [True]"
     )
+    add_log_level(p_demo)
 
     from gspo import algos  # gspo algos
 
@@ -94,7 +97,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _set_log_level(getattr(args, "log_level", "warning"))
     try:
+        _preflight(args)  # config and machine checks: before torch, a model or any data loads
         if args.command == "train":
             return _train(args)
         if args.command == "sft":
@@ -117,7 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gspo {args.command}: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, PermissionError, ValueError) as exc:
+    except (FileNotFoundError, PermissionError, IsADirectoryError, ValueError) as exc:
+        print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        # An optional extra (vLLM, Ray, peft, ...) missing where the preflight could not see it
+        # (a --resume run's saved config): its message names the pip command. Other import
+        # errors are bugs or broken installs, and keep their traceback.
+        if "pip install" not in str(exc):
+            raise
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
@@ -131,7 +144,68 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def _preflight(args: argparse.Namespace) -> None:
+    """Build and check the configs a command will run (cheap: plain dataclasses, torch-free
+    registries) and what they need from the machine (extras installed, CUDA present), so every
+    such mistake is reported at once, before the command's slow imports and work. The command
+    builds its config again when it runs; ``--resume`` configs come from the run folder and are
+    checked there."""
+    from gspo.config import EvalConfig
+    from gspo.config.machine import machine_problems
+    from gspo.config.validation import config_error
+
+    if args.command in ("train", "sft", "eval"):
+        if getattr(args, "resume", False):
+            return
+        cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
+        cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
+    elif args.command == "demo":  # its RL config must be valid before the 300-step SFT runs
+        common = dict(seed=args.seed, threads=args.threads, device="cpu", task="addition")
+        cfgs = [
+            build(SFTConfig, overrides=dict(steps=args.sft_steps, n_test=0, **common)),
+            build(
+                TrainConfig,
+                preset="demo",
+                overrides=dict(algo=args.algo, steps=args.steps, **common),
+            ),
+        ]
+    else:
+        return
+    problems = [p for cfg in cfgs for p in machine_problems(cfg)]
+    if problems:
+        raise config_error(list(dict.fromkeys(problems)))
+
+
+def _set_log_level(level: str) -> None:
+    """How much the libraries underneath print. Set through their environment variables, which
+    they read when imported (before any of them is) and which reach their worker processes:
+    vLLM's per-step INFO lines and datasets' "Generating train split" bars stay hidden unless
+    --log-level info or debug asks for them."""
+    import logging
+
+    if level in ("info", "debug"):
+        for name in _LIBRARY_LOG_ENV:
+            os.environ[name] = level.upper() if name.startswith("VLLM") else level
+        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "0"
+    else:  # quiet, unless the user's environment already says otherwise
+        for name, value in _LIBRARY_LOG_ENV.items():
+            os.environ.setdefault(name, value)
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    logging.getLogger().setLevel(level.upper())
+
+
+# The quiet default of each library's log-level variable.
+_LIBRARY_LOG_ENV = {
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "DATASETS_VERBOSITY": "error",
+}
+
+
 def _quiet_transformers() -> None:
+    """transformers' warnings and progress bars off, unless --log-level info or debug."""
+    if os.environ.get("TRANSFORMERS_VERBOSITY") in ("info", "debug"):
+        return
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
