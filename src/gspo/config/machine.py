@@ -1,5 +1,5 @@
-"""What a config needs from this machine: the optional extras its fields ask for, installed, and
-CUDA when a CUDA device is asked for. Checked by the CLI before any work, so a missing extra is
+"""What a config needs from this machine: the optional extras its fields ask for, installed, its
+data files, and CUDA when a CUDA device is asked for. Checked by the CLI before any work, so a missing extra is
 one line naming the pip command rather than a traceback minutes into a run.
 
 Separate from :mod:`gspo.config.validation` on purpose: a saved config stays valid on a machine
@@ -9,6 +9,7 @@ without its extras (it can still be read, compared and resumed elsewhere).
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 VLLM_INSTALL = (
@@ -34,8 +35,17 @@ def installed(module: str) -> bool:
 
 
 def machine_problems(cfg: Any) -> list[str]:
-    """Every extra ``cfg`` needs that is not installed, and a CUDA device torch cannot see."""
+    """Every extra ``cfg`` needs that is not installed, a data file that is not there (or is a
+    folder), and a CUDA device torch cannot see."""
     problems = []
+    for field in ("train_file", "test_file", "data"):
+        path = getattr(cfg, field, None)
+        if path is None:
+            continue
+        if Path(path).is_dir():
+            problems.append(f"{field} {path!r} is a directory, not a data file")
+        elif not Path(path).is_file():
+            problems.append(f"{field} {path!r}: no such file")
     for field, value, module, what, install in EXTRAS:
         if getattr(cfg, field, None) == value and not installed(module):
             problems.append(f"{field}={value!r} needs {what}, which is not installed: {install}")

@@ -34,11 +34,11 @@ from .names import (
 from .train import SFTConfig, TrainConfig
 
 
-def config_error(problems: list[str]) -> ConfigError:
+def config_error(problems: list[str], header: str = "invalid config") -> ConfigError:
     """One problem on one line; several listed together, one per line."""
     if len(problems) == 1:
-        return ConfigError(f"invalid config: {problems[0]}")
-    return ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+        return ConfigError(f"{header}: {problems[0]}")
+    return ConfigError(f"{header}:\n  - " + "\n  - ".join(problems))
 
 
 def validate(cfg: Any) -> None:

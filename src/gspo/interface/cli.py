@@ -173,7 +173,7 @@ def _preflight(args: argparse.Namespace) -> None:
         return
     problems = [p for cfg in cfgs for p in machine_problems(cfg)]
     if problems:
-        raise config_error(list(dict.fromkeys(problems)))
+        raise config_error(list(dict.fromkeys(problems)), header="cannot start")
 
 
 def _set_log_level(level: str) -> None:
