@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .asynchronous import async_problems
 from .evaluation import EvalConfig
 from .fields import (
     CORRECTIONS,
@@ -31,6 +32,7 @@ from .names import (
     losses,
     one_of,
 )
+from .scale import scale_problems
 from .train import SFTConfig, TrainConfig
 
 
@@ -98,6 +100,9 @@ def config_problems(cfg: Any) -> list[str]:
     _validate_moe(cfg, need)
     if isinstance(cfg, TrainConfig):
         _validate_train(cfg, need)
+        # The mixins' own checks (their __post_init__ raises at the first failing mixin; here
+        # every one is listed, for a config built without them by coercion.build).
+        problems += [p for p in (*scale_problems(cfg), *async_problems(cfg)) if p not in problems]
     return problems
 
 
