@@ -29,6 +29,7 @@ from .names import (
     KL_ESTIMATORS,
     MISMATCH_LEVELS,
     ROUTING_REPLAY,
+    did_you_mean,
     losses,
     one_of,
 )
@@ -85,7 +86,7 @@ def config_problems(cfg: Any) -> list[str]:
     need(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
     need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     need(cfg.dtype in DTYPES, one_of("dtype", cfg.dtype, DTYPES))
-    need(_device_ok(cfg.device), one_of("device", cfg.device, ("auto", "cpu", "cuda", "cuda:N")))
+    need(_device_ok(cfg.device), _bad_device(cfg.device))
     need(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
     if cfg.hidden_size > 0 and cfg.num_heads > 0:
         need(cfg.hidden_size % cfg.num_heads == 0, "hidden_size must be divisible by num_heads")
@@ -108,6 +109,11 @@ def config_problems(cfg: Any) -> list[str]:
 
 def _device_ok(device: str) -> bool:
     return device in ("auto", "cpu", "cuda") or device.startswith("cuda:")
+
+
+def _bad_device(device: str) -> str:
+    hint = did_you_mean(device, ("auto", "cpu", "cuda"))
+    return f"bad device {device!r}{hint} (auto, cpu, cuda or cuda:N)"
 
 
 def _validate_task(cfg: Any, need: Any) -> None:
@@ -169,7 +175,7 @@ def _validate_eval(cfg: EvalConfig, need: Any) -> None:
         need(getattr(cfg, name) >= 0, f"{name} must be >= 0, got {getattr(cfg, name)}")
     need(cfg.samples > 0 or cfg.greedy, "nothing to score: samples is 0 and greedy is off")
     need(cfg.dtype in DTYPES, one_of("dtype", cfg.dtype, DTYPES))
-    need(_device_ok(cfg.device), one_of("device", cfg.device, ("auto", "cpu", "cuda", "cuda:N")))
+    need(_device_ok(cfg.device), _bad_device(cfg.device))
     need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")
     need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}")
 
