@@ -51,6 +51,12 @@ def test_unknown_algo_is_reported_before_torch_is_imported():
     rc, err, heavy = run_main(["train", "--algo", "gsop"])
     assert rc == 2 and heavy == []
     assert "unknown algorithm 'gsop' — did you mean 'gspo'?" in one_line(err)
+    rc, err, heavy = run_main(["compare", "--algos", "gspo,gsop", "--output-dir", "unused"])
+    assert rc == 2 and heavy == []
+    assert "unknown algo gsop — did you mean 'gspo'?" in one_line(err)
+    rc, err, heavy = run_main(["compare", "--algos", "gspo", "--steps", "0"])
+    assert rc == 2 and heavy == []
+    assert "steps must be positive" in one_line(err)
 
 
 def test_demo_checks_its_rl_config_before_the_cold_start():
