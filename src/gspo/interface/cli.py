@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,10 @@ def _set_log_level(level: str) -> None:
         for name, value in _LIBRARY_LOG_ENV.items():
             os.environ.setdefault(name, value)
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        # vLLM logs some warnings before its own logging is set up (e.g. "Triton is installed,
+        # but doesn't include CPU backend"), and warns through Python's warnings as it imports.
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     logging.getLogger().setLevel(level.upper())
 
 
