@@ -188,12 +188,19 @@ def _load_in_fresh_process(tmp_path: Path, level: str) -> subprocess.CompletedPr
 
 
 def test_quiet_by_default_and_log_level_info_shows_library_lines(tmp_path):
-    quiet = _load_in_fresh_process(tmp_path, "warning")
+    quiet = _load_in_fresh_process(tmp_path, "error")  # the default
     assert "Generating train split" not in quiet.stderr
     assert quiet.stdout.split() == ["ERROR"]  # vLLM's level, read when vLLM is imported
     verbose = _load_in_fresh_process(tmp_path, "info")
     assert "Generating train split" in verbose.stderr
     assert verbose.stdout.split() == ["INFO"]
+    assert _parser_default_log_level() == "error"
+
+
+def _parser_default_log_level() -> str:
+    from gspo.interface.cli import _parser
+
+    return _parser().parse_args(["train"]).log_level
 
 
 @pytest.mark.parametrize(

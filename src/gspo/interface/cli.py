@@ -8,6 +8,7 @@ set many at once. Precedence: defaults < preset < file < flags.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -98,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _set_log_level(getattr(args, "log_level", "warning"))
+    _set_log_level(getattr(args, "log_level", "error"))
     try:
         _preflight(args)  # config and machine checks: before torch, a model or any data loads
         if args.command == "train":
@@ -180,37 +181,37 @@ def _preflight(args: argparse.Namespace) -> None:
 def _set_log_level(level: str) -> None:
     """How much the libraries underneath print. Set through their environment variables, which
     they read when imported (before any of them is) and which reach their worker processes:
-    vLLM's per-step INFO lines and datasets' "Generating train split" bars stay hidden unless
-    --log-level info or debug asks for them."""
+    at the default, error, vLLM's INFO lines and warnings (with the traceback it logs when it
+    skips a warm-up) and datasets' "Generating train split" bars stay hidden; --log-level
+    warning, info or debug shows them. The default leaves variables the user set alone."""
     import logging
 
-    if level in ("info", "debug"):
-        for name in _LIBRARY_LOG_ENV:
-            os.environ[name] = level.upper() if name.startswith("VLLM") else level
-        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "0"
-    else:  # quiet, unless the user's environment already says otherwise
-        for name, value in _LIBRARY_LOG_ENV.items():
+    quiet = level == "error"
+    values = {
+        "VLLM_LOGGING_LEVEL": level.upper(),
+        "TRANSFORMERS_VERBOSITY": level,
+        "DATASETS_VERBOSITY": level,
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "0" if level in ("info", "debug") else "1",
+    }
+    for name, value in values.items():
+        if quiet:
             os.environ.setdefault(name, value)
-        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-        # vLLM logs some warnings before its own logging is set up (e.g. "Triton is installed,
-        # but doesn't include CPU backend"), and warns through Python's warnings as it imports.
+        else:
+            os.environ[name] = value
+    # vLLM logs a few warnings before its own logging is set up ("Triton is installed, but
+    # doesn't include CPU backend"), and some of its modules warn through Python's warnings.
+    with contextlib.suppress(ValueError):  # a level name logging does not know: vLLM's to say
         logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+    if quiet:
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
-    logging.getLogger().setLevel(level.upper())
-
-
-# The quiet default of each library's log-level variable.
-_LIBRARY_LOG_ENV = {
-    "VLLM_LOGGING_LEVEL": "ERROR",
-    "TRANSFORMERS_VERBOSITY": "error",
-    "DATASETS_VERBOSITY": "error",
-}
+    if level in ("info", "debug"):  # Python's own last-resort handler shows warnings only
+        logging.basicConfig(level=level.upper())
 
 
 def _quiet_transformers() -> None:
-    """transformers' warnings and progress bars off, unless --log-level info or debug."""
-    if os.environ.get("TRANSFORMERS_VERBOSITY") in ("info", "debug"):
-        return
+    """transformers' warnings and progress bars off, unless --log-level asks for them."""
+    if os.environ.get("TRANSFORMERS_VERBOSITY") in ("warning", "info", "debug"):
+        return  # transformers read that level when it was imported
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -84,9 +84,9 @@ def add_log_level(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
-        default="warning",
-        help="library log level: info or debug also show transformers', datasets' and vLLM's "
-        "progress and per-step lines [warning]",
+        default="error",
+        help="log level of transformers, datasets and vLLM: warning, info or debug also show "
+        "their warnings, progress bars and per-step lines [error]",
     )
 
 

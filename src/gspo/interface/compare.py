@@ -338,7 +338,7 @@ def run_cli(args: Any, overrides_of: Any) -> int:
         sft_steps=args.sft_steps,
         sft_overrides=sft_overrides,
     )
-    if os.environ.get("TRANSFORMERS_VERBOSITY") not in ("info", "debug"):  # --log-level
+    if os.environ.get("TRANSFORMERS_VERBOSITY") not in ("warning", "info", "debug"):
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # checkpoint writes would print a bar each
