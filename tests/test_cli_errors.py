@@ -147,6 +147,30 @@ def test_missing_extra_is_one_line_with_its_install_command(
     assert "not installed" in line and install in line
 
 
+@pytest.mark.parametrize(
+    "flags, stub, expected",
+    [
+        (["--device", "cuda"], None, "torch sees no CUDA device"),
+        (["--tensorboard", "true"], "torch.utils.tensorboard", "pip install tensorboard"),
+    ],
+)
+def test_checks_the_preflight_cannot_see_are_one_line_too(
+    flags, stub, expected, tmp_path, monkeypatch, capsys
+):
+    # As for a --resume run, whose config comes from its checkpoint after the preflight.
+    import torch
+
+    import gspo.interface.cli as cli
+
+    monkeypatch.setattr(cli, "_preflight", lambda args: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if stub:
+        monkeypatch.setitem(sys.modules, stub, None)
+    argv = ["train", "--preset", "smoke", "--output-dir", str(tmp_path / "run"), *flags]
+    assert main(argv) == 2
+    assert expected in one_line(capsys.readouterr().err)
+
+
 def test_directory_as_train_file_is_named_as_such(tmp_path, capsys):
     argv = ["train", "--task", "file", "--train-file", str(tmp_path), "--reward", "exact_match"]
     assert main(argv) == 2

@@ -127,15 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError, IsADirectoryError, ValueError) as exc:
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except ImportError as exc:
-        # An optional extra (vLLM, Ray, peft, ...) missing where the preflight could not see it
-        # (a --resume run's saved config): its message names the pip command. Other import
-        # errors are bugs or broken installs, and keep their traceback.
-        if "pip install" not in str(exc):
+    except (ImportError, RuntimeError) as exc:
+        # What the preflight could not see (a --resume run's config is read from its checkpoint
+        # later): a missing extra, whose message names the pip command, or CUDA asked for
+        # without one (gspo.models.build.resolve_device). Other errors keep their traceback.
+        if "pip install" in str(exc) or "sees no CUDA device" in str(exc):
+            print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, ImportError):
             raise
-        print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
         from gspo.backend.ray_backend import WorkerLostError
         from gspo.trainer import NonFiniteTrainingError
 
