@@ -1,5 +1,9 @@
 """``gspo algos``: every registered objective with its formula, default clips, aggregation and
-source paper, read from the loss registry (so a newly registered loss shows up by itself)."""
+source paper, read from the loss registry (so a newly registered loss shows up by itself).
+
+The registry is read through ``gspo.config.names.losses``: the built-in losses without importing
+torch (``gspo algos`` answers at once), and every registered one once ``gspo.core.losses`` is
+loaded."""
 
 from __future__ import annotations
 
@@ -15,9 +19,12 @@ CLIP_MEANING = {
 
 def describe(name: str) -> dict[str, Any]:
     """One registered loss as a plain dict (what ``gspo algos --json`` prints)."""
-    from .losses import get_loss
+    from .config.names import losses
 
-    spec = get_loss(name)
+    registry = losses()
+    if name not in registry:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(registry))}")
+    spec = registry[name]
     lo, hi = spec.clip_low, spec.clip_high
     clip = CLIP_MEANING[spec.clip_meaning].format(lo=lo, hi=hi, a=max(0.0, 1 - lo), b=1 + hi)
     return {
@@ -36,8 +43,9 @@ def describe(name: str) -> dict[str, Any]:
 
 def table() -> str:
     """A Markdown table of every registered loss (test-only registrations left out)."""
-    from .losses import LOSSES
+    from .config.names import losses
 
+    LOSSES = losses()
     lines = [
         "| algo | objective (one line) | default clip | aggregation | options | source |",
         "|---|---|---|---|---|---|",
@@ -53,6 +61,7 @@ def table() -> str:
 
 
 def add_parser(sub: Any) -> None:
+    """Add ``gspo algos`` to the ``gspo`` parser's subparsers."""
     p = sub.add_parser(
         "algos",
         help="list every registered objective: formula, default clips, aggregation, paper",
@@ -63,7 +72,9 @@ def add_parser(sub: Any) -> None:
 def run(args: Any) -> int:
     import json
 
-    from .losses import LOSSES
+    from .config.names import losses
+
+    LOSSES = losses()
 
     if args.json:
         names = sorted(n for n in LOSSES if not n.startswith("test_"))

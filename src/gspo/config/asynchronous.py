@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .fields import ConfigError, _doc
+from .names import one_of
 
 PARTIAL_MODES = ("keep", "mask", "restart")
 
@@ -61,7 +62,7 @@ def async_problems(cfg: object) -> list[str]:
         return out
     mode = getattr(cfg, "async_partial", "keep")
     if mode not in PARTIAL_MODES:
-        out.append(f"async_partial must be one of {', '.join(PARTIAL_MODES)}, got {mode!r}")
+        out.append(one_of("async_partial", mode, PARTIAL_MODES))
     if k == 0:
         return out
     chunk = getattr(cfg, "async_chunk_tokens", 8)

@@ -7,6 +7,7 @@ flags. Unknown keys and bad values are rejected before any work starts, with mes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 import typing
@@ -15,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .fields import ConfigError
+from .names import did_you_mean
 from .presets import PRESETS
-from .validation import validate
+from .validation import config_error, config_problems
 
 
 def _base_type(annotation: Any) -> tuple[type, bool]:
@@ -35,7 +37,9 @@ def coerce(cls: type, key: str, value: Any) -> Any:
     """Convert ``value`` (from a file or the command line) to the type of field ``key``."""
     by_name = {f.name: f for f in fields(cls)}
     if key not in by_name:
-        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(by_name)}")
+        hint = did_you_mean(key, by_name)
+        valid = "" if hint else f"; valid keys: {', '.join(by_name)}"
+        raise ConfigError(f"unknown config key {key!r}{hint}{valid}")
     typ, optional = _base_type(by_name[key].type)
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
         if optional:
@@ -95,22 +99,58 @@ def build(
     file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> Any:
-    """Defaults < preset < file < overrides, every value coerced and the result validated."""
+    """Defaults < preset < file < overrides, every value coerced and the result validated.
+
+    Every problem is reported together in one ConfigError: unknown keys, values of the wrong
+    type, and what validation finds in the rest (a bad value is left at its default there)."""
     values: dict[str, Any] = {}
+    problems: list[str] = []
     if preset is not None:
         if preset not in PRESETS:
-            raise ConfigError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
+            hint = did_you_mean(preset, PRESETS)
+            raise ConfigError(f"unknown preset {preset!r}{hint}; valid: {', '.join(PRESETS)}")
         valid = {f.name for f in fields(cls)}
         values.update({k: v for k, v in PRESETS[preset].items() if k in valid})
     if file is not None:
-        for k, v in load_file(file).items():
-            values[k] = coerce(cls, k, v)
-    for k, v in (overrides or {}).items():
-        values[k] = coerce(cls, k, v)
+        values.update(load_file(file))
+    values.update(overrides or {})
     for k, v in list(values.items()):
-        values[k] = coerce(cls, k, v)
-    cfg = cls(**values)
-    validate(cfg)
+        try:
+            values[k] = coerce(cls, k, v)
+        except ConfigError as exc:
+            problems.append(str(exc))
+            del values[k]
+    try:
+        cfg = cls(**values)
+    except ConfigError as exc:  # a mixin's __post_init__ check (scale, async fields)
+        problems += _listed(exc)
+        cfg = _unchecked(cls, values)
+    for problem in config_problems(cfg):
+        if problem not in problems:
+            problems.append(problem)
+    if problems:
+        raise config_error(problems)
+    return cfg
+
+
+def _listed(exc: ConfigError) -> list[str]:
+    """The problems of an "invalid config: ..." error, one per item."""
+    text = str(exc).removeprefix("invalid config:").strip()
+    return [line.strip().removeprefix("- ") for line in text.splitlines() if line.strip()]
+
+
+def _unchecked(cls: type, values: dict[str, Any]) -> Any:
+    """``cls(**values)`` without ``__post_init__``, so validation can list the other problems of
+    a config whose mixin checks already failed."""
+    cfg = object.__new__(cls)
+    for f in fields(cls):
+        if f.name in values:
+            value = values[f.name]
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = f.default
+        setattr(cfg, f.name, value)
     return cfg
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fields import ConfigError
+from .names import one_of
 
 BACKENDS = ("local", "ray")
 PLACEMENTS = ("colocated", "separate")
@@ -86,14 +87,11 @@ def scale_problems(cfg: Any) -> list[str]:
     """Every problem with the scale-out fields of ``cfg`` (empty: fine)."""
     problems: list[str] = []
     if cfg.backend not in BACKENDS:
-        problems.append(f"backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
+        problems.append(one_of("backend", cfg.backend, BACKENDS))
     if cfg.placement not in PLACEMENTS:
-        problems.append(f"placement must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+        problems.append(one_of("placement", cfg.placement, PLACEMENTS))
     if cfg.reward_placement not in REWARD_PLACEMENTS:
-        problems.append(
-            f"reward_placement must be one of {', '.join(REWARD_PLACEMENTS)}, "
-            f"got {cfg.reward_placement!r}"
-        )
+        problems.append(one_of("reward_placement", cfg.reward_placement, REWARD_PLACEMENTS))
     if cfg.trainer_workers < 1:
         problems.append(f"trainer_workers must be >= 1, got {cfg.trainer_workers}")
     if cfg.rollout_workers < 0:

@@ -1,8 +1,10 @@
 """Config validation: every problem of a config, listed in one ``ConfigError`` before any work.
 
-Checks that need a registry (losses, advantage scales, chat modes, Routing Replay modes, answer
-formats, multi-turn credit) import it inside the function, so importing a config stays cheap and
-the plain-data modules (``fields``, ``train``, ``evaluation``, ``presets``) import nothing else.
+Registry names (losses, advantage scales, chat modes, Routing Replay modes, KL estimators,
+multi-turn credit) come from :mod:`gspo.config.names`, which needs no torch; the task, reward and
+answer-format registries are torch-free themselves and are imported inside the functions. So a
+config mistake is reported in well under a second, and the plain-data modules (``fields``,
+``train``, ``evaluation``, ``presets``) import nothing else.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .asynchronous import async_problems
 from .evaluation import EvalConfig
 from .fields import (
     CORRECTIONS,
@@ -19,13 +22,31 @@ from .fields import (
     ROLLOUT_ENGINES,
     ConfigError,
 )
+from .names import (
+    ADVANTAGE_SCALES,
+    CHAT_MODES,
+    COMPARE_MODES,
+    CREDITS,
+    KL_ESTIMATORS,
+    MISMATCH_LEVELS,
+    ROUTING_REPLAY,
+    did_you_mean,
+    losses,
+    one_of,
+)
+from .scale import scale_problems
 from .train import SFTConfig, TrainConfig
+
+
+def config_error(problems: list[str], header: str = "invalid config") -> ConfigError:
+    """One problem on one line; several listed together, one per line."""
+    if len(problems) == 1:
+        return ConfigError(f"{header}: {problems[0]}")
+    return ConfigError(f"{header}:\n  - " + "\n  - ".join(problems))
 
 
 def _check_code_limits(cfg: Any, need: Any) -> None:
     """The code reward's limits (TrainConfig's code_* fields)."""
-    from gspo.envs.sandbox.compare import COMPARE_MODES
-
     test_s, total_s = cfg.code_test_timeout_s, cfg.code_total_timeout_s
     need(
         math.isfinite(test_s) and test_s > 0,
@@ -40,14 +61,18 @@ def _check_code_limits(cfg: Any, need: Any) -> None:
         cfg.code_run_memory_mb >= 64,
         f"code_run_memory_mb must be >= 64, got {cfg.code_run_memory_mb}",
     )
-    need(
-        cfg.code_compare in COMPARE_MODES,
-        f"code_compare must be one of {', '.join(COMPARE_MODES)}, got {cfg.code_compare!r}",
-    )
+    need(cfg.code_compare in COMPARE_MODES, one_of("code_compare", cfg.code_compare, COMPARE_MODES))
 
 
 def validate(cfg: Any) -> None:
     """Raise ConfigError listing every problem in ``cfg``."""
+    problems = config_problems(cfg)
+    if problems:
+        raise config_error(problems)
+
+
+def config_problems(cfg: Any) -> list[str]:
+    """Every problem in ``cfg`` (empty: fine)."""
     problems: list[str] = []
 
     def need(cond: bool, message: str) -> None:
@@ -56,11 +81,10 @@ def validate(cfg: Any) -> None:
 
     _validate_model_fields(cfg, need)
     validate_engine(cfg, need)  # rollout_engine, vllm_*, mismatch_* fields
+    _validate_task(cfg, need)
     if isinstance(cfg, EvalConfig):
         _validate_eval(cfg, need)
-        if problems:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
-        return
+        return problems
     positive = [
         "n_train",
         *([] if isinstance(cfg, SFTConfig) else ["n_test"]),  # SFT: 0 skips its final eval
@@ -81,11 +105,8 @@ def validate(cfg: Any) -> None:
         need(cfg.n_test >= 0, f"n_test must be >= 0, got {cfg.n_test}")
     need(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
     need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
-    need(cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
-    need(
-        cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
-        f"bad device {cfg.device!r}",
-    )
+    need(cfg.dtype in DTYPES, one_of("dtype", cfg.dtype, DTYPES))
+    need(_device_ok(cfg.device), _bad_device(cfg.device))
     need(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
     if cfg.hidden_size > 0 and cfg.num_heads > 0:
         need(cfg.hidden_size % cfg.num_heads == 0, "hidden_size must be divisible by num_heads")
@@ -100,8 +121,31 @@ def validate(cfg: Any) -> None:
     _validate_moe(cfg, need)
     if isinstance(cfg, TrainConfig):
         _validate_train(cfg, need)
-    if problems:
-        raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+        # The mixins' own checks (their __post_init__ raises at the first failing mixin; here
+        # every one is listed, for a config built without them by coercion.build).
+        problems += [p for p in (*scale_problems(cfg), *async_problems(cfg)) if p not in problems]
+    return problems
+
+
+def _device_ok(device: str) -> bool:
+    return device in ("auto", "cpu", "cuda") or device.startswith("cuda:")
+
+
+def _bad_device(device: str) -> str:
+    hint = did_you_mean(device, ("auto", "cpu", "cuda"))
+    return f"bad device {device!r}{hint} (auto, cpu, cuda or cuda:N)"
+
+
+def _validate_task(cfg: Any, need: Any) -> None:
+    """The task and reward names, against their registries (torch-free modules)."""
+    from gspo.envs.rewards import REWARDS
+    from gspo.envs.tasks import TASKS
+
+    files = ("file",) if not isinstance(cfg, EvalConfig) else ()  # eval reads --data instead
+    tasks = (*TASKS, *files)
+    need(cfg.task in tasks, one_of("task", cfg.task, tasks, noun="task"))
+    if cfg.reward is not None:
+        need(cfg.reward in REWARDS, one_of("reward", cfg.reward, REWARDS, noun="reward"))
 
 
 def _validate_moe(cfg: Any, need: Any) -> None:
@@ -114,11 +158,9 @@ def _validate_moe(cfg: Any, need: Any) -> None:
         need(cfg.moe_intermediate_size > 0, "moe_intermediate_size must be positive")
     need(cfg.router_aux_loss_coef >= 0, "router_aux_loss_coef must be >= 0")
     if isinstance(cfg, TrainConfig):
-        from gspo.models.moe import ROUTING_REPLAY
-
         need(
             cfg.routing_replay is None or cfg.routing_replay in ROUTING_REPLAY,
-            f"routing_replay must be one of {', '.join(ROUTING_REPLAY)}, got {cfg.routing_replay!r}",
+            one_of("routing_replay", cfg.routing_replay, ROUTING_REPLAY),
         )
         need(
             cfg.routing_replay != "old" or cfg.old_logprobs == "recompute",
@@ -133,16 +175,12 @@ def _validate_moe(cfg: Any, need: Any) -> None:
 
 def _validate_model_fields(cfg: Any, need: Any) -> None:
     """Prompt formatting, LoRA and answer-format fields shared by the train, SFT and eval configs."""
-    from gspo.envs.tasks.files import ANSWER_FORMATS
-    from gspo.models.chat import CHAT_MODES
+    from gspo.envs.tasks.files import ANSWER_FORMATS  # torch-free
 
-    need(
-        cfg.chat_template in CHAT_MODES,
-        f"chat_template must be one of {', '.join(CHAT_MODES)}, got {cfg.chat_template!r}",
-    )
+    need(cfg.chat_template in CHAT_MODES, one_of("chat_template", cfg.chat_template, CHAT_MODES))
     need(
         cfg.answer_format in ANSWER_FORMATS,
-        f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {cfg.answer_format!r}",
+        one_of("answer_format", cfg.answer_format, ANSWER_FORMATS),
     )
     if hasattr(cfg, "lora_rank"):
         need(cfg.lora_rank >= 0, f"lora_rank must be >= 0, got {cfg.lora_rank}")
@@ -156,20 +194,15 @@ def _validate_eval(cfg: EvalConfig, need: Any) -> None:
     for name in ("samples", "limit", "show", "threads"):
         need(getattr(cfg, name) >= 0, f"{name} must be >= 0, got {getattr(cfg, name)}")
     need(cfg.samples > 0 or cfg.greedy, "nothing to score: samples is 0 and greedy is off")
-    need(cfg.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
-    need(
-        cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
-        f"bad device {cfg.device!r}",
-    )
+    need(cfg.dtype in DTYPES, one_of("dtype", cfg.dtype, DTYPES))
+    need(_device_ok(cfg.device), _bad_device(cfg.device))
     need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")
     need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}")
 
 
 def _validate_train(cfg: TrainConfig, need: Any) -> None:
-    from gspo.core.advantages import SCALES
-    from gspo.core.losses import LOSSES
-
-    need(cfg.algo in LOSSES, f"algo must be one of {', '.join(sorted(LOSSES))}, got {cfg.algo!r}")
+    LOSSES = losses()
+    need(cfg.algo in LOSSES, one_of("algo", cfg.algo, sorted(LOSSES), noun="algorithm"))
     if cfg.algo in LOSSES:
         spec = LOSSES[cfg.algo]
         if cfg.aggregation is not None:
@@ -182,12 +215,19 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
     validate_options(cfg, need)
     if cfg.clip_high is not None:
         need(cfg.clip_high >= 0, f"clip_high must be >= 0, got {cfg.clip_high}")
-    need(cfg.advantage_scale in SCALES, f"advantage_scale must be one of {', '.join(SCALES)}")
-    if cfg.algo in LOSSES:  # multi-turn credit (gspo.envs.credit)
-        from gspo.envs.credit import credit_problem
-
-        problem = credit_problem(cfg.algo, cfg.credit)
-        need(problem is None, problem or "")
+    need(
+        cfg.advantage_scale in ADVANTAGE_SCALES,
+        one_of("advantage_scale", cfg.advantage_scale, ADVANTAGE_SCALES),
+    )
+    # Multi-turn credit, as gspo.envs.credit.credit_problem (which needs torch) checks it.
+    need(cfg.credit in CREDITS, one_of("credit", cfg.credit, CREDITS))
+    if cfg.credit == "turn" and cfg.algo in LOSSES:
+        need(
+            LOSSES[cfg.algo].token_advantages,
+            "credit='turn' gives each turn its own advantage, which needs a token-level loss "
+            f"('gspo_token' or 'grpo'); algo={cfg.algo!r} takes one advantage per sequence "
+            "(use credit='episode' with it)",
+        )
     need(cfg.max_turns >= 1, f"max_turns must be >= 1, got {cfg.max_turns}")
     need(cfg.max_total_tokens >= 1, f"max_total_tokens must be >= 1, got {cfg.max_total_tokens}")
     need(cfg.max_tokens_per_turn >= 0, "max_tokens_per_turn must be >= 0")
@@ -199,9 +239,9 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
     )
     need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")
     need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}")
-    need(cfg.old_logprobs in OLD_LOGPROBS, f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}")
+    need(cfg.old_logprobs in OLD_LOGPROBS, one_of("old_logprobs", cfg.old_logprobs, OLD_LOGPROBS))
     if cfg.engine_dtype is not None:
-        need(cfg.engine_dtype in DTYPES, f"engine_dtype must be one of {', '.join(DTYPES)}")
+        need(cfg.engine_dtype in DTYPES, one_of("engine_dtype", cfg.engine_dtype, DTYPES))
     batch = cfg.prompts_per_step * cfg.group_size
     if cfg.num_minibatches > 0 and batch > 0:
         need(
@@ -210,8 +250,7 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         )
     need(
         cfg.minibatch_grouping in MINIBATCH_GROUPINGS,
-        f"minibatch_grouping must be one of {', '.join(MINIBATCH_GROUPINGS)}, "
-        f"got {cfg.minibatch_grouping!r}",
+        one_of("minibatch_grouping", cfg.minibatch_grouping, MINIBATCH_GROUPINGS),
     )
     if cfg.minibatch_grouping == "groups" and cfg.num_minibatches > 0:
         need(
@@ -242,17 +281,14 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         problem = format_bonus_problem(cfg.task, cfg.format_reward_weight)
         need(problem is None, problem or "")
     need(cfg.max_bad_steps >= 1, "max_bad_steps must be >= 1")
-    need(
-        cfg.bad_rows in ("error", "skip"),
-        f"bad_rows must be 'error' or 'skip', got {cfg.bad_rows!r}",
-    )
+    need(cfg.bad_rows in ("error", "skip"), one_of("bad_rows", cfg.bad_rows, ("error", "skip")))
     need(cfg.reward_timeout_s >= 0, f"reward_timeout_s must be >= 0, got {cfg.reward_timeout_s}")
     need(cfg.reward_workers >= 0, f"reward_workers must be >= 0, got {cfg.reward_workers}")
     _check_code_limits(cfg, need)
     need(cfg.max_prompt_tokens >= 0, f"max_prompt_tokens must be >= 0, got {cfg.max_prompt_tokens}")
     need(
         cfg.long_prompts in ("error", "truncate", "skip"),
-        f"long_prompts must be error, truncate or skip, got {cfg.long_prompts!r}",
+        one_of("long_prompts", cfg.long_prompts, ("error", "truncate", "skip")),
     )
     need(
         cfg.group_size >= 2,
@@ -267,10 +303,7 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
 def validate_engine(cfg: Any, need: Any) -> None:
     """Config problems of the engine and correction fields (``need(cond, message)``)."""
     engine = getattr(cfg, "rollout_engine", "torch")
-    need(
-        engine in ROLLOUT_ENGINES,
-        f"rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, got {engine!r}",
-    )
+    need(engine in ROLLOUT_ENGINES, one_of("rollout_engine", engine, ROLLOUT_ENGINES, "engine"))
     if hasattr(cfg, "vllm_dtype"):
         need(
             cfg.vllm_dtype in ("float32", "bfloat16", "float16"),
@@ -306,14 +339,11 @@ def validate_engine(cfg: Any, need: Any) -> None:
     if hasattr(cfg, "mismatch_correction"):
         need(
             cfg.mismatch_correction in (None, *CORRECTIONS),
-            f"mismatch_correction must be none, {' or '.join(CORRECTIONS)}, "
-            f"got {cfg.mismatch_correction!r}",
+            one_of("mismatch_correction", cfg.mismatch_correction, ("none", *CORRECTIONS)),
         )
-        from gspo.core.correction import LEVELS
-
         need(
-            cfg.mismatch_level in LEVELS,
-            f"mismatch_level must be one of {', '.join(LEVELS)}, got {cfg.mismatch_level!r}",
+            cfg.mismatch_level in MISMATCH_LEVELS,
+            one_of("mismatch_level", cfg.mismatch_level, MISMATCH_LEVELS),
         )
         need(cfg.mismatch_cap > 0, f"mismatch_cap must be positive, got {cfg.mismatch_cap}")
         if cfg.mismatch_floor is not None:
@@ -330,14 +360,8 @@ def validate_engine(cfg: Any, need: Any) -> None:
 
 def validate_options(cfg: Any, need: Any) -> None:
     """Config checks of the options (``need(condition, message)`` collects the problems)."""
-    from gspo.core.kl import KL_ESTIMATORS
-    from gspo.core.losses import LOSSES
-
-    spec = LOSSES.get(cfg.algo)
-    need(
-        cfg.kl_estimator in KL_ESTIMATORS,
-        f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {cfg.kl_estimator!r}",
-    )
+    spec = losses().get(cfg.algo)
+    need(cfg.kl_estimator in KL_ESTIMATORS, one_of("kl_estimator", cfg.kl_estimator, KL_ESTIMATORS))
     if spec is not None:
         clip_set = cfg.clip_low is not None or cfg.clip_high is not None
         need(

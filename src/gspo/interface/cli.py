@@ -1,23 +1,26 @@
-"""Command line: ``gspo train``, ``gspo sft``, ``gspo demo``, ``gspo eval``, ``gspo compare``,
-``gspo report``, ``gspo algos``.
+"""Command line: gspo train, gspo sft, gspo demo, gspo eval, gspo compare, gspo report,
+gspo algos.
 
-Every config field is a flag (``--clip-low 3e-4``); ``--config FILE`` (YAML or JSON) and
-``--preset NAME`` set many at once. Precedence: defaults < preset < file < flags.
+Every config field is a flag (--clip-low 3e-4); --config FILE (YAML or JSON) and --preset NAME
+set many at once. Precedence: defaults < preset < file < flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
 
-from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
+from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
 
 
 def _help_order(cls: type) -> list:
@@ -52,6 +55,7 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         )
     parser.add_argument("--config", help="YAML or JSON file of config fields")
     parser.add_argument("--preset", help=f"named preset: {', '.join(PRESETS)}")
+    add_log_level(parser)
 
 
 def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -99,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument(
         "--progress", type=parse_bool, default=True, metavar="V", help="live progress bars [True]"
     )
+    add_log_level(p_demo)
 
     from gspo import algos  # gspo algos
 
@@ -112,7 +117,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _set_log_level(getattr(args, "log_level", "error"))
     try:
+        _preflight(args)  # config and machine checks: before torch, a model or any data loads
         if args.command == "train":
             return _train(args)
         if args.command == "sft":
@@ -135,10 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gspo {args.command}: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, PermissionError, ValueError) as exc:
+    except (FileNotFoundError, PermissionError, IsADirectoryError, ValueError) as exc:
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
+    except (ImportError, RuntimeError) as exc:
+        # What the preflight could not see (a --resume run's config is read from its checkpoint
+        # later): a missing extra, whose message names the pip command, or CUDA asked for
+        # without one (gspo.models.build.resolve_device). Other errors keep their traceback.
+        if "pip install" in str(exc) or "sees no CUDA device" in str(exc):
+            print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, ImportError):
+            raise
         from gspo.backend.ray_backend import WorkerLostError
         from gspo.trainer import NonFiniteTrainingError
 
@@ -149,7 +164,72 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def _preflight(args: argparse.Namespace) -> None:
+    """Build and check the configs a command will run (cheap: plain dataclasses, torch-free
+    registries) and what they need from the machine (extras installed, CUDA present), so every
+    such mistake is reported at once, before the command's slow imports and work. The command
+    builds its config again when it runs; ``--resume`` configs come from the run folder and are
+    checked there."""
+    from gspo.config import EvalConfig
+    from gspo.config.machine import machine_problems
+    from gspo.config.validation import config_error
+
+    if args.command in ("train", "sft", "eval"):
+        if getattr(args, "resume", False):
+            return
+        cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
+        cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
+    elif args.command == "demo":  # its RL config must be valid before the 300-step SFT runs
+        common = dict(seed=args.seed, threads=args.threads, device="cpu", task="addition")
+        cfgs = [
+            build(SFTConfig, overrides=dict(steps=args.sft_steps, n_test=0, **common)),
+            build(
+                TrainConfig,
+                preset="demo",
+                overrides=dict(algo=args.algo, steps=args.steps, **common),
+            ),
+        ]
+    else:
+        return
+    problems = [p for cfg in cfgs for p in machine_problems(cfg)]
+    if problems:
+        raise config_error(list(dict.fromkeys(problems)), header="cannot start")
+
+
+def _set_log_level(level: str) -> None:
+    """How much the libraries underneath print. Set through their environment variables, which
+    they read when imported (before any of them is) and which reach their worker processes:
+    at the default, error, vLLM's INFO lines and warnings (with the traceback it logs when it
+    skips a warm-up) and datasets' "Generating train split" bars stay hidden; --log-level
+    warning, info or debug shows them. The default leaves variables the user set alone."""
+    import logging
+
+    quiet = level == "error"
+    values = {
+        "VLLM_LOGGING_LEVEL": level.upper(),
+        "TRANSFORMERS_VERBOSITY": level,
+        "DATASETS_VERBOSITY": level,
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "0" if level in ("info", "debug") else "1",
+    }
+    for name, value in values.items():
+        if quiet:
+            os.environ.setdefault(name, value)
+        else:
+            os.environ[name] = value
+    # vLLM logs a few warnings before its own logging is set up ("Triton is installed, but
+    # doesn't include CPU backend"), and some of its modules warn through Python's warnings.
+    with contextlib.suppress(ValueError):  # a level name logging does not know: vLLM's to say
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+    if quiet:
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    if level in ("info", "debug"):  # Python's own last-resort handler shows warnings only
+        logging.basicConfig(level=level.upper())
+
+
 def _quiet_transformers() -> None:
+    """transformers' warnings and progress bars off, unless --log-level asks for them."""
+    if os.environ.get("TRANSFORMERS_VERBOSITY") in ("warning", "info", "debug"):
+        return  # transformers read that level when it was imported
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

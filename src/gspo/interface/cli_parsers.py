@@ -8,7 +8,17 @@ heavy modules only once they run.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import re
+from typing import Any, NoReturn
+
+from gspo.config.names import did_you_mean
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# Any number argparse should take as a flag's value rather than as an unknown flag: -1, -0.5,
+# -1e-4, -.5E+3 (argparse's own pattern has no exponent, so `--lr -1e-4` was "expected one
+# argument" instead of validation's "lr must be positive").
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf$")
 
 TRAIN_EVAL_DEFAULTS = (
     "train and eval defaults differ on purpose: train (and sft) default to --model tiny (a "
@@ -28,6 +38,35 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        """As argparse's, but an unknown flag is reported by its subcommand's parser, with the
+        closest flag of that subcommand suggested."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self._subcommand_parser(parsed)
+            unknown = next((e.split("=")[0] for e in extras if e.startswith("-")), "")
+            hint = did_you_mean(unknown, parser._option_string_actions)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _subcommand_parser(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if chosen is not None:
+                    return chosen
+        return self
+
+    def error(self, message: str) -> NoReturn:
+        # argparse's "invalid choice" (an unknown subcommand) names no near miss before 3.14.
+        found = re.match(r"argument .*: invalid choice: '(.*?)' \(choose from (.*)\)", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            message += did_you_mean(found.group(1), choices)
+        # One line instead of argparse's usage block (gspo train's runs to 50 lines of flags).
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def parse_bool(text: str) -> bool:
@@ -38,6 +77,17 @@ def parse_bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    """``--log-level``: how much the libraries underneath (transformers, datasets, vLLM) print."""
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="error",
+        help="log level of transformers, datasets and vLLM: warning, info or debug also show "
+        "their warnings, progress bars and per-step lines [error]",
+    )
 
 
 def add_eval_parser(sub: Any, add_config_flags: Any) -> None:

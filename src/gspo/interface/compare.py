@@ -19,6 +19,7 @@ magnitude apart, so a warning is printed when they are set for a mix of ratio le
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -49,15 +50,19 @@ class CompareResult:
 
 def parse_algos(text: str | Sequence[str]) -> list[str]:
     """``"grpo,gspo"`` or a list -> validated, de-duplicated algorithm names."""
-    from gspo.core.losses import LOSSES
+    from gspo.config.names import did_you_mean, losses  # torch-free: checked before any import
 
+    LOSSES = losses()
     names = [a.strip() for a in (text.split(",") if isinstance(text, str) else text)]
     names = [a for a in names if a]
     if not names:
         raise ConfigError("--algos needs at least one algorithm")
     bad = [a for a in names if a not in LOSSES]
     if bad:
-        raise ConfigError(f"unknown algo {', '.join(bad)}; valid: {', '.join(sorted(LOSSES))}")
+        hint = did_you_mean(bad[0], LOSSES)
+        raise ConfigError(
+            f"unknown algo {', '.join(bad)}{hint}; valid: {', '.join(sorted(LOSSES))}"
+        )
     if len(set(names)) != len(names):
         raise ConfigError(f"--algos lists an algorithm twice: {','.join(names)}")
     return names
@@ -183,13 +188,9 @@ def run_compare(
     log=print,
 ) -> CompareResult:
     """Run every (algo, seed) pair from the same start and write ``<output_dir>/report``."""
-    from gspo.interface.report import build_report
-    from gspo.sft import run_sft
-    from gspo.trainer import train
-
     t0 = time.perf_counter()
     out = Path(output_dir)
-    cfgs, sft_cfgs = plan(
+    cfgs, sft_cfgs = plan(  # every config checked before torch is imported
         algos,
         seeds,
         out,
@@ -199,6 +200,10 @@ def run_compare(
         sft_steps=sft_steps,
         sft_overrides=sft_overrides,
     )
+    from gspo.interface.report import build_report
+    from gspo.sft import run_sft
+    from gspo.trainer import train
+
     out.mkdir(parents=True, exist_ok=True)
     sft_dirs: dict[int, Path] = {}
     fresh: set[int] = set()  # seeds whose cold start was (re)made: their RL runs are rerun too
@@ -299,14 +304,9 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
 
 def run_cli(args: Any, overrides_of: Any) -> int:
     """Run ``gspo compare`` or ``gspo report`` from parsed arguments; returns the exit code."""
-    from gspo.interface.report import build_report
-
-    if args.command == "compare":
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # checkpoint writes would print a bar each
-        hf_logging.set_verbosity_error()
     if args.command == "report":
+        from gspo.interface.report import build_report
+
         report = build_report(
             args.run_dirs,
             args.output_dir,
@@ -327,9 +327,25 @@ def run_cli(args: Any, overrides_of: Any) -> int:
         sft_overrides["lr"] = args.sft_lr
     if args.sft_batch_size is not None:
         sft_overrides["batch_size"] = args.sft_batch_size
+    algos, seeds = parse_algos(args.algos), parse_seeds(args.seeds, base=base_seed)
+    plan(  # the configs' problems before transformers (and torch) is imported
+        algos,
+        seeds,
+        output_dir,
+        preset=args.preset,
+        config_file=args.config,
+        overrides=overrides,
+        sft_steps=args.sft_steps,
+        sft_overrides=sft_overrides,
+    )
+    if os.environ.get("TRANSFORMERS_VERBOSITY") not in ("warning", "info", "debug"):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # checkpoint writes would print a bar each
+        hf_logging.set_verbosity_error()
     result = run_compare(
-        parse_algos(args.algos),
-        parse_seeds(args.seeds, base=base_seed),
+        algos,
+        seeds,
         output_dir,
         preset=args.preset,
         config_file=args.config,

@@ -45,12 +45,30 @@ def _json_lines_error(path: Path, text: str) -> str | None:
     return None
 
 
+def _not_utf8(path: Path, data: bytes) -> str:
+    """Where ``data`` (the file's bytes) stops being UTF-8: the row and line, not the byte
+    offset Python's decoder names, so the bad row can be found in an editor."""
+    row = 0
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            where = f"row {row} (line {number})" if path.suffix == ".jsonl" else f"line {number}"
+            return (
+                f"{path} {where}: not UTF-8 text (byte 0x{line[e.start]:02x} at column "
+                f"{e.start + 1}); save the file as UTF-8"
+            )
+        row += bool(line.strip())
+    return f"{path}: not UTF-8 text"
+
+
 def _find_json_error(path: Path) -> str | None:
     """Locate invalid JSON ourselves: datasets only reports a deep, position-less error."""
+    data = path.read_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        return f"{path}: not UTF-8 text: {e}"
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return _not_utf8(path, data)
     if path.suffix == ".jsonl":
         return _json_lines_error(path, text)
     try:
@@ -198,6 +216,8 @@ def load_examples(
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a data file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix not in EXTENSIONS:

@@ -1,0 +1,168 @@
+"""The names a config refers to (losses, chat modes, advantage scales, ...), readable without
+importing torch, and the did-you-mean hint of an unknown one.
+
+Their registries live in modules that import torch (``gspo.core.losses``, ``gspo.models.chat``,
+...), about 2 to 6 s on a small machine; a config mistake must be reported well before that. So
+the built-in entries are copied here as plain data, and ``tests/test_config_names.py`` keeps the
+copies equal to the registries. Losses can also be registered at run time
+(``gspo.core.losses.register_loss``): :func:`losses` then reads the real registry, which is
+loaded by then.
+
+Plain data: this module imports nothing else of gspo.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CHAT_MODES = ("auto", "none", "always")  # gspo.models.chat
+ROUTING_REPLAY = ("none", "old", "engine")  # gspo.models.moe
+ADVANTAGE_SCALES = ("std", "sample_std", "none")  # gspo.core.advantages.SCALES
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # gspo.core.kl
+MISMATCH_LEVELS = ("token", "sequence", "geometric")  # gspo.core.correction.LEVELS
+CREDITS = ("episode", "turn")  # gspo.envs.credit
+COMPARE_MODES = ("auto", "text", "number")  # gspo.envs.sandbox.compare
+
+
+@dataclass(frozen=True)
+class LossInfo:
+    """The fields of ``gspo.core.losses.LossSpec`` that config checks and ``gspo algos`` read
+    (everything but the term function and its docstring)."""
+
+    name: str
+    clip_low: float
+    clip_high: float
+    aggregations: tuple[str, ...]
+    token_advantages: bool
+    formula: str
+    source: str
+    clip_meaning: str = "ratio"
+    options: tuple[tuple[str, float | None], ...] = ()
+
+    @property
+    def default_aggregation(self) -> str:
+        return self.aggregations[0]
+
+
+_ALL_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
+
+BUILTIN_LOSSES: dict[str, LossInfo] = {
+    info.name: info
+    for info in (
+        LossInfo(
+            "grpo",
+            0.2,
+            0.28,
+            _ALL_AGGREGATIONS,
+            True,
+            "min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
+            "DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
+            "c: Ye et al. arXiv 1912.09729)",
+            options=(("dual_clip", None),),
+        ),
+        LossInfo(
+            "gspo",
+            3e-4,
+            4e-4,
+            ("seq_mean_token_mean",),
+            False,
+            "(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
+            "GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
+        ),
+        LossInfo(
+            "luspo",
+            2e-3,
+            2.5e-3,
+            ("seq_mean_token_sum",),
+            False,
+            "(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
+            "LUSPO arXiv 2602.05261",
+        ),
+        LossInfo(
+            "gspo_token",
+            3e-4,
+            4e-4,
+            ("seq_mean_token_mean",),
+            True,
+            "(1/G) Σ_i (1/|y_i|) Σ_t min(s_it A_it, clip(s_it) A_it), s_it = sg[s_i] π/sg[π]",
+            "GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 13-17)",
+        ),
+        LossInfo(
+            "cispo",
+            1.0,
+            4.0,
+            ("token_mean", "seq_mean_token_mean"),
+            True,
+            "sg(clip(r, 1-ε_l, 1+ε_h)) A log π per token, token mean; IS-weight cap 1+ε_h = 5",
+            "MiniMax-M1, arXiv 2506.13585 (Eq. 4); ε_l=1, ε_h=4 as SkyRL/AReaL (TRL cap 5.0)",
+            clip_meaning="weight",
+        ),
+        LossInfo(
+            "sapo",
+            0.0,
+            0.0,
+            ("seq_mean_token_mean", "token_mean"),
+            True,
+            "σ(τ(r-1))·(4/τ)·A per token, τ = τ+ (A>0) or τ- (A<=0), no clip",
+            "SAPO (Qwen), arXiv 2511.20347; τ+=1.0, τ-=1.05",
+            clip_meaning="unused",
+            options=(("tau_pos", 1.0), ("tau_neg", 1.05)),
+        ),
+        LossInfo(
+            "sapo_seq",
+            0.0,
+            0.0,
+            ("seq_mean_token_mean",),
+            False,
+            "(1/G) Σ_i σ(τ(s_i-1))·(4/τ)·A_i, s_i = GSPO's sequence ratio, no clip",
+            "SAPO (Qwen), arXiv 2511.20347, sequence-ratio variant (TRL "
+            "importance_sampling_level='sequence'); τ+=1.0, τ-=1.05",
+            clip_meaning="unused",
+            options=(("tau_pos", 1.0), ("tau_neg", 1.05)),
+        ),
+        LossInfo(
+            "gmpo",
+            0.4,
+            0.4,
+            ("seq_mean_token_mean",),
+            False,
+            "(1/G) Σ_i A_i exp(mean_t signclip(log r_t)), log r clipped to [-ε_l, ε_h] = ±0.4",
+            "GMPO, Zhao et al. arXiv 2507.20673 (ε = 0.4 in log space)",
+            clip_meaning="log-ratio",
+        ),
+    )
+}
+
+
+def losses() -> Mapping[str, Any]:
+    """The loss registry: ``gspo.core.losses.LOSSES`` once that module is loaded (it then also
+    holds losses registered at run time, and registering one needs that module), else the
+    built-in table above. Either way each entry has the :class:`LossInfo` fields."""
+    module = sys.modules.get("gspo.core.losses")
+    registry = getattr(module, "LOSSES", None)
+    return registry if registry else BUILTIN_LOSSES
+
+
+def did_you_mean(value: Any, choices: Iterable[str]) -> str:
+    """`` — did you mean 'x'?`` for the closest of ``choices`` to ``value``, or ''."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    return f" — did you mean {close[0]!r}?" if close else ""
+
+
+def one_of(name: str, value: Any, choices: Iterable[str], noun: str | None = None) -> str:
+    """The problem of ``name=value`` outside ``choices``, with the closest one suggested.
+
+    ``noun`` names what the value is ('algorithm'): "unknown algorithm 'gsop' — did you mean
+    'gspo'? (algo must be one of ...)"; without it: "dtype must be one of ..., got 'x'"."""
+    choices = list(choices)
+    hint = did_you_mean(value, choices)
+    valid = f"{name} must be one of {', '.join(choices)}"
+    if noun is None:
+        return f"{valid}, got {value!r}{hint}"
+    return f"unknown {noun} {value!r}{hint} ({valid})"
