@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from async_support import hold_updates_until_the_producer_blocks
 
 import gspo.orchestration.steps as steps_module
 import gspo.rollout.partial as partial_module
@@ -291,12 +292,14 @@ def test_slow_producer_switches_weights_inside_episodes_within_k(
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_slow_trainer_keeps_async_episodes_at_the_bound(tmp_path, monkeypatch, turns_env, k):
-    _slow(monkeypatch, steps_module, "update", 0.3)
+    """Each update waits until the thread is blocked at the bound (no sleeps): every step from
+    K on trains on episodes made K versions earlier, and the thread blocked once per update
+    that had a step left to admit after it."""
+    probe = hold_updates_until_the_producer_blocks(monkeypatch)
     rs = records(train(_cfg(tmp_path, steps=5, max_staleness=k)))
-    assert max(r["async/staleness_max"] for r in rs) == k
-    # The thread waited at the bound: 5 x 0.3 s of updates against a few tenths of a second of
-    # generation, with margin for a loaded machine (0.28 s was seen under load at 0.2 s/update).
-    assert sum(r["async/rollout_idle_s"] for r in rs) > 0.1
+    assert [r["async/staleness_max"] for r in rs] == [min(s, k) for s in range(5)]
+    assert probe.blocked == 5 - k - 1  # updates 0 .. 3 - k; the later ones find the thread done
+    assert sum(r["async/rollout_idle_s"] for r in rs) > 0  # its blocked waits were timed
 
 
 def test_k0_episodes_through_the_thread_equal_the_sync_run(tmp_path, monkeypatch, turns_env):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from async_support import hold_updates_until_the_producer_blocks
 
-import gspo.orchestration.steps as steps_module
 import gspo.rollout.partial as partial_module
 import gspo.trainer as trainer_module
 from gspo import checkpoint as ckpt
@@ -155,13 +155,14 @@ def test_slow_engine_in_the_loop_continues_partial_rollouts_within_k(tmp_path, m
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_slow_trainer_in_the_loop_keeps_the_thread_at_the_bound(tmp_path, monkeypatch, k):
-    """Every update takes 0.2 s more: the thread runs ahead exactly K versions and waits."""
-    _slow(monkeypatch, steps_module, "update", 0.2)
+    """Each update waits until the thread is blocked at the bound (no sleeps): the thread runs
+    ahead exactly K versions and waits, once per update that had a step left to admit."""
+    probe = hold_updates_until_the_producer_blocks(monkeypatch)
     result = train(make_cfg(tmp_path, steps=6, max_staleness=k, eval_every=0))
     records = train_records(result.history)
-    assert max(r["async/staleness_max"] for r in records) == k
-    assert all(r["async/staleness_max"] <= k for r in records)
-    assert sum(r["async/rollout_idle_s"] for r in records) > 0.3  # the thread waited
+    assert [r["async/staleness_max"] for r in records] == [min(s, k) for s in range(6)]
+    assert probe.blocked == 6 - k - 1
+    assert sum(r["async/rollout_idle_s"] for r in records) > 0  # its blocked waits were timed
 
 
 def test_mask_mode_drops_tokens_older_than_the_rows_newest_version():
