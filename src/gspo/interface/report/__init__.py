@@ -50,10 +50,11 @@ from gspo.interface.report.plots import (
     PANELS,
     Panel,
     line_style,
-    log_floor,
     plot_comparison,
     plot_metrics_file,
     plot_run,
+    smoothing_note,
+    symlog_threshold,
 )
 from gspo.interface.report.stats import (
     COLUMNS,
@@ -103,7 +104,6 @@ __all__ = [
     "group_runs",
     "line_style",
     "load_run",
-    "log_floor",
     "mean_se",
     "paired_differences",
     "paired_table",
@@ -115,8 +115,10 @@ __all__ = [
     "run_scalar",
     "series",
     "smooth",
+    "smoothing_note",
     "summarize",
     "summary_table",
+    "symlog_threshold",
     "tail_mean",
     "train_records",
 ]
