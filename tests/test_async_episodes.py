@@ -5,14 +5,12 @@ environment tokens, keep/mask/restart, and K = 0 through the thread equal to the
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
-from async_support import hold_updates_until_the_producer_blocks
+from async_support import hold_updates_until_the_producer_blocks, new_weights_inside_each_generation
 
 import gspo.orchestration.steps as steps_module
-import gspo.rollout.partial as partial_module
 import gspo.trainer as trainer_module
 from gspo.config import TrainConfig
 from gspo.envs import Step
@@ -234,16 +232,6 @@ def batches(monkeypatch):
     return seen
 
 
-def _slow(monkeypatch, module, name: str, seconds: float) -> None:
-    real = getattr(module, name)
-
-    def slowed(*args, **kwargs):
-        time.sleep(seconds)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, slowed)
-
-
 def records(result) -> list[dict]:
     return [r for r in result.history if "reward/mean" in r]
 
@@ -264,10 +252,12 @@ def test_k1_on_the_calculator_task_logs_episode_and_async_metrics(tmp_path):
 def test_slow_producer_switches_weights_inside_episodes_within_k(
     tmp_path, monkeypatch, turns_env, batches, mode
 ):
-    """Every token takes 20 ms: new weights arrive inside episodes (mid-turn or between turns);
-    staleness stays <= K, no env token is in the loss, and each mode does what it says."""
-    _slow(monkeypatch, partial_module, "sample_next", 0.02)
+    """New weights arrive inside every episode step after the first (see
+    new_weights_inside_each_generation; no sleeps): staleness stays <= K, no env token is in
+    the loss, and each mode does what it says."""
+    waited = new_weights_inside_each_generation(monkeypatch)
     rs = records(train(_cfg(tmp_path, steps=5, async_partial=mode)))
+    assert waited == [1, 2, 3, 4]
     assert all(r["async/staleness_max"] <= 1 and r["async/dropped_samples"] == 0 for r in rs)
     switches = sum(r["async/mid_turn_syncs"] + r["async/turn_boundary_syncs"] for r in rs)
     if mode == "restart":
