@@ -2,9 +2,11 @@
 side-by-side comparison of many (``load_run``, ``group_runs``, ``build_report``).
 
 A comparison groups runs by their settings: runs that differ only in ``seed`` (and in settings
-that follow the seed, such as a per-seed cold-start checkpoint in ``model``) are one group, the
-seeds of one condition; a group's label is its ``algo`` plus any other setting that tells groups
-apart. Each group is drawn as the mean over seeds with a ±1 standard-error band, against RL step
+that follow the seed, such as a per-seed cold-start checkpoint in ``model``: a path naming the
+run's seed is compared with the seed taken out) are one group, the seeds of one condition; a
+group's label is its ``algo`` plus any other setting that tells groups apart (see
+:func:`condition_keys`: one extra run with other settings gets a group of its own). Log panels
+use a symlog axis, so a zero is drawn at 0. Each group is drawn as the mean over seeds with a ±1 standard-error band, against RL step
 and against training wall time; the summary table gives mean ± standard error over seeds of
 end-of-training values.
 
