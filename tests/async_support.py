@@ -83,20 +83,26 @@ def hold_updates_until_the_producer_blocks(monkeypatch) -> BlockedProducer:
     return probe
 
 
-def new_weights_inside_each_generation(monkeypatch) -> list[int]:
+def new_weights_inside_each_generation(monkeypatch, target=None) -> list[int]:
     """A slow producer without sleeps. The trainer's update of step s waits until the rollout
     thread has sampled the first token of step s + 1 (or finished); that token's sampling waits
     until the trainer publishes newer weights. So every step after the first is generated
     ahead of the trainer and gets new weights inside its generation (mid-turn for episodes),
-    by construction. Returns the steps that waited for new weights."""
+    by construction. Returns the steps that waited for new weights.
+
+    ``target`` (owner, attribute) is the generation's unit of work on the rollout thread:
+    ``sample_next`` of the torch producer by default, ``RayAsyncSource.generate_chunk`` (one
+    chunk on the Ray workers) for Ray."""
     import gspo.rollout.partial as partial_module
+
+    owner, name = target or (partial_module, "sample_next")
 
     cond = threading.Condition()
     waited: list[int] = []
     state: dict = {"started": -1, "finished": False, "updates": 0, "first": False}
     real_start = async_rollout.RolloutThread.start
     real_main = async_rollout.RolloutThread._main
-    real_sample = partial_module.sample_next
+    real_sample = getattr(owner, name)
     real_update = steps_module.update
 
     def start(self) -> None:
@@ -108,6 +114,8 @@ def new_weights_inside_each_generation(monkeypatch) -> list[int]:
             return produce(step, weights)
 
         self.produce = tracked
+        with cond:
+            state.update(active=True, started=-1, finished=False, updates=0)
         real_start(self)
 
     def main(self) -> None:
@@ -139,12 +147,15 @@ def new_weights_inside_each_generation(monkeypatch) -> list[int]:
         with cond:
             step = state["updates"]
             state["updates"] += 1
-            ok = cond.wait_for(lambda: state["started"] > step or state["finished"], HANG_S)
+            # K = 0 builds no rollout thread: nothing to wait for.
+            ok = not state.get("active") or cond.wait_for(
+                lambda: state["started"] > step or state["finished"], HANG_S
+            )
         assert ok, "the rollout thread neither started the next step nor finished"
         return real_update(*args, **kwargs)
 
     monkeypatch.setattr(async_rollout.RolloutThread, "start", start)
     monkeypatch.setattr(async_rollout.RolloutThread, "_main", main)
-    monkeypatch.setattr(partial_module, "sample_next", sample_next)
+    monkeypatch.setattr(owner, name, sample_next)
     monkeypatch.setattr(steps_module, "update", update)
     return waited
