@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from async_support import HANG_S, hold_updates_until_the_producer_blocks
 
 from gspo.orchestration.async_buffer import StalenessBuffer, batch_metrics
 from gspo.orchestration.async_rollout import Produced, RolloutThread, WeightSync
@@ -91,16 +91,31 @@ def test_drop_all_counts_what_is_left():
 GROUPS, SIZE, TOKENS = 2, 3, 6
 
 
-def _run(k: int, train_s: float, token_s: float, steps: int = 8):
-    """A fake producer (``TOKENS`` tokens of ``token_s`` each, new weights picked up between
-    tokens, as the torch producer does) and a fake trainer (``train_s`` per step)."""
+def _run(k: int, slow: str, monkeypatch, steps: int = 8):
+    """A fake producer (``TOKENS`` tokens, new weights picked up between tokens, as the torch
+    producer does) and a fake trainer, one of them slow by construction rather than by sleeps:
+
+    - ``slow="trainer"``: each update waits until the producer is blocked at the bound (or
+      done), so it is always K versions ahead;
+    - ``slow="producer"``: after its first token of a step ahead of the trainer the producer
+      waits for new weights, and the trainer publishes them only once that token is sampled,
+      so every step after the first spans two versions.
+    """
     loaded: list[int] = []
+    probe = hold_updates_until_the_producer_blocks(monkeypatch) if slow == "trainer" else None
+    cond = threading.Condition()
+    started = [-1]  # the last step whose first token the producer sampled
 
     def produce(step: int, w: WeightSync) -> Produced:
         versions = []
-        for _ in range(TOKENS):
-            time.sleep(token_s)
+        for i in range(TOKENS):
             versions.append(w.version)
+            if slow == "producer" and i == 0:
+                with cond:
+                    started[0] = step
+                    cond.notify_all()
+                if w.version < step:  # ahead of the trainer: wait for its next weights
+                    w.wait_for(w.version + 1)
             w.sync()
         lo, hi = min(versions), max(versions)
         return Produced([[lo] * SIZE] * GROUPS, [[hi] * SIZE] * GROUPS, step, 0.0)
@@ -112,31 +127,34 @@ def _run(k: int, train_s: float, token_s: float, steps: int = 8):
         groups, m = t.take(step)
         assert len(groups) == GROUPS and groups[0].payload == step
         records.append(m)
-        time.sleep(train_s)  # the update
+        if probe is not None:  # the update
+            probe.wait()
+        elif step + 1 < steps:
+            with cond:
+                assert cond.wait_for(lambda s=step: started[0] > s, timeout=HANG_S)
         t.publish(object(), step + 1)
     assert t.close() == 0
     assert t.buffer.accounted()
     assert threading.active_count() >= 1
-    return records, loaded
+    return records, loaded, probe
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_staleness_bounded_under_a_slow_trainer(k):
-    records, _ = _run(k, train_s=0.05, token_s=0.0005)
-    assert max(m["async/staleness_max"] for m in records) <= k
+def test_staleness_bounded_under_a_slow_trainer(k, monkeypatch):
+    records, _, probe = _run(k, "trainer", monkeypatch)
     # The producer runs ahead as far as allowed, and then waits for the trainer.
-    assert max(m["async/staleness_max"] for m in records) == k
-    assert sum(m["async/rollout_idle_s"] for m in records) > 0.1
+    assert [m["async/staleness_max"] for m in records] == [min(s, k) for s in range(8)]
+    assert probe.blocked == 8 - k - 1  # once per update with a step left to admit after it
+    assert sum(m["async/rollout_idle_s"] for m in records) > 0  # its blocked waits were timed
     assert sum(m["async/dropped_samples"] for m in records) == 0
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_staleness_bounded_under_a_slow_producer(k):
-    records, loaded = _run(k, train_s=0.001, token_s=0.01)
-    assert max(m["async/staleness_max"] for m in records) <= k
-    # The trainer waits for batches; weights arrive mid-generation, so samples span versions.
-    assert sum(m["async/trainer_idle_s"] for m in records) > 0.1
-    assert any(m["async/partial_fraction"] > 0 for m in records)
+def test_staleness_bounded_under_a_slow_producer(k, monkeypatch):
+    records, loaded, _ = _run(k, "producer", monkeypatch)
+    # Weights arrive mid-generation, so every step after the first spans two versions.
+    assert [m["async/staleness_max"] for m in records] == [0] + [1] * 7
+    assert [m["async/partial_fraction"] > 0 for m in records] == [False] + [True] * 7
     assert loaded  # the producer loaded new weights
 
 

@@ -5,13 +5,12 @@ environment tokens, keep/mask/restart, and K = 0 through the thread equal to the
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
+from async_support import hold_updates_until_the_producer_blocks, new_weights_inside_each_generation
 
 import gspo.orchestration.steps as steps_module
-import gspo.rollout.partial as partial_module
 import gspo.trainer as trainer_module
 from gspo.config import TrainConfig
 from gspo.envs import Step
@@ -233,16 +232,6 @@ def batches(monkeypatch):
     return seen
 
 
-def _slow(monkeypatch, module, name: str, seconds: float) -> None:
-    real = getattr(module, name)
-
-    def slowed(*args, **kwargs):
-        time.sleep(seconds)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, slowed)
-
-
 def records(result) -> list[dict]:
     return [r for r in result.history if "reward/mean" in r]
 
@@ -263,10 +252,12 @@ def test_k1_on_the_calculator_task_logs_episode_and_async_metrics(tmp_path):
 def test_slow_producer_switches_weights_inside_episodes_within_k(
     tmp_path, monkeypatch, turns_env, batches, mode
 ):
-    """Every token takes 20 ms: new weights arrive inside episodes (mid-turn or between turns);
-    staleness stays <= K, no env token is in the loss, and each mode does what it says."""
-    _slow(monkeypatch, partial_module, "sample_next", 0.02)
+    """New weights arrive inside every episode step after the first (see
+    new_weights_inside_each_generation; no sleeps): staleness stays <= K, no env token is in
+    the loss, and each mode does what it says."""
+    waited = new_weights_inside_each_generation(monkeypatch)
     rs = records(train(_cfg(tmp_path, steps=5, async_partial=mode)))
+    assert waited == [1, 2, 3, 4]
     assert all(r["async/staleness_max"] <= 1 and r["async/dropped_samples"] == 0 for r in rs)
     switches = sum(r["async/mid_turn_syncs"] + r["async/turn_boundary_syncs"] for r in rs)
     if mode == "restart":
@@ -291,12 +282,14 @@ def test_slow_producer_switches_weights_inside_episodes_within_k(
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_slow_trainer_keeps_async_episodes_at_the_bound(tmp_path, monkeypatch, turns_env, k):
-    _slow(monkeypatch, steps_module, "update", 0.3)
+    """Each update waits until the thread is blocked at the bound (no sleeps): every step from
+    K on trains on episodes made K versions earlier, and the thread blocked once per update
+    that had a step left to admit after it."""
+    probe = hold_updates_until_the_producer_blocks(monkeypatch)
     rs = records(train(_cfg(tmp_path, steps=5, max_staleness=k)))
-    assert max(r["async/staleness_max"] for r in rs) == k
-    # The thread waited at the bound: 5 x 0.3 s of updates against a few tenths of a second of
-    # generation, with margin for a loaded machine (0.28 s was seen under load at 0.2 s/update).
-    assert sum(r["async/rollout_idle_s"] for r in rs) > 0.1
+    assert [r["async/staleness_max"] for r in rs] == [min(s, k) for s in range(5)]
+    assert probe.blocked == 5 - k - 1  # updates 0 .. 3 - k; the later ones find the thread done
+    assert sum(r["async/rollout_idle_s"] for r in rs) > 0  # its blocked waits were timed
 
 
 def test_k0_episodes_through_the_thread_equal_the_sync_run(tmp_path, monkeypatch, turns_env):

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import torch
+from async_support import (
+    hold_updates_until_the_producer_blocks,
+    new_weights_inside_each_generation,
+)
 
 import gspo.orchestration.steps as steps_module
 from gspo.config import ConfigError, TrainConfig, build
@@ -130,16 +133,11 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
 
 
 def test_ray_async_slow_trainer_bounds_staleness(tmp_path, monkeypatch):
-    """A trainer slower than the workers (K = 2): they run ahead, by at most K versions."""
+    """A trainer slower than the workers (K = 2; each update waits until the thread is blocked
+    at the bound, no sleeps): they run ahead, by exactly K versions."""
     from gspo.trainer import train
 
-    update = steps_module.update
-
-    def slow(*a, **kw):
-        time.sleep(0.4)
-        return update(*a, **kw)
-
-    monkeypatch.setattr(steps_module, "update", slow)
+    probe = hold_updates_until_the_producer_blocks(monkeypatch)
     import ray
 
     result = train(_cfg(tmp_path, "slow-trainer", steps=5, max_staleness=2))
@@ -148,32 +146,27 @@ def test_ray_async_slow_trainer_bounds_staleness(tmp_path, monkeypatch):
     for r in records:
         print({k: round(v, 3) for k, v in r.items() if k.startswith("async/")})
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    assert max(r["async/staleness_max"] for r in records) == 2  # ran ahead to the bound, no more
+    assert [r["async/staleness_max"] for r in records] == [0, 1, 2, 2, 2]  # to the bound
+    assert probe.blocked == 2  # before updates 1 and 2; the later ones find the thread done
     assert all(r["async/dropped_samples"] == 0 for r in records)
     assert (result.output_dir / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("mode", ["keep", "mask", "restart"])
 def test_ray_async_slow_worker_bounds_staleness(tmp_path, monkeypatch, mode):
-    """Workers slower than the trainer (a pause before every chunk): the trainer waits for
-    them, new weights arrive in the middle of generations (kept, masked or restarted),
-    staleness stays <= K."""
+    """Workers slower than the trainer (new weights are published while the first chunk of
+    every step after the first is generated; no sleeps): new weights arrive in the middle of
+    generations (kept, masked or restarted), staleness stays <= K."""
     from gspo.orchestration.ray_async import RayAsyncSource
     from gspo.trainer import train
 
-    chunk = RayAsyncSource.generate_chunk
-
-    def slow(self, g, version):
-        time.sleep(0.25)
-        return chunk(self, g, version)
-
-    monkeypatch.setattr(RayAsyncSource, "generate_chunk", slow)
+    waited = new_weights_inside_each_generation(monkeypatch, (RayAsyncSource, "generate_chunk"))
     cfg = _cfg(tmp_path, f"slow-{mode}", steps=5, max_staleness=2, async_partial=mode)
     records = _steps(train(cfg).output_dir)
     for r in records:
         print({k: round(v, 3) for k, v in r.items() if k.startswith("async/")})
+    assert waited == [1, 2, 3, 4]
     assert max(r["async/staleness_max"] for r in records) <= 2
-    assert sum(r["async/trainer_idle_s"] for r in records) > 0.5
     partial = max(r["async/partial_fraction"] for r in records)
     if mode == "restart":  # new weights throw the generation away: one version per sample
         assert partial == 0
@@ -239,8 +232,8 @@ def test_ray_async_refusals_shut_the_workers_down():
 @pytest.mark.parametrize(("k", "mode"), [(0, "keep"), (1, "keep"), (1, "restart")])
 def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
     """Three-turn episodes (the environment replies between turns) on the Ray rollout worker:
-    synchronous (K = 0) and async (K = 1) with a slow worker, so new weights arrive while the
-    episodes of the next step are running. Staleness stays <= K, the episodes take several
+    synchronous (K = 0) and async (K = 1) with new weights arriving while the episodes of the
+    next step are running. Staleness stays <= K, the episodes take several
     turns, and no environment token is ever trained."""
     from test_async_episodes import TurnsEnv
 
@@ -250,13 +243,8 @@ def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
     from gspo.trainer import train
 
     monkeypatch.setattr(trainer_module, "env_for", lambda task, cfg, chat: TurnsEnv())
-    chunk = RayAsyncSource.generate_chunk
-
-    def slow(self, g, version):
-        time.sleep(0.1)
-        return chunk(self, g, version)
-
-    monkeypatch.setattr(RayAsyncSource, "generate_chunk", slow)
+    # New weights are published inside the episodes of every step after the first (no sleeps).
+    waited = new_weights_inside_each_generation(monkeypatch, (RayAsyncSource, "generate_chunk"))
     seen = []
     update = steps_module.update
 
@@ -284,6 +272,7 @@ def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
     if k == 0:
         assert not any(key.startswith("async/") for key in records[0])
         return
+    assert waited == [1, 2, 3]
     assert max(r["async/staleness_max"] for r in records) <= 1
     syncs = sum(r["async/mid_turn_syncs"] + r["async/turn_boundary_syncs"] for r in records)
     partial = max(r["async/partial_fraction"] for r in records)

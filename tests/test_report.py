@@ -21,10 +21,11 @@ from gspo.report import (
     group_runs,
     line_style,
     load_run,
-    log_floor,
     mean_se,
     read_config,
     smooth,
+    smoothing_note,
+    symlog_threshold,
     tail_mean,
 )
 
@@ -225,15 +226,14 @@ def test_conditions_beyond_algo_get_their_own_group(tmp_path: Path) -> None:
     groups = group_runs([load_run(p) for p in discover_runs([tmp_path])])
     assert sorted(groups) == ["gspo clip_low=0.001", "gspo clip_low=default"]
     assert all([r.seed for r in g] == [0, 1] for g in groups.values())
-    # The same cold start made in two folders would split groups by `model` unless ignored.
+    # The same cold start made in two folders adds `model` to the labels unless ignored.
     runs = [load_run(p) for p in discover_runs([tmp_path])]
     for run in runs:
         run.config["model"] = f"{'a' if run.config['clip_low'] else 'b'}/sft/seed{run.seed}"
+    # Per-seed paths read the same once the seed is taken out: the seeds still pool.
     assert sorted(group_runs(runs)) == [
-        "gspo clip_low=0.001 model=a/sft/seed0",
-        "gspo clip_low=0.001 model=a/sft/seed1",
-        "gspo clip_low=default model=b/sft/seed0",
-        "gspo clip_low=default model=b/sft/seed1",
+        "gspo clip_low=0.001 model=a/sft/seed<k>",
+        "gspo clip_low=default model=b/sft/seed<k>",
     ]
     assert sorted(group_runs(runs, ignore=["model"])) == sorted(groups)
 
@@ -330,8 +330,75 @@ def test_paired_table_without_evaluations_or_shared_seeds(tmp_path: Path) -> Non
 
 
 def test_log_panels_and_line_styles() -> None:
-    assert log_floor([0.0, 0.0, math.nan]) is None  # all zero: a linear axis, not 1e-12
-    assert log_floor([0.0, 0.2, 0.1]) == pytest.approx(0.05)
+    assert symlog_threshold([0.0, 0.0, math.nan]) is None  # all zero: a linear axis
+    assert symlog_threshold([0.0, 0.2, 0.03]) == pytest.approx(0.01)
     styles = [line_style(i) for i in range(12)]
     assert len(set(styles)) == 12  # every group of a 12-way comparison looks different
     assert len({s[0] for s in styles[:4]}) == 4 and len({s[1] for s in styles[:4]}) == 4
+
+
+def _two_by_two(root: Path) -> None:
+    """grpo and gspo x seeds 0 and 1, each seed with its own cold start, lr 1e-3."""
+    for algo in ("grpo", "gspo"):
+        for seed in (0, 1):
+            fake_run(root, f"{algo}{seed}", algo=algo, seed=seed, reward=[0.5] * STEPS,
+                     acc=(0, 1), clip=0.1, model=f"sft/seed{seed}", lr=1e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        # Another lr on a seed of its own: not pooled with the others' seeds 0 and 1.
+        (dict(seed=2, lr=1e-2, model="sft/seed2"), {"gspo lr=0.01": [2]}),
+        # Another cold start on seed 0: the per-seed cold starts still pool seeds 0 and 1.
+        (dict(seed=0, lr=1e-3, model="other/seed0"), {"gspo model=other/seed<k>": [0]}),
+        # One more seed of the same settings joins its condition.
+        (dict(seed=2, lr=1e-3, model="sft/seed2"), {}),
+    ],
+)
+def test_one_extra_run_keeps_the_seeds_of_each_condition_pooled(tmp_path, extra, expected):
+    _two_by_two(tmp_path)
+    fake_run(tmp_path, "extra", algo="gspo", reward=[0.5] * STEPS, acc=(0, 1), clip=0.1, **extra)
+    groups = group_runs([load_run(p) for p in discover_runs([tmp_path])])
+    seeds = {label: [r.seed for r in runs] for label, runs in groups.items()}
+    pooled = {label: s for label, s in seeds.items() if label not in expected}
+    assert sorted(pooled.values()) == ([[0, 1], [0, 1, 2]] if not expected else [[0, 1], [0, 1]])
+    assert {label: s for label, s in seeds.items() if label in expected} == expected
+
+
+def test_a_mean_below_its_standard_error_prints_at_its_precision() -> None:
+    assert fmt_mean_se(8.67e-19, 1e-3) == "0.000 ± 0.001"
+    assert fmt_mean_se(-8.67e-19, 1e-3) == "0.000 ± 0.001"  # no "-0.000"
+    assert fmt_mean_se(2e-6, 2.3e-4) == "0.0000 ± 0.0002"
+    assert fmt_mean_se(5e-5, 1e-5) == "5.00e-05 ± 1.00e-05"  # measured: kept as it was
+    assert fmt_mean_se(0.001, 0.0) == "1.00e-03 ± 0.000"
+
+
+def test_log_panels_draw_zeros_at_zero_and_name_the_smoothing(tmp_path, monkeypatch) -> None:
+    """A clip fraction of 0 on some steps is drawn at 0 on a symlog axis, never at a floor; a
+    10-step run is not smoothed and the title does not call it a moving average."""
+    from matplotlib.figure import Figure
+
+    plots = capture_plots(monkeypatch)
+    scales, titles = {}, []
+    inner = Figure.savefig
+
+    def spy(self, fname, *args, **kwargs):
+        scales.update({ax.get_title(): ax.get_yscale() for ax in self.axes})
+        titles.append(self.get_suptitle())
+        return inner(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    run = fake_run(tmp_path / "runs", "r", algo="gspo", seed=0, reward=[0.5] * STEPS,
+                   acc=(0, 1), clip=0.0)  # fmt: skip
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r.get("step") == 5 and "clip/fraction" in r:
+            r["clip/fraction"] = 0.02
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    build_report([run], tmp_path / "report")
+    _, ys = plots["curves_vs_step.png"]["clipped-token fraction"]["gspo (n=1)"]
+    assert ys == pytest.approx([0.0] * 4 + [0.02] + [0.0] * 5)
+    assert scales["clipped-token fraction"] == "symlog"
+    assert all("moving average" not in t and "not smoothed" in t for t in titles)
+    assert smoothing_note(4) == "moving average over 4 steps"

@@ -2,9 +2,11 @@
 side-by-side comparison of many (``load_run``, ``group_runs``, ``build_report``).
 
 A comparison groups runs by their settings: runs that differ only in ``seed`` (and in settings
-that follow the seed, such as a per-seed cold-start checkpoint in ``model``) are one group, the
-seeds of one condition; a group's label is its ``algo`` plus any other setting that tells groups
-apart. Each group is drawn as the mean over seeds with a ±1 standard-error band, against RL step
+that follow the seed, such as a per-seed cold-start checkpoint in ``model``: a path naming the
+run's seed is compared with the seed taken out) are one group, the seeds of one condition; a
+group's label is its ``algo`` plus any other setting that tells groups apart (see
+:func:`condition_keys`: one extra run with other settings gets a group of its own). Log panels
+use a symlog axis, so a zero is drawn at 0. Each group is drawn as the mean over seeds with a ±1 standard-error band, against RL step
 and against training wall time; the summary table gives mean ± standard error over seeds of
 end-of-training values.
 
@@ -50,10 +52,11 @@ from gspo.interface.report.plots import (
     PANELS,
     Panel,
     line_style,
-    log_floor,
     plot_comparison,
     plot_metrics_file,
     plot_run,
+    smoothing_note,
+    symlog_threshold,
 )
 from gspo.interface.report.stats import (
     COLUMNS,
@@ -103,7 +106,6 @@ __all__ = [
     "group_runs",
     "line_style",
     "load_run",
-    "log_floor",
     "mean_se",
     "paired_differences",
     "paired_table",
@@ -115,8 +117,10 @@ __all__ = [
     "run_scalar",
     "series",
     "smooth",
+    "smoothing_note",
     "summarize",
     "summary_table",
+    "symlog_threshold",
     "tail_mean",
     "train_records",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,29 +150,49 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
+def seedless(value: Any, seed: int) -> Any:
+    """``value`` with its run's own seed written as ``<k>`` where a path names it (``sft/seed3``
+    -> ``sft/seed<k>``): the per-seed cold starts of one condition then read the same."""
+    if isinstance(value, str):
+        return re.sub(rf"seed{seed}(?![0-9])", "seed<k>", value)
+    return value
+
+
+def _key_value(run: Run, key: str) -> str:
+    return json.dumps(seedless(run.config[key], run.seed), sort_keys=True)
+
+
 def condition_keys(runs: Sequence[Run], ignore: Iterable[str] = ()) -> list[str]:
-    """Config keys (besides algo) that tell conditions apart: keys whose values differ between
-    runs of the same seed (among the runs that saved the key). Keys that only follow the seed (a
-    per-seed cold-start ``model``), :data:`IGNORED_KEYS` and ``ignore`` are not conditions."""
-    keys: set[str] = set()
-    by_seed: dict[int, list[Run]] = {}
-    for run in runs:
-        by_seed.setdefault(run.seed, []).append(run)
+    """Config keys (besides algo) that tell conditions apart, compared after :func:`seedless`
+    and only among the runs that saved the key (an older version may not have):
+
+    - a key whose values differ between runs of one seed is a condition;
+    - a key with one value per seed, the same for every run of that seed, follows the seed (a
+      per-seed cold-start ``model`` made elsewhere) when every seed has its own value, and is a
+      condition when some seeds share a value: one extra run with another ``lr`` and its own
+      seed is not pooled with the seeds of the others.
+
+    :data:`IGNORED_KEYS` and ``ignore`` are never conditions."""
     skip = IGNORED_KEYS | set(ignore) | {"algo"}
     all_keys = sorted({k for run in runs for k in run.config} - skip)
+    keys = []
     for key in all_keys:
-        for group in by_seed.values():
-            # A key missing from a run's config (saved by an older version) is unknown there,
-            # not different: only runs that saved it are compared.
-            values = {json.dumps(r.config[key], sort_keys=True) for r in group if key in r.config}
-            if len(values) > 1:
-                keys.add(key)
-                break
-    return sorted(keys)
+        per_seed: dict[int, set[str]] = {}
+        for run in runs:
+            if key in run.config:
+                per_seed.setdefault(run.seed, set()).add(_key_value(run, key))
+        if any(len(values) > 1 for values in per_seed.values()):
+            keys.append(key)
+            continue
+        distinct = {v for values in per_seed.values() for v in values}
+        if 1 < len(distinct) < len(per_seed):
+            keys.append(key)
+    return keys
 
 
 def group_runs(runs: Sequence[Run], ignore: Iterable[str] = ()) -> dict[str, list[Run]]:
-    """Runs grouped by condition, in first-seen order; each group sorted by seed.
+    """Runs grouped by condition (algo and :func:`condition_keys`), in first-seen order; each
+    group sorted by seed.
 
     ``ignore`` names config keys that must not split groups (for example ``model`` when the
     same cold start was made twice in different folders). Raises ValueError when two runs of one
@@ -182,7 +203,9 @@ def group_runs(runs: Sequence[Run], ignore: Iterable[str] = ()) -> dict[str, lis
     keys = condition_keys(runs, ignore)
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        parts = [run.algo] + [f"{k}={_fmt_value(run.config.get(k))}" for k in keys]
+        parts = [run.algo] + [
+            f"{k}={_fmt_value(seedless(run.config.get(k), run.seed))}" for k in keys
+        ]
         run.label = " ".join(parts)
         groups.setdefault(run.label, []).append(run)
     for label, members in groups.items():

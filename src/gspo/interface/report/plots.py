@@ -130,11 +130,17 @@ def line_style(index: int) -> tuple[str, str]:
     return LINESTYLES[index % len(LINESTYLES)], MARKERS[index % len(MARKERS)]
 
 
-def log_floor(means: Sequence[float]) -> float | None:
-    """Where a log panel draws zeros: half its smallest positive mean; None when nothing is
-    positive (then the panel keeps a linear axis, and zeros sit at 0)."""
+def symlog_threshold(means: Sequence[float]) -> float | None:
+    """The linear range of a log panel's symlog axis: the power of ten at or below its smallest
+    positive mean, so zeros (a step where nothing was clipped) are drawn at 0, and every positive
+    value on the log part; None when nothing is positive (then the axis stays linear)."""
     positive = [v for v in means if not math.isnan(v) and v > 0]
-    return min(positive) / 2 if positive else None
+    return 10.0 ** math.floor(math.log10(min(positive))) if positive else None
+
+
+def smoothing_note(window: int) -> str:
+    """How the training curves were smoothed, in words (no "average over 1 step")."""
+    return f"moving average over {window} steps" if window > 1 else "per step, not smoothed"
 
 
 def plot_comparison(
@@ -149,7 +155,8 @@ def plot_comparison(
 
     ``x`` is "step" (RL steps) or "time" (training wall time in seconds: at each step, the mean
     over the group's seeds of their cumulative step time). Training metrics are smoothed by a
-    trailing moving average over max(1, steps // 25) steps before averaging over seeds.
+    trailing moving average over max(1, steps // 25) steps before averaging over seeds (none
+    under 50 steps). Log panels use a symlog axis, so zero values are drawn at 0.
     """
     if x not in ("step", "time"):
         raise ValueError(f"x must be 'step' or 'time', got {x!r}")
@@ -170,20 +177,9 @@ def plot_comparison(
             mean, low, high = _band(values)
             xs = steps if x == "step" else _band(clocks)[0]
             curves.append((j, label, len(runs), xs, mean, low, high))
-        floor = log_floor([v for c in curves for v in c[4]]) if panel.log else None
-        if floor is not None:
-            # Zeros (a step where nothing was clipped) have no place on a log axis: show them,
-            # and band edges below them, at half the smallest positive mean of the panel.
-            curves = [
-                (
-                    j,
-                    label,
-                    n,
-                    xs,
-                    *([v if math.isnan(v) else max(v, floor) for v in seq] for seq in (m, lo, hi)),
-                )
-                for j, label, n, xs, m, lo, hi in curves
-            ]
+        # Zeros have no place on a log axis, and drawing them at a made-up floor would show
+        # values that were never logged: log panels use a symlog axis, linear near 0.
+        threshold = symlog_threshold([v for c in curves for v in c[4]]) if panel.log else None
         for j, label, n, xs, mean, low, high in curves:
             color = colors[j % len(colors)]
             linestyle, marker = line_style(j)
@@ -203,8 +199,8 @@ def plot_comparison(
         drawn = bool(curves)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("RL step" if x == "step" else "training wall time (s)")
-        if drawn and floor is not None:
-            ax.set_yscale("log")
+        if drawn and threshold is not None:
+            ax.set_yscale("symlog", linthresh=threshold)
         elif drawn and panel.log:
             ax.text(0.5, 0.9, "all values 0", ha="center", transform=ax.transAxes, fontsize=8)
         if not drawn:
@@ -214,7 +210,7 @@ def plot_comparison(
     for k in range(len(panels), n_rows * n_cols):
         axes[k // n_cols][k % n_cols].axis("off")
     sub = title or "mean over seeds, band = ±1 standard error"
-    fig.suptitle(f"{sub}  (training curves: moving average over {window} steps)", fontsize=10)
+    fig.suptitle(f"{sub}  (training curves: {smoothing_note(window)})", fontsize=10)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

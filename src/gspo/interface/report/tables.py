@@ -42,8 +42,15 @@ def fmt_number(x: float) -> str:
 
 
 def fmt_mean_se(mean: float, se: float) -> str:
+    """``mean ± se``. A mean smaller than its standard error is written at the standard error's
+    precision (8.67e-19 ± 1e-3 -> 0.000 ± 0.001): its digits beyond that are noise, and
+    scientific notation would make it look like a measured value."""
     if math.isnan(mean):
         return "—"
+    if math.isfinite(se) and se > 0 and abs(mean) < se:
+        decimals = min(max(3, -math.floor(math.log10(se))), 12)
+        shown = round(mean, decimals) + 0.0  # + 0.0: no "-0.000"
+        return f"{shown:.{decimals}f} ± {se:.{decimals}f}"
     return f"{fmt_number(mean)} ± {fmt_number(se)}"
 
 
