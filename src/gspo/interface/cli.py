@@ -18,6 +18,7 @@ from typing import Any
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, parse_bool
+from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -58,23 +59,46 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue the run in --output-dir from its latest checkpoint, with the config saved "
         "there; other flags may change only steps, stop_after, eval/checkpoint cadence, "
-        "keep_checkpoints, max_bad_steps, logging, progress and threads",
+        "keep_checkpoints, max_bad_steps, logging, progress and threads. Ctrl-C (or SIGTERM) "
+        "stops a run after the current step with a checkpoint and prints this command",
     )
+    p_train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
 
     p_sft = sub.add_parser(
         "sft", help="supervised cold start on a task's demonstrations", epilog=TRAIN_EVAL_DEFAULTS
     )
     _add_config_flags(p_sft, SFTConfig)
+    p_sft.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the unfinished SFT in --output-dir from its latest checkpoint, with the "
+        "config saved there (flags may change only steps, checkpoint_every, progress, threads)",
+    )
+    p_sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p_demo = sub.add_parser(
         "demo", help="cold-start SFT then RL on 2-digit addition, with a summary and a plot"
     )
-    p_demo.add_argument("--algo", default="gspo", help="a registered loss (gspo algos) [gspo]")
-    p_demo.add_argument("--seed", type=int, default=0)
+    # None: not given (a resumed demo keeps its own settings; fresh ones get the defaults).
+    p_demo.add_argument("--algo", default=None, help="a registered loss (gspo algos) [gspo]")
+    p_demo.add_argument("--seed", type=int, default=None, help="[0]")
     p_demo.add_argument("--output-dir", default="runs/demo")
-    p_demo.add_argument("--sft-steps", type=int, default=300, help="cold-start SFT steps [300]")
-    p_demo.add_argument("--steps", type=int, default=800, help="RL steps [800]")
+    p_demo.add_argument("--sft-steps", type=int, default=None, help="cold-start SFT steps [300]")
+    p_demo.add_argument("--steps", type=int, default=None, help="RL steps [800]")
+    p_demo.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="checkpoint SFT and RL every N steps [SFT 50, RL the demo preset's]",
+    )
+    p_demo.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the demo in --output-dir from its last checkpoint (SFT or RL) with its "
+        "saved settings (--steps may change). Ctrl-C stops after a step with a checkpoint",
+    )
+    p_demo.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p_demo.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
     )
@@ -138,8 +162,24 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) -> str:
+    """The output folder the command line asks for (flag > config file > preset > default),
+    read without building the config: building it validates fields and imports torch."""
+    from .resume import requested_values
+
+    requested = requested_values(args.preset, args.config, overrides)
+    return str(requested.get("output_dir", cls.output_dir))
+
+
 def _train(args: argparse.Namespace) -> int:
     overrides = _overrides(args, TrainConfig)
+    # Before torch loads: one run per folder (refuse, or move the earlier run aside).
+    claim_output_dir(
+        _output_dir(args, overrides, TrainConfig),
+        "train",
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     if args.resume:  # the run's saved config, with the safe changes the flags ask for
         from .resume import requested_values, resume_config
 
@@ -152,24 +192,48 @@ def _train(args: argparse.Namespace) -> int:
     from gspo.interface.report import curve_table, plot_run
     from gspo.trainer import train
 
-    result = train(cfg, resume=args.resume)
+    try:
+        result = train(cfg, resume=args.resume)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before the first step
+        return interrupted("train", cfg.output_dir, exc)
     out = result.output_dir
-    plot = plot_run(result.history, out / "curves.png", title=f"{cfg.algo} on {cfg.task}")
-    print(curve_table(result.history))
+    history = result.run_history  # from step 0, across resumes
+    plot = plot_run(history, out / "curves.png", title=f"{cfg.algo} on {cfg.task}")
+    print(curve_table(history))
     if result.final_eval:
         print(json.dumps(result.final_eval, indent=2))
     print(f"metrics: {out / 'metrics.jsonl'}\nplot: {plot}")
+    if result.interrupted is not None:
+        step = max((r["step"] for r in history), default=0)
+        line = stopped_line("train", cfg.output_dir, step, result.checkpoint, result.interrupted)
+        print(line, file=sys.stderr)
+        return exit_code(result.interrupted)
     return 0
 
 
 def _sft(args: argparse.Namespace) -> int:
-    cfg = build(
-        SFTConfig, preset=args.preset, file=args.config, overrides=_overrides(args, SFTConfig)
-    )
+    overrides = _overrides(args, SFTConfig)
+    out = _output_dir(args, overrides, SFTConfig)
+    claim_output_dir(out, "sft", resume=args.resume, overwrite=args.overwrite)
+    if args.resume:  # the saved config, with the changes sft_resume_config allows
+        from .resume import sft_resume_config
+
+        cfg = sft_resume_config(out, overrides)
+    else:
+        cfg = build(SFTConfig, preset=args.preset, file=args.config, overrides=overrides)
     _quiet_transformers()
     from gspo.sft import run_sft
 
-    result = run_sft(cfg)
+    try:
+        result = run_sft(cfg, resume=args.resume)
+    except KeyboardInterrupt as exc:
+        return interrupted("sft", cfg.output_dir, exc)
+    if result.interrupted is not None:
+        line = stopped_line(
+            "sft", cfg.output_dir, len(result.losses), result.checkpoint, result.interrupted
+        )
+        print(line, file=sys.stderr)
+        return exit_code(result.interrupted)
     print(f"sft: {cfg.steps} steps in {result.seconds:.1f} s, final loss {result.losses[-1]:.4f}")
     if result.eval:
         print(
@@ -180,30 +244,89 @@ def _sft(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_DEFAULTS: dict[str, Any] = {
+    "algo": "gspo",
+    "seed": 0,
+    "sft_steps": 300,
+    "steps": 800,
+    "checkpoint_every": None,
+}
+"""The demo's settings (saved in ``demo.json``); ``--resume`` may change only steps and the
+checkpoint cadence."""
+
+
+def _demo_settings(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
+    if not args.resume:
+        return {**DEMO_DEFAULTS, **given}
+    saved_file = out / "demo.json"
+    if not saved_file.is_file():
+        raise FileNotFoundError(f"--resume: no demo in {out} ({saved_file.name} is missing)")
+    saved = json.loads(saved_file.read_text())
+    other = [
+        k for k, v in given.items() if k not in ("steps", "checkpoint_every") and saved[k] != v
+    ]
+    if other:
+        listed = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} -> {given[k]!r}" for k in other)
+        raise ConfigError(
+            f"--resume continues the demo in {out}; {listed} would make a different run "
+            "(only --steps and --checkpoint-every may change)"
+        )
+    return {**saved, **given}
+
+
 def _demo(args: argparse.Namespace) -> int:
-    """Cold start, then RL, on the same held-out set; prints before/after and writes a plot."""
+    """Cold start, then RL, on the same held-out set; prints before/after and writes a plot.
+    ``--resume`` continues from the last checkpoint, of SFT or of RL."""
+    out = Path(args.output_dir)
+    claim_output_dir(out, "demo", resume=args.resume, overwrite=args.overwrite)
+    settings = _demo_settings(out, args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo.json").write_text(json.dumps(settings, indent=2))
     _quiet_transformers()
+    try:
+        return _demo_run(args, out, settings)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or one outside a training loop
+        return interrupted("demo", out, exc, run_dirs=[out / "rl", out / "sft"])
+
+
+def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any]) -> int:
+    from gspo.backend.checkpoint import latest_checkpoint
     from gspo.interface.report import curve_table, eval_records, plot_run
     from gspo.sft import run_sft
     from gspo.trainer import train
 
-    out = Path(args.output_dir)
-    progress = args.progress
     t0 = time.perf_counter()
-    common = dict(
-        seed=args.seed, threads=args.threads, device="cpu", task="addition", progress=progress
-    )
+    seed, every = settings["seed"], settings["checkpoint_every"]
+    common = dict(seed=seed, threads=args.threads, device="cpu", task="addition")
+    common.update(progress=args.progress, **({"checkpoint_every": every} if every else {}))
     sft_cfg = build(
         SFTConfig,
         # n_test=0: the after-SFT scores come once, from RL's step-0 evaluation of the same
         # model on the same held-out set (a second sampled score would differ by sampling noise).
         overrides=dict(
-            output_dir=str(out / "sft"), steps=args.sft_steps, max_new_tokens=6, n_test=0, **common
+            output_dir=str(out / "sft"),
+            steps=settings["sft_steps"],
+            max_new_tokens=6,
+            n_test=0,
+            **common,
         ),
     )
     print(f"[1/2] cold-start SFT: {sft_cfg.steps} steps on 2-digit addition demonstrations")
-    sft = run_sft(sft_cfg)
-    print(f"      done in {sft.seconds:.0f} s, final loss {sft.losses[-1]:.4f}")
+    sft_file = out / "sft.json"  # written once SFT is done: a resume goes straight to RL
+    if args.resume and sft_file.is_file():
+        sft_info = json.loads(sft_file.read_text())
+        print(f"      done earlier, final loss {sft_info['final_loss']:.4f}")
+    else:
+        resume_sft = args.resume and latest_checkpoint(out / "sft") is not None
+        sft = run_sft(sft_cfg, resume=resume_sft)
+        if sft.interrupted is not None:
+            step = len(sft.losses)
+            print(stopped_line("demo", out, step, sft.checkpoint, sft.interrupted, "SFT "))
+            return exit_code(sft.interrupted)
+        sft_info = {"steps": sft_cfg.steps, "seconds": sft.seconds, "final_loss": sft.losses[-1]}
+        sft_file.write_text(json.dumps(sft_info, indent=2))
+        print(f"      done in {sft.seconds:.0f} s, final loss {sft.losses[-1]:.4f}")
 
     rl_cfg = build(
         TrainConfig,
@@ -211,8 +334,8 @@ def _demo(args: argparse.Namespace) -> int:
         overrides=dict(
             output_dir=str(out / "rl"),
             model=str(out / "sft"),
-            algo=args.algo,
-            steps=args.steps,
+            algo=settings["algo"],
+            steps=settings["steps"],
             **common,
         ),
     )
@@ -220,13 +343,18 @@ def _demo(args: argparse.Namespace) -> int:
         f"[2/2] {rl_cfg.algo.upper()}: {rl_cfg.steps} steps x {rl_cfg.prompts_per_step} prompts x "
         f"{rl_cfg.group_size} samples, {rl_cfg.num_minibatches} minibatches per rollout"
     )
-    result = train(rl_cfg)
-    evals = eval_records(result.history)
+    result = train(rl_cfg, resume=args.resume and latest_checkpoint(out / "rl") is not None)
+    if result.interrupted is not None:
+        step = max(r["step"] for r in result.run_history)
+        print(stopped_line("demo", out, step, result.checkpoint, result.interrupted, "RL "))
+        return exit_code(result.interrupted)
+    history = result.run_history  # from RL step 0 (its after-SFT scores), across resumes
+    evals = eval_records(history)
     before, after = evals[0], evals[-1]
     plot = plot_run(
-        result.history,
+        history,
         out / "demo.png",
-        title=f"{rl_cfg.algo} on 2-digit addition (seed {args.seed})",
+        title=f"{rl_cfg.algo} on 2-digit addition (seed {seed})",
     )
 
     print(f"\nheld-out set: {int(before['eval/problems'])} problems never seen in training")
@@ -241,14 +369,14 @@ def _demo(args: argparse.Namespace) -> int:
             f"| {label} | {before[key]:.3f} ± {before[se]:.3f} | {after[key]:.3f} ± {after[se]:.3f} |"
         )
     print("\ntraining curve:")
-    print(curve_table(result.history))
+    print(curve_table(history))
     print(
         f"\nwall time {time.perf_counter() - t0:.0f} s; plot: {plot}; metrics: {out / 'rl' / 'metrics.jsonl'}"
     )
     summary = {
-        "seed": args.seed,
+        "seed": seed,
         "algo": rl_cfg.algo,
-        "sft": {"steps": sft_cfg.steps, "seconds": sft.seconds, "final_loss": sft.losses[-1]},
+        "sft": sft_info,
         "before": before,
         "after": after,
         "seconds": time.perf_counter() - t0,
