@@ -79,9 +79,7 @@ def test_resume_and_overwrite_exclude_each_other(tmp_path, capsys):
 def test_a_new_library_run_never_keeps_an_earlier_runs_checkpoints(tmp_path):
     # Before: the earlier run's step 9 stayed beside the new steps 1-2, and --resume took it.
     fake_run(tmp_path)
-    cfg = build(
-        TrainConfig, preset="smoke", overrides=dict(device="cpu", output_dir=str(tmp_path))
-    )
+    cfg = build(TrainConfig, preset="smoke", overrides=dict(device="cpu", output_dir=str(tmp_path)))
     train(cfg)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000002"]
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"

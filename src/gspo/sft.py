@@ -136,10 +136,9 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
             done, every = step + 1, cfg.checkpoint_every
             if done == cfg.steps:  # the saved model below is the result: no checkpoint
                 break
-            stopping = stop.requested  # read once: a signal may land between two reads
-            if stopping or (every > 0 and done % every == 0):
-                path = save(done)
-            if stopping:
+            path = save(done) if every > 0 and done % every == 0 else None
+            if stop.requested:  # after the step and its checkpoint: a resume continues here
+                path = path or save(done)
                 if bar is not None:
                     bar.close()
                 elapsed = seconds + time.perf_counter() - t0
