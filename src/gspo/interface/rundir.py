@@ -80,7 +80,8 @@ def claim_output_dir(
         )
     if folder.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
         raise ConfigError(
-            f"--overwrite would move {folder} (the current folder) aside: choose another --output-dir"
+            f"--overwrite would move {folder} (the current folder) aside: choose another "
+            "--output-dir"
         )
     aside = aside_path(folder)
     folder.rename(aside)
