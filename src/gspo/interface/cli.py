@@ -287,7 +287,8 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         return _demo_run(args, out, settings)
     except KeyboardInterrupt as exc:  # a second Ctrl-C, or one outside a training loop
-        return interrupted("demo", out, exc, run_dirs=[out / "rl", out / "sft"])
+        done = (out / "sft.json").is_file()  # SFT finished: a resume goes on to RL
+        return interrupted("demo", out, exc, run_dirs=[out / "rl", out / "sft"], resumable=done)
 
 
 def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any]) -> int:

@@ -120,17 +120,21 @@ def interrupted(
     output_dir: str | Path,
     exc: KeyboardInterrupt,
     run_dirs: list[Path] | None = None,
+    resumable: bool = False,
 ) -> int:
     """A second Ctrl-C (or one before the loop started): one line, no traceback.
-    ``run_dirs``: the folders whose checkpoints resume the command (default: ``output_dir``)."""
+    ``run_dirs``: the folders whose checkpoints resume the command (default: ``output_dir``);
+    ``resumable``: a resume continues even without a checkpoint (a demo whose SFT is done)."""
     from gspo.backend.checkpoint import latest_checkpoint
 
     signum = getattr(exc, "signum", signal.SIGINT)
     found = None
     for folder in run_dirs or [Path(output_dir)]:
         found = found or latest_checkpoint(folder)
-    if found is None:
-        tail = "no checkpoint was written"
+    if found is None and resumable:
+        tail = f"resume with: {resume_command(command, output_dir)}"
+    elif found is None:
+        tail = "no checkpoint was written; start again with --overwrite (or another --output-dir)"
     else:
         tail = f"last checkpoint {found}; resume with: {resume_command(command, output_dir)}"
     print(f"gspo {command}: interrupted ({signal.Signals(signum).name}); {tail}", file=sys.stderr)
