@@ -319,8 +319,10 @@ def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any]) -> 
         sft_info = json.loads(sft_file.read_text())
         print(f"      done earlier, final loss {sft_info['final_loss']:.4f}")
     else:
-        resume_sft = args.resume and latest_checkpoint(out / "sft") is not None
-        sft = run_sft(sft_cfg, resume=resume_sft)
+        found = latest_checkpoint(out / "sft") if args.resume else None
+        if found is not None:
+            print(f"      resuming from {found}")
+        sft = run_sft(sft_cfg, resume=found is not None)
         if sft.interrupted is not None:
             step = len(sft.losses)
             print(stopped_line("demo", out, step, sft.checkpoint, sft.interrupted, "SFT "))
@@ -344,7 +346,10 @@ def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any]) -> 
         f"[2/2] {rl_cfg.algo.upper()}: {rl_cfg.steps} steps x {rl_cfg.prompts_per_step} prompts x "
         f"{rl_cfg.group_size} samples, {rl_cfg.num_minibatches} minibatches per rollout"
     )
-    result = train(rl_cfg, resume=args.resume and latest_checkpoint(out / "rl") is not None)
+    found = latest_checkpoint(out / "rl") if args.resume else None
+    if found is not None:
+        print(f"      resuming from {found}")
+    result = train(rl_cfg, resume=found is not None)
     if result.interrupted is not None:
         step = max(r["step"] for r in result.run_history)
         print(stopped_line("demo", out, step, result.checkpoint, result.interrupted, "RL "))
