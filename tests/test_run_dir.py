@@ -144,3 +144,47 @@ def test_resume_removes_what_interrupted_writes_left(tmp_path, capsys):
     assert hidden == []
     state = json.loads((root / "step_000002" / "state.json").read_text())
     assert state["step"] == 2
+
+
+SFT = ["--device", "cpu", "--threads", "1", "--steps", "4", "--batch-size", "8", "--lr", "1e-2"]
+SFT += ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--num-kv-heads", "1"]
+SFT += ["--n-train", "64", "--n-test", "0", "--progress", "false"]
+
+
+def test_sft_stops_on_sigint_and_resumes_exactly(tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    import torch
+    from safetensors.torch import load_file
+
+    import gspo.sft
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["sft", *SFT, "--output-dir", str(tmp_path / "a")]) == 0
+        step = gspo.sft._sft_step
+
+        def interrupted_at_step_2(cfg, index, *args):  # a Ctrl-C arrives during step 2
+            step(cfg, index, *args)
+            if index == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        monkeypatch.setattr(gspo.sft, "_sft_step", interrupted_at_step_2)
+        out = tmp_path / "b"
+        assert main(["sft", *SFT, "--output-dir", str(out)]) == 130
+        err = capsys.readouterr().err
+        assert f"resume with: gspo sft --output-dir {out} --resume" in err
+        assert "stopped by SIGINT after step 2" in err
+        assert ckpt.latest_checkpoint(out).name == "step_000002"
+        monkeypatch.setattr(gspo.sft, "_sft_step", step)
+        assert main(["sft", "--output-dir", str(out), "--resume", "--lr", "1"]) == 2
+        assert "lr would make a different run" in capsys.readouterr().err
+        assert main(["sft", "--output-dir", str(out), "--resume"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "resuming SFT" in capsys.readouterr().out
+    a = load_file(str(tmp_path / "a" / "model.safetensors"))
+    b = load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not (out / "checkpoints").exists()  # the saved model replaced its checkpoints
