@@ -61,7 +61,10 @@ def ensure_writable(path: Path) -> None:
 
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
-    """Run (or resume) the RL run described by ``cfg``."""
+    """Run (or resume) the RL run described by ``cfg``. A new run (not ``resume``) first
+    removes an earlier run's checkpoints and final model from ``output_dir``, so that two runs
+    never mix there (``gspo train`` refuses such a folder unless ``--overwrite`` moved it
+    aside). ``stop_after``: the global step to stop at, with a checkpoint."""
     check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
     check_backend_available(cfg)  # backend='ray': Ray installed, ray_address reachable
     set_threads(cfg.threads)
