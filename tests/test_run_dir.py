@@ -180,6 +180,7 @@ def test_sft_stops_on_sigint_and_resumes_exactly(tmp_path, capsys, monkeypatch):
         monkeypatch.setattr(gspo.sft, "_sft_step", step)
         assert main(["sft", "--output-dir", str(out), "--resume", "--lr", "1"]) == 2
         assert "lr would make a different run" in capsys.readouterr().err
+        (tmp_path / ".tmp-b-x1").mkdir()  # what a kill during the model's save leaves
         assert main(["sft", "--output-dir", str(out), "--resume"]) == 0
     finally:
         torch.set_num_threads(threads)
@@ -188,3 +189,4 @@ def test_sft_stops_on_sigint_and_resumes_exactly(tmp_path, capsys, monkeypatch):
     b = load_file(str(out / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not (out / "checkpoints").exists()  # the saved model replaced its checkpoints
+    assert not (tmp_path / ".tmp-b-x1").exists()

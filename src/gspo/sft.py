@@ -4,6 +4,7 @@ sometimes succeeds (the GSPO and LUSPO papers start RL from a cold-start fine-tu
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,9 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
                 f"--resume: the SFT checkpoint {found} belongs to another run ({', '.join(other)} "
                 "differ)"
             )
+    # A save_model a kill interrupted leaves its temporary folders beside the model folder.
+    for stale in [*out.parent.glob(f".tmp-{out.name}-*"), out.parent / f".tmp-old-{out.name}"]:
+        shutil.rmtree(stale, ignore_errors=True)
     if out.is_dir():
         ckpt.clean_stale(out)
         if not resume:  # a new SFT never resumes from another one's checkpoints later
