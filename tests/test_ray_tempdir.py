@@ -60,3 +60,41 @@ def test_sigkill_leaves_the_temp_dir_to_the_watchdog():
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert gone_within(folder, 90)
+
+
+def test_ctrl_c_to_a_ray_run_checkpoints_and_leaves_no_temp_dir(tmp_path):
+    """Ctrl-C in a terminal signals the whole process group: the driver stops after the step
+    with a checkpoint, Ray's processes (which block SIGINT) are shut down, and its folder goes."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="gspo-t", dir="/tmp"))  # short: Ray's socket paths
+    out = tmp_path / "run"
+    args = [
+        sys.executable, "-m", "gspo.cli", "train", "--preset", "smoke", "--backend", "ray",
+        "--trainer-workers", "1", "--rollout-workers", "1", "--steps", "30",
+        "--checkpoint-every", "1", "--threads", "1", "--output-dir", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    env.pop("GSPO_RAY_TEMP_DIR", None)
+    proc = subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step_000002").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        assert list(tmp.glob("gspo-ray-*")), "the run made no private Ray folder"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err[-3000:]
+        assert "Traceback" not in err
+        assert f"resume with: gspo train --output-dir {out} --resume" in err
+        assert list(tmp.glob("gspo-ray-*")) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
