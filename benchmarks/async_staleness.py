@@ -14,7 +14,8 @@ One cold-start SFT checkpoint (250 steps, seed 1, hidden 64, as the learning tes
 Per run: training reward (mean of the first 25 and the last 50 steps), held-out greedy accuracy
 at each evaluation, wall-clock seconds of the RL run, seconds until the greedy accuracy first
 reached ``--target`` (None: never), generated tokens per second of wall clock, mean staleness,
-and the mean clip fractions. Writes benchmarks/results/async_staleness.json and prints a
+and the mean clip fractions. Writes a new dated
+benchmarks/results/async_staleness-YYYYMMDD-HHMMSS.json (or --out) and prints a
 Markdown table (means over seeds). Timings on a shared machine are noisy.
 """
 
@@ -23,9 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from _results import OUT_HELP, dated_result
 
 SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
@@ -43,6 +47,7 @@ def run_one(main, sft: Path, out: Path, algo: str, k: int, seed: int, a: argpars
     if a.backend == "ray":
         args += ["--backend", "ray", "--trainer-workers", "1", "--rollout-workers", "1"]
         args += ["--async-chunk-tokens", "4"]
+    shutil.rmtree(out, ignore_errors=True)  # this benchmark's scratch run from a previous time
     t0 = time.perf_counter()
     assert main(args) == 0
     wall = time.perf_counter() - t0
@@ -90,11 +95,10 @@ def main_(argv: list[str] | None = None) -> None:
     p.add_argument("--target", type=float, default=0.35, help="greedy accuracy for to_target_s")
     p.add_argument("--backend", choices=["local", "ray"], default="local")
     p.add_argument("--work", default="/tmp/gspo-async-bench")
-    p.add_argument("--out", default=None, help="default results/async_staleness[_ray].json")
+    p.add_argument("--out", default=None, help=OUT_HELP.replace("NAME", "async_staleness[_ray]"))
     a = p.parse_args(argv)
-    if a.out is None:
-        name = "async_staleness" + ("_ray" if a.backend == "ray" else "") + ".json"
-        a.out = str(Path(__file__).parent / "results" / name)
+    if a.out is None:  # never overwrite committed results
+        a.out = str(dated_result("async_staleness" + ("_ray" if a.backend == "ray" else "")))
     from gspo.cli import main
 
     work = Path(a.work)

@@ -21,7 +21,8 @@ Measured pieces (each the median of ``--reps`` timings after a warm-up):
 - ``train``: one minibatch of 32 rows: ``token_logprobs`` with shared prompts, backward and a
   fused AdamW step, as ``update_policy`` runs it 4 times per step.
 
-Writes benchmarks/results/ceiling.json and prints a Markdown table.
+Writes a new dated benchmarks/results/ceiling-YYYYMMDD-HHMMSS.json (or --out) and prints a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _results import OUT_HELP, dated_result
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_LEN, NEW_TOKENS, PROMPTS, GROUP, MINIBATCH = 13, 16, 16, 8, 32
 
 
@@ -151,8 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M (4 x 4, 8 tok)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=str(RESULTS / "ceiling.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     args = ap.parse_args(argv)
+    if args.out is None:  # never overwrite committed results
+        args.out = str(dated_result("ceiling"))
     torch.set_num_threads(args.threads)
 
     peak = {n: matmul_rate(n, args.reps) for n in (2048, 1024, 512)}

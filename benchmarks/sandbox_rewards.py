@@ -29,11 +29,12 @@ import platform
 import time
 from pathlib import Path
 
+from _results import OUT_HELP, dated_result
+
 from gspo.rewards import reward_workers, score
 from gspo.sandbox import code_reward, isolation
 from gspo.tasks import make_task
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WRONG = "```python\ndef f(x):\n    return x + 1\n```"
 
 
@@ -42,8 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=128, help="completions in the batch")
     parser.add_argument("--workers", default="1,2,4,auto", help="comma-separated counts")
     parser.add_argument("--ray", default="", help="comma-separated Ray task counts (empty: none)")
-    parser.add_argument("--out", default=str(RESULTS / "sandbox_rewards.json"))
+    parser.add_argument("--out", default=None, help=OUT_HELP)
     args = parser.parse_args(argv)
+    if args.out is None:  # never overwrite committed results
+        args.out = str(dated_result("sandbox_rewards"))
 
     task = make_task("code", n_train=args.n, n_test=1, difficulty=2)
     examples = [task.train[i % len(task.train)] for i in range(args.n)]

@@ -21,7 +21,8 @@ the step's ``time/rollout_s`` less it), ``train`` (update, without the
 sync), ``sync`` (weights to the engine), ``step`` (wall time from one step's start to the
 next's) and ``tokens/s`` (generated tokens / step). ``start`` is the time from ``train()`` to
 the first step (Ray start, actors, model build). The Ray overhead per step is the step time
-against ``local``'s. Writes benchmarks/results/scaling.json and prints a Markdown table.
+against ``local``'s. Writes a new dated benchmarks/results/scaling-YYYYMMDD-HHMMSS.json (or
+--out) and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _results import OUT_HELP, dated_result
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SETUPS = {
     "local": dict(backend="local"),
     "ray 1r+0w": dict(backend="ray", trainer_workers=1, rollout_workers=0),
@@ -132,8 +133,10 @@ def main() -> int:
     p.add_argument("--model", default=None, help="policy folder; default: a fresh SFT")
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--setups", default=",".join(SETUPS), help="comma-separated subset")
-    p.add_argument("--output", default=str(RESULTS / "scaling.json"))
+    p.add_argument("--output", "--out", default=None, help=OUT_HELP)
     args = p.parse_args()
+    if args.output is None:  # never overwrite committed results
+        args.output = str(dated_result("scaling"))
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory(prefix="gspo-scaling-") as tmp:

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import OUT_HELP, dated_result
+
 WORKLOADS = {
     "short": {"task": "addition", "difficulty": None, "max_new_tokens": 6},
     "long": {"task": "reversal", "difficulty": 20, "max_new_tokens": 24},
@@ -163,9 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--recompute", choices=("off", "on", "both"), default="both")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    ap.add_argument("--out", default="benchmarks/results/step_time.json")
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: one config, JSON on stdout
     args = ap.parse_args(argv)
+    if args.out is None:  # never overwrite committed results
+        args.out = str(dated_result("step_time"))
 
     if args.one:
         print(json.dumps(run_one(json.loads(args.one))))

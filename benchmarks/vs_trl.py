@@ -94,7 +94,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _results import OUT_HELP, dated_result
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     # The demo: 2-digit addition, 0.1 M-parameter char model, 6 new tokens.
@@ -791,9 +791,11 @@ def main(argv: list[str] | None = None) -> None:
         "--seed", type=int, default=SEED, help="seed of repetition 0 (--vary-seed: r adds r)"
     )
     ap.add_argument("--cache", default=None, help="folder for SFT cold starts (default: tmp)")
-    ap.add_argument("--out", default=str(RESULTS / "vs_trl.json"))
+    ap.add_argument("--out", default=None, help=OUT_HELP)
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.out is None:  # never overwrite committed results
+        args.out = str(dated_result("vs_trl"))
 
     if args.one:
         spec = json.loads(args.one)

@@ -196,7 +196,7 @@ def _load_in_fresh_process(tmp_path: Path, level: str) -> subprocess.CompletedPr
     path = tmp_path / f"rows_{level}.jsonl"
     path.write_text(json.dumps({"prompt": level, "answer": "1"}) + "\n")
     code = (
-        "from gspo.interface.cli import _set_log_level\n"
+        "from gspo.interface.logs import set_log_level as _set_log_level\n"
         f"_set_log_level({level!r})\n"
         "from gspo.envs.tasks.files import load_examples\n"
         f"load_examples({str(path)!r})\n"

@@ -3,6 +3,8 @@ sometimes succeeds (the GSPO and LUSPO papers start RL from a cold-start fine-tu
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,12 +12,15 @@ from pathlib import Path
 import torch
 
 from . import moe
+from .backend import checkpoint as ckpt
 from .build import build_policy, build_prompt_format, build_task, resolve_device, set_threads
-from .config import SFTConfig
+from .config import ConfigError, SFTConfig, to_dict
+from .config.train import SFT_SAFE_ON_RESUME
 from .core.seeding import step_generator
 from .evaluation import evaluate_model
 from .models import save_model, token_logprobs
 from .orchestration.logging import progress_bar
+from .orchestration.signals import StopRequest
 from .trainer import lr_lambda
 
 
@@ -23,8 +28,13 @@ from .trainer import lr_lambda
 class SFTResult:
     output_dir: Path
     losses: list[float]
+    """The loss of every step from step 1, across resumes."""
     eval: dict[str, float]
     seconds: float
+    interrupted: int | None = None
+    """The signal (SIGINT / SIGTERM) that stopped SFT after a step; the model is not saved."""
+    checkpoint: Path | None = None
+    """The checkpoint written when a signal stopped it (``--resume`` continues from it)."""
 
 
 def _pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,11 +57,35 @@ def _pad_right(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Ten
     return ids, mask
 
 
-def run_sft(cfg: SFTConfig) -> SFTResult:
-    """Fine-tune on demonstrations (prompt -> demo + EOS), save the model, report held-out accuracy."""
+def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
+    """Fine-tune on demonstrations (prompt -> demo + EOS), save the model, report held-out
+    accuracy. Checkpoints go to ``<output_dir>/checkpoints`` every ``checkpoint_every`` steps
+    and when SIGINT / SIGTERM stop it after a step; ``resume`` continues from the latest one
+    (every batch comes from a (seed, step) generator, so the result equals an unbroken run's).
+    The saved model replaces the folder, checkpoints included, once all steps are done."""
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
+    out = Path(cfg.output_dir)
+    found = ckpt.latest_checkpoint(out) if resume else None
+    if resume and found is None:
+        raise FileNotFoundError(f"--resume: no SFT checkpoint under {ckpt.checkpoint_root(out)}")
+    if found is not None:  # the checkpoint must be this SFT's
+        saved_cfg = ckpt.load_state(found)["config"]
+        now = json.loads(json.dumps(to_dict(cfg)))  # as saved: JSON types
+        other = sorted(k for k in now if k not in SFT_SAFE_ON_RESUME and saved_cfg.get(k) != now[k])
+        if other:
+            raise ConfigError(
+                f"--resume: the SFT checkpoint {found} belongs to another run ({', '.join(other)} "
+                "differ)"
+            )
+    # A save_model a kill interrupted leaves its temporary folders beside the model folder.
+    for stale in [*out.parent.glob(f".tmp-{out.name}-*"), out.parent / f".tmp-old-{out.name}"]:
+        shutil.rmtree(stale, ignore_errors=True)
+    if out.is_dir():
+        ckpt.clean_stale(out)
+        if not resume:  # a new SFT never resumes from another one's checkpoints later
+            ckpt.discard_run(out)
     model, tokenizer = build_policy(cfg, device)
     task = build_task(cfg)
     demos = [e for e in task.train if (e.demo if e.demo is not None else e.answer)]
@@ -68,40 +102,51 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
     ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
-    bar = None
-    if cfg.progress:
-        bar = progress_bar(cfg.steps, desc="sft")
     losses: list[float] = []
+    start, seconds = 0, 0.0
+    if found is not None:
+        saved = ckpt.restore(found, model=model, optimizer=optimizer, scheduler=scheduler)
+        start, losses, seconds = int(saved["step"]), list(saved["losses"]), saved["seconds"]
+    # The global step out of the total; the ETA is this process's average rate (eta_s).
+    bar = progress_bar(cfg.steps, desc="sft", initial=start) if cfg.progress else None
     model.train()
-    for step in range(cfg.steps):
-        g = step_generator(cfg.seed, step, stream=2, device=torch.device("cpu"))
-        idx = torch.randint(len(demos), (cfg.batch_size,), generator=g).tolist()
-        p_ids, p_mask = _pad_left([prompts[i] for i in idx], tokenizer.pad_token_id)
-        c_ids, c_mask = _pad_right([targets[i] for i in idx], tokenizer.pad_token_id)
-        aux_on = cfg.router_aux_loss_coef > 0
-        with moe.capture_routing(model, keep_logits=aux_on) as routes:  # None for dense models
-            logprobs, _ = token_logprobs(
-                model, p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device)
-            )  # [B, L]
-        mask = c_mask.to(device=device, dtype=logprobs.dtype)
-        loss = -(logprobs * mask).sum() / mask.sum()  # token-mean cross-entropy on the targets
-        if aux_on and routes is not None:  # MoE load-balancing loss
-            attn = torch.cat([p_mask, c_mask], dim=1).to(device)  # [B, P+L]
-            loss = loss + cfg.router_aux_loss_coef * moe.aux_loss(model, routes, attn)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+
+    def save(step: int) -> Path:
+        return ckpt.save_checkpoint(
+            out,
+            step,
+            model=model,
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            config=to_dict(cfg),
+            keep=1,
+            extra={"losses": losses, "seconds": seconds + time.perf_counter() - t0},
+        )
+
+    with StopRequest() as stop:
+        for step in range(start, cfg.steps):
+            _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, losses)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            done, every = step + 1, cfg.checkpoint_every
+            if done == cfg.steps:  # the saved model below is the result: no checkpoint
+                break
+            path = save(done) if every > 0 and done % every == 0 else None
+            if stop.requested:  # after the step and its checkpoint: a resume continues here
+                path = path or save(done)
+                if bar is not None:
+                    bar.close()
+                elapsed = seconds + time.perf_counter() - t0
+                return SFTResult(out, losses, {}, elapsed, stop.signum, path)
     if bar is not None:
         bar.close()
     model.eval()
-    out = Path(cfg.output_dir)
-    save_model(model, tokenizer, out)
+    save_model(model, tokenizer, out)  # replaces the folder: its checkpoints go with it
     metrics: dict[str, float] = {}
     if task.test:
         metrics = evaluate_model(
@@ -113,4 +158,25 @@ def run_sft(cfg: SFTConfig) -> SFTResult:
             generator=step_generator(cfg.seed, cfg.steps, stream=3, device=device),
             prompt_format=fmt,
         )
-    return SFTResult(out, losses, metrics, time.perf_counter() - t0)
+    return SFTResult(out, losses, metrics, seconds + time.perf_counter() - t0)
+
+
+def _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, losses) -> None:
+    """One step's batch (from the (seed, step) generator), loss and gradients."""
+    g = step_generator(cfg.seed, step, stream=2, device=torch.device("cpu"))
+    idx = torch.randint(len(demos), (cfg.batch_size,), generator=g).tolist()
+    p_ids, p_mask = _pad_left([prompts[i] for i in idx], tokenizer.pad_token_id)
+    c_ids, c_mask = _pad_right([targets[i] for i in idx], tokenizer.pad_token_id)
+    aux_on = cfg.router_aux_loss_coef > 0
+    with moe.capture_routing(model, keep_logits=aux_on) as routes:  # None for dense models
+        logprobs, _ = token_logprobs(
+            model, p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device)
+        )  # [B, L]
+    mask = c_mask.to(device=device, dtype=logprobs.dtype)
+    loss = -(logprobs * mask).sum() / mask.sum()  # token-mean cross-entropy on the targets
+    if aux_on and routes is not None:  # MoE load-balancing loss
+        attn = torch.cat([p_mask, c_mask], dim=1).to(device)  # [B, P+L]
+        loss = loss + cfg.router_aux_loss_coef * moe.aux_loss(model, routes, attn)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    losses.append(float(loss.detach()))

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import moe
+from .backend.checkpoint import clean_stale, discard_run
 from .backend.local import LocalBackend
 from .backend.update import lr_lambda  # noqa: F401  (public: gspo.trainer.lr_lambda)
 from .build import (
@@ -29,12 +30,12 @@ from .build import (
     set_threads,
 )
 from .checkpoint import latest_checkpoint  # noqa: F401  (kept importable from here)
-from .config import TrainConfig, to_dict
+from .config import ConfigError, TrainConfig, to_dict
 from .core.seeding import prompt_indices, step_generator  # noqa: F401  (public names)
 from .envs import ENVIRONMENTS, env_for
 from .envs.loop import make_episodes
 from .envs.rewards import reward_workers, uses_sandbox
-from .logging import MetricsLogger
+from .logging import MetricsLogger, read_metrics
 from .orchestration.async_source import build_source
 from .orchestration.loop import NonFiniteTrainingError, RunResult, run
 from .orchestration.ray_rewards import use_ray_tasks
@@ -60,18 +61,31 @@ def ensure_writable(path: Path) -> None:
 
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
-    """Run (or resume) the RL run described by ``cfg``."""
+    """Run (or resume) the RL run described by ``cfg``. A new run (not ``resume``) first
+    removes an earlier run's checkpoints and final model from ``output_dir``, so that two runs
+    never mix there (``gspo train`` refuses such a folder unless ``--overwrite`` moved it
+    aside). ``stop_after``: the global step to stop at, with a checkpoint."""
     check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
     check_backend_available(cfg)  # backend='ray': Ray installed, ray_address reachable
     set_threads(cfg.threads)
     out = Path(cfg.output_dir)
     found = None
+    last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     if resume:  # before any work: the checkpoint must belong to this run (gspo.resume)
         from .resume import check_changes, saved_config
 
-        saved, _, found = saved_config(out)
+        saved, step, found = saved_config(out)
         check_changes(saved, to_dict(cfg), str(found))
+        if cfg.stop_after is not None and cfg.stop_after <= step:
+            raise ConfigError(
+                f"stop_after={cfg.stop_after} is not past the checkpoint's step {step} in "
+                f"{out}: stop_after is the global step to stop at (pass --stop-after N > {step}, "
+                "or leave it out)"
+            )
     ensure_writable(out)
+    clean_stale(out)  # temporary folders of a write a kill interrupted
+    if not resume:  # a new run never shares the folder with an earlier run's checkpoints
+        discard_run(out)
     # The run's config at its root, so `gspo report` can group runs by algo and seed.
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
@@ -88,13 +102,13 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
             wandb=cfg.wandb,
             config=to_dict(cfg),
         )
+        # A resumed run's records up to its checkpoint (the logger dropped later ones): with
+        # them the result, its plots and tables cover the whole run from step 0.
+        earlier = read_metrics(logger.path) if state.step > 0 else []
         try:
-            last = (
-                cfg.steps if cfg.stop_after is None else min(cfg.steps, state.step + cfg.stop_after)
-            )
             if parts.source is not None:  # the rollout thread makes steps state.step .. last-1
                 parts.source.start(state.step, last)
-            return run(parts, state, logger, last)
+            return run(parts, state, logger, last, earlier)
         finally:
             if parts.source is not None:
                 parts.source.close()

@@ -126,6 +126,30 @@ def write_checkpoint(
     return final
 
 
+def clean_stale(output_dir: str | Path) -> None:
+    """Remove what a killed process left mid-write: temporary checkpoint folders, a half
+    written ``latest``, and the temporary folders of a model export (``final``)."""
+    root = checkpoint_root(output_dir)
+    leftovers = [*root.glob(".tmp-*"), *root.glob(".latest.*")] if root.is_dir() else []
+    out = Path(output_dir)
+    if out.is_dir():
+        leftovers += [*out.glob(".tmp-final-*"), *out.glob(".tmp-old-final")]
+    for path in leftovers:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def discard_run(output_dir: str | Path) -> None:
+    """Before a new (not resumed) run in ``output_dir``: remove an earlier run's checkpoints
+    and final model, so that a later resume can never pick up a checkpoint of another run."""
+    out = Path(output_dir)
+    for name in ("checkpoints", "final"):
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+
+
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """Complete checkpoints, oldest first (temporary folders of interrupted writes are ignored)."""
     root = checkpoint_root(output_dir)

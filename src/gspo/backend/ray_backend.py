@@ -112,7 +112,15 @@ class RayFSDPBackend:
         self.sleeper: Any = None
         self.asleep = False
         self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
-        actor = self.ray.remote(num_cpus=1)(FSDPRank)
+        self.ranks = []
+        try:
+            self._start_ranks(FSDPRank, cfg, model, workers, actor_options)
+        except BaseException:  # a failed start-up: no rank, Ray or temp dir outlives it
+            self.close()
+            raise
+
+    def _start_ranks(self, rank_class, cfg, model, workers: int, actor_options) -> None:
+        actor = self.ray.remote(num_cpus=1)(rank_class)
         options = actor_options or [{} for _ in range(workers)]
         self.names = [f"training rank {r}" for r in range(workers)]
         self.ranks = [actor.options(**options[r]).remote(cfg, r, workers) for r in range(workers)]

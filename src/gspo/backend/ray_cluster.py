@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -39,24 +40,37 @@ def start_ray(
         ray.init(address=address, log_to_driver=False)
         return ray
     chosen = temp_dir or os.environ.get("GSPO_RAY_TEMP_DIR")
+    ours = chosen is None
     if chosen is None:
         chosen = tempfile.mkdtemp(prefix="gspo-ray-")
         _SESSION["remove"] = chosen  # ours: removed by stop_ray
+        # An exit that skips stop_ray (an error before the backend owns Ray, a second Ctrl-C)
+        # still removes it; a SIGKILL leaves it to the watchdog below.
+        atexit.register(_stop_at_exit, ray)
     # include_dashboard=False does not stop Ray 2.60 from starting dashboard.py (the head, with
     # only its usage-stats module) and waiting for it to register (~1 s of ray.init's 4.5 s
     # here), nor the raylet's DashboardAgent and RuntimeEnvAgent: no public option skips them
     # (only patching ray._private.node.Node.start_api_server, which we do not).
-    ray.init(
-        num_cpus=num_cpus,
-        object_store_memory=object_store_bytes,
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=chosen,
-    )
+    try:
+        ray.init(
+            num_cpus=num_cpus,
+            object_store_memory=object_store_bytes,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=chosen,
+        )
+    except BaseException:
+        stop_ray(ray)
+        raise
     # A driver killed without stop_ray (SIGKILL) would leave some of Ray's processes running:
     # a watchdog in its own session kills them once this process is gone.
     _SESSION["watchdog"] = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("ray_watchdog.py")), str(os.getpid())],
+        [
+            sys.executable,
+            str(Path(__file__).with_name("ray_watchdog.py")),
+            str(os.getpid()),
+            *([chosen] if ours else []),  # the watchdog removes our temp dir after a SIGKILL
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -77,6 +91,11 @@ def stop_ray(ray: Any) -> None:
     remove = _SESSION.pop("remove", None)
     if remove is not None:
         shutil.rmtree(remove, ignore_errors=True)
+
+
+def _stop_at_exit(ray: Any) -> None:
+    if "remove" in _SESSION or "watchdog" in _SESSION:
+        stop_ray(ray)
 
 
 _SESSION: dict[str, Any] = {}

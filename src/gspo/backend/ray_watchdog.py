@@ -1,7 +1,8 @@
 """Watch a driver that started a local Ray; when it dies without shutting Ray down (SIGKILL,
 OOM), kill what it had started, so that no Ray or worker process outlives the run.
 
-Run as a script (stdlib only, no package import): ``python ray_watchdog.py DRIVER_PID``, in its
+Run as a script (stdlib only, no package import): ``python ray_watchdog.py DRIVER_PID
+[TEMP_DIR]`` (TEMP_DIR: the driver's private Ray folder, removed after the kill), in its
 own session so that a signal to the driver's process group spares it. Every 0.5 s it records
 the driver's process tree (pid and start time, read from /proc); once the driver is gone it
 sends SIGKILL to every recorded process that still has the same start time (no reused pid is
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -52,7 +54,7 @@ def tree(root: int, skip: int) -> dict[int, int]:
     return out
 
 
-def watch(driver: int) -> None:
+def watch(driver: int, temp_dir: str | None = None) -> None:
     if not Path("/proc").is_dir():
         return
     me = os.getpid()
@@ -65,7 +67,14 @@ def watch(driver: int) -> None:
         if info is not None and info[1] == start:
             with contextlib.suppress(OSError):  # gone meanwhile
                 os.kill(pid, signal.SIGKILL)
+    if temp_dir:  # the driver's private Ray folder: removed once nothing writes into it
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+            _stat(pid) is not None and _stat(pid)[1] == start for pid, start in seen.items()
+        ):
+            time.sleep(0.05)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]))
+    watch(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)

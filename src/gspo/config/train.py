@@ -230,7 +230,10 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
     )
     keep_checkpoints: int = _doc("How many recent checkpoints to keep.", 2)
     stop_after: int | None = _doc(
-        "Stop after this many steps although the schedule runs to `steps` (preemption tests).", None
+        "Stop at this global step (counted like `steps`, from the run's start, across resumes) "
+        "although the schedule runs to `steps`; a checkpoint is written there. Not kept on "
+        "--resume unless given again.",
+        None,
     )
     max_bad_steps: int = _doc(
         "Stop the run after this many consecutive steps whose updates were all skipped because "
@@ -255,3 +258,13 @@ class SFTConfig(SharedFields):
     warmup_steps: int = _doc("Linear warm-up steps.", 10)
     max_new_tokens: int = _doc("Completion length used when measuring held-out accuracy.", 8)
     progress: bool = _doc("Show a live progress bar.", True)
+    checkpoint_every: int = _doc(
+        "Resumable checkpoint (in output_dir/checkpoints, until the model is saved) every N "
+        "steps; 0: only when SIGINT / SIGTERM stop it.",
+        50,
+    )
+
+
+SFT_SAFE_ON_RESUME = frozenset({"output_dir", "steps", "checkpoint_every", "progress", "threads"})
+"""Fields a resumed SFT may change: its learning rate is warm-up then constant, so more steps
+continue the same run; the rest decide what each step computes."""

@@ -103,6 +103,9 @@ def config_problems(cfg: Any) -> list[str]:
         need(getattr(cfg, name) > 0, f"{name} must be positive, got {getattr(cfg, name)}")
     if isinstance(cfg, SFTConfig):
         need(cfg.n_test >= 0, f"n_test must be >= 0, got {cfg.n_test}")
+        need(
+            cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}"
+        )
     need(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
     need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     need(cfg.dtype in DTYPES, one_of("dtype", cfg.dtype, DTYPES))

@@ -8,19 +8,16 @@ set many at once. Precedence: defaults < preset < file < flags.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
-import time
-import warnings
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
+from .logs import quiet_transformers, set_log_level
+from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
 
 
 def _help_order(cls: type) -> list:
@@ -80,23 +77,47 @@ def _parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help="continue the run in --output-dir from its latest checkpoint, with the config saved "
-        f"there; other flags may change only {RESUME_FIELDS}",
+        f"there; other flags may change only {RESUME_FIELDS}. Ctrl-C (or SIGTERM) stops a run "
+        "after the current step with a checkpoint and prints this command",
     )
+    p_train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
 
     p_sft = sub.add_parser(
         "sft", help="supervised cold start on a task's demonstrations", epilog=TRAIN_EVAL_DEFAULTS
     )
     _add_config_flags(p_sft, SFTConfig)
+    p_sft.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the unfinished SFT in --output-dir from its latest checkpoint, with the "
+        "config saved there (flags may change only steps, checkpoint_every, progress, threads)",
+    )
+    p_sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p_demo = sub.add_parser(
         "demo", help="cold-start SFT then RL on 2-digit addition, with a summary and a plot"
     )
-    p_demo.add_argument("--algo", default="gspo", help="a registered loss (gspo algos) [gspo]")
-    p_demo.add_argument("--seed", type=int, default=0)
+    # None: not given (a resumed demo keeps its own settings; fresh ones get the defaults).
+    p_demo.add_argument("--algo", default=None, help="a registered loss (gspo algos) [gspo]")
+    p_demo.add_argument("--seed", type=int, default=None, help="[0]")
     p_demo.add_argument("--output-dir", default="runs/demo")
-    p_demo.add_argument("--sft-steps", type=int, default=300, help="cold-start SFT steps [300]")
-    p_demo.add_argument("--steps", type=int, default=800, help="RL steps [800]")
+    p_demo.add_argument("--sft-steps", type=int, default=None, help="cold-start SFT steps [300]")
+    p_demo.add_argument("--steps", type=int, default=None, help="RL steps [800]")
+    p_demo.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="checkpoint SFT and RL every N steps [SFT 50, RL the demo preset's]",
+    )
+    p_demo.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the demo in --output-dir from its last checkpoint (SFT or RL) with its "
+        "saved settings (--steps may change); running an unfinished demo again does the same. "
+        "Ctrl-C stops after a step with a checkpoint",
+    )
+    p_demo.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p_demo.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads (0: torch's default)"
     )
@@ -117,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _set_log_level(getattr(args, "log_level", "error"))
+    set_log_level(getattr(args, "log_level", "error"))
     try:
         _preflight(args)  # config and machine checks: before torch, a model or any data loads
         if args.command == "train":
@@ -125,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sft":
             return _sft(args)
         if args.command == "demo":
-            return _demo(args)
+            from .demo import run_demo
+
+            return run_demo(args)
         if args.command == "algos":
             from gspo.algos import run
 
@@ -133,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             from .evaluate import run_eval_cli
 
-            _quiet_transformers()
+            quiet_transformers()
             return run_eval_cli(args, _overrides)
         if args.command in ("compare", "report"):
             from .compare import run_cli
@@ -180,13 +203,17 @@ def _preflight(args: argparse.Namespace) -> None:
         cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
         cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
     elif args.command == "demo":  # its RL config must be valid before the 300-step SFT runs
-        common = dict(seed=args.seed, threads=args.threads, device="cpu", task="addition")
+        from .demo import DEMO_DEFAULTS
+
+        given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
+        demo = {**DEMO_DEFAULTS, **given}  # a resumed demo's own settings are checked on resume
+        common = dict(seed=demo["seed"], threads=args.threads, device="cpu", task="addition")
         cfgs = [
-            build(SFTConfig, overrides=dict(steps=args.sft_steps, n_test=0, **common)),
+            build(SFTConfig, overrides=dict(steps=demo["sft_steps"], n_test=0, **common)),
             build(
                 TrainConfig,
                 preset="demo",
-                overrides=dict(algo=args.algo, steps=args.steps, **common),
+                overrides=dict(algo=demo["algo"], steps=demo["steps"], **common),
             ),
         ]
     else:
@@ -196,48 +223,24 @@ def _preflight(args: argparse.Namespace) -> None:
         raise config_error(list(dict.fromkeys(problems)), header="cannot start")
 
 
-def _set_log_level(level: str) -> None:
-    """How much the libraries underneath print. Set through their environment variables, which
-    they read when imported (before any of them is) and which reach their worker processes:
-    at the default, error, vLLM's INFO lines and warnings (with the traceback it logs when it
-    skips a warm-up) and datasets' "Generating train split" bars stay hidden; --log-level
-    warning, info or debug shows them. The default leaves variables the user set alone."""
-    import logging
+def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) -> str:
+    """The output folder the command line asks for (flag > config file > preset > default),
+    read without building the config: building it validates fields and imports torch."""
+    from .resume import requested_values
 
-    quiet = level == "error"
-    values = {
-        "VLLM_LOGGING_LEVEL": level.upper(),
-        "TRANSFORMERS_VERBOSITY": level,
-        "DATASETS_VERBOSITY": level,
-        "HF_DATASETS_DISABLE_PROGRESS_BARS": "0" if level in ("info", "debug") else "1",
-    }
-    for name, value in values.items():
-        if quiet:
-            os.environ.setdefault(name, value)
-        else:
-            os.environ[name] = value
-    # vLLM logs a few warnings before its own logging is set up ("Triton is installed, but
-    # doesn't include CPU backend"), and some of its modules warn through Python's warnings.
-    with contextlib.suppress(ValueError):  # a level name logging does not know: vLLM's to say
-        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
-    if quiet:
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
-    if level in ("info", "debug"):  # Python's own last-resort handler shows warnings only
-        logging.basicConfig(level=level.upper())
-
-
-def _quiet_transformers() -> None:
-    """transformers' warnings and progress bars off, unless --log-level asks for them."""
-    if os.environ.get("TRANSFORMERS_VERBOSITY") in ("warning", "info", "debug"):
-        return  # transformers read that level when it was imported
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    requested = requested_values(args.preset, args.config, overrides)
+    return str(requested.get("output_dir", cls.output_dir))
 
 
 def _train(args: argparse.Namespace) -> int:
     overrides = _overrides(args, TrainConfig)
+    # Before torch loads: one run per folder (refuse, or move the earlier run aside).
+    claim_output_dir(
+        _output_dir(args, overrides, TrainConfig),
+        "train",
+        resume=args.resume,
+        overwrite=args.overwrite,
+    )
     if args.resume:  # the run's saved config, with the safe changes the flags ask for
         from .resume import requested_values, resume_config
 
@@ -246,28 +249,52 @@ def _train(args: argparse.Namespace) -> int:
         cfg = resume_config(out_dir, requested)
     else:
         cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
-    _quiet_transformers()
+    quiet_transformers()
     from gspo.interface.report import curve_table, plot_run
     from gspo.trainer import train
 
-    result = train(cfg, resume=args.resume)
+    try:
+        result = train(cfg, resume=args.resume)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before the first step
+        return interrupted("train", cfg.output_dir, exc)
     out = result.output_dir
-    plot = plot_run(result.history, out / "curves.png", title=f"{cfg.algo} on {cfg.task}")
-    print(curve_table(result.history))
+    history = result.run_history  # from step 0, across resumes
+    plot = plot_run(history, out / "curves.png", title=f"{cfg.algo} on {cfg.task}")
+    print(curve_table(history))
     if result.final_eval:
         print(json.dumps(result.final_eval, indent=2))
     print(f"metrics: {out / 'metrics.jsonl'}\nplot: {plot}")
+    if result.interrupted is not None:
+        step = max((r["step"] for r in history), default=0)
+        line = stopped_line("train", cfg.output_dir, step, result.checkpoint, result.interrupted)
+        print(line, file=sys.stderr)
+        return exit_code(result.interrupted)
     return 0
 
 
 def _sft(args: argparse.Namespace) -> int:
-    cfg = build(
-        SFTConfig, preset=args.preset, file=args.config, overrides=_overrides(args, SFTConfig)
-    )
-    _quiet_transformers()
+    overrides = _overrides(args, SFTConfig)
+    out = _output_dir(args, overrides, SFTConfig)
+    claim_output_dir(out, "sft", resume=args.resume, overwrite=args.overwrite)
+    if args.resume:  # the saved config, with the changes sft_resume_config allows
+        from .resume import sft_resume_config
+
+        cfg = sft_resume_config(out, overrides)
+    else:
+        cfg = build(SFTConfig, preset=args.preset, file=args.config, overrides=overrides)
+    quiet_transformers()
     from gspo.sft import run_sft
 
-    result = run_sft(cfg)
+    try:
+        result = run_sft(cfg, resume=args.resume)
+    except KeyboardInterrupt as exc:
+        return interrupted("sft", cfg.output_dir, exc)
+    if result.interrupted is not None:
+        line = stopped_line(
+            "sft", cfg.output_dir, len(result.losses), result.checkpoint, result.interrupted
+        )
+        print(line, file=sys.stderr)
+        return exit_code(result.interrupted)
     print(f"sft: {cfg.steps} steps in {result.seconds:.1f} s, final loss {result.losses[-1]:.4f}")
     if result.eval:
         print(
@@ -275,83 +302,6 @@ def _sft(args: argparse.Namespace) -> int:
             f"± {result.eval['greedy_accuracy_se']:.3f}, sampled pass@1 {result.eval['pass@1']:.3f}"
         )
     print(f"model: {result.output_dir}")
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """Cold start, then RL, on the same held-out set; prints before/after and writes a plot."""
-    _quiet_transformers()
-    from gspo.interface.report import curve_table, eval_records, plot_run
-    from gspo.sft import run_sft
-    from gspo.trainer import train
-
-    out = Path(args.output_dir)
-    progress = args.progress
-    t0 = time.perf_counter()
-    common = dict(
-        seed=args.seed, threads=args.threads, device="cpu", task="addition", progress=progress
-    )
-    sft_cfg = build(
-        SFTConfig,
-        # n_test=0: the after-SFT scores come once, from RL's step-0 evaluation of the same
-        # model on the same held-out set (a second sampled score would differ by sampling noise).
-        overrides=dict(
-            output_dir=str(out / "sft"), steps=args.sft_steps, max_new_tokens=6, n_test=0, **common
-        ),
-    )
-    print(f"[1/2] cold-start SFT: {sft_cfg.steps} steps on 2-digit addition demonstrations")
-    sft = run_sft(sft_cfg)
-    print(f"      done in {sft.seconds:.0f} s, final loss {sft.losses[-1]:.4f}")
-
-    rl_cfg = build(
-        TrainConfig,
-        preset="demo",
-        overrides=dict(
-            output_dir=str(out / "rl"),
-            model=str(out / "sft"),
-            algo=args.algo,
-            steps=args.steps,
-            **common,
-        ),
-    )
-    print(
-        f"[2/2] {rl_cfg.algo.upper()}: {rl_cfg.steps} steps x {rl_cfg.prompts_per_step} prompts x "
-        f"{rl_cfg.group_size} samples, {rl_cfg.num_minibatches} minibatches per rollout"
-    )
-    result = train(rl_cfg)
-    evals = eval_records(result.history)
-    before, after = evals[0], evals[-1]
-    plot = plot_run(
-        result.history,
-        out / "demo.png",
-        title=f"{rl_cfg.algo} on 2-digit addition (seed {args.seed})",
-    )
-
-    print(f"\nheld-out set: {int(before['eval/problems'])} problems never seen in training")
-    print(f"| | after SFT (RL step 0) | after RL (step {after['step']}) |")
-    print("|---|---|---|")
-    for key, label in (
-        ("eval/greedy_accuracy", "greedy accuracy"),
-        ("eval/pass@1", "sampled pass@1"),
-    ):
-        se = key + "_se"
-        print(
-            f"| {label} | {before[key]:.3f} ± {before[se]:.3f} | {after[key]:.3f} ± {after[se]:.3f} |"
-        )
-    print("\ntraining curve:")
-    print(curve_table(result.history))
-    print(
-        f"\nwall time {time.perf_counter() - t0:.0f} s; plot: {plot}; metrics: {out / 'rl' / 'metrics.jsonl'}"
-    )
-    summary = {
-        "seed": args.seed,
-        "algo": rl_cfg.algo,
-        "sft": {"steps": sft_cfg.steps, "seconds": sft.seconds, "final_loss": sft.losses[-1]},
-        "before": before,
-        "after": after,
-        "seconds": time.perf_counter() - t0,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return 0
 
 

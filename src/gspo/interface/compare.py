@@ -29,7 +29,9 @@ from typing import Any
 
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build, to_dict
 
-NOT_SHARED_WITH_SFT = frozenset({"output_dir", "steps", "lr", "warmup_steps", "model"})
+NOT_SHARED_WITH_SFT = frozenset(
+    {"output_dir", "steps", "lr", "warmup_steps", "model", "checkpoint_every"}
+)
 """Fields the per-seed cold start does not copy from the RL config; it copies every other field
 the two configs share (task, data, model shape, seed, device ...), so SFT sees the RL run's task
 and model."""

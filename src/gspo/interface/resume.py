@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gspo.config import PRESETS, ConfigError, TrainConfig, build, coerce, load_file
+from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, coerce, load_file
+from gspo.config.train import SFT_SAFE_ON_RESUME
 
 SAFE_ON_RESUME = frozenset(
     {
@@ -124,6 +125,9 @@ def resume_config(
     Prints which run and step it resumes, and each change.
     """
     saved, step, found = saved_config(output_dir)
+    # stop_after (a global step) belongs to the invocation that asked for it: a resume without
+    # --stop-after runs to `steps`, not back into the earlier stop.
+    saved = {**saved, "stop_after": None}
     asked = {k: v for k, v in requested.items() if k != "output_dir"}
     changes = check_changes(saved, asked, str(found))
     # The folder holding the checkpoint is the run's folder, wherever it was first written.
@@ -141,4 +145,40 @@ def resume_config(
     for key, new in changes.items():
         old = saved.get(key, getattr(TrainConfig(), key))
         echo(f"  changed on resume: {key} {old!r} -> {new!r}")
+    return cfg
+
+
+def sft_resume_config(
+    output_dir: str | Path, requested: dict[str, Any], *, echo: Any = print
+) -> SFTConfig:
+    """The config of the unfinished SFT in ``output_dir`` with the safe ``requested`` changes;
+    ConfigError naming any other change."""
+    from gspo.backend.checkpoint import checkpoint_root, latest_checkpoint
+
+    found = latest_checkpoint(output_dir)
+    if found is None:
+        raise FileNotFoundError(
+            f"--resume: no SFT checkpoint under {checkpoint_root(output_dir)} (a finished SFT "
+            "keeps only its model)"
+        )
+    state = json.loads((found / "state.json").read_text())
+    saved, step = dict(state["config"]), int(state["step"])
+    changes = {}
+    for key, value in requested.items():
+        new = coerce(SFTConfig, key, value)
+        if key != "output_dir" and saved.get(key) != new:
+            changes[key] = new
+    unsafe = sorted(k for k in changes if k not in SFT_SAFE_ON_RESUME)
+    if unsafe:
+        raise ConfigError(
+            f"--resume continues the SFT saved in {found}; {', '.join(unsafe)} would make a "
+            f"different run (a resumed SFT may change only {', '.join(sorted(SFT_SAFE_ON_RESUME))})"
+        )
+    cfg = build(SFTConfig, overrides={**saved, **changes, "output_dir": str(output_dir)})
+    if cfg.steps <= step:
+        raise ConfigError(
+            f"--resume: the SFT checkpoint in {output_dir} is at step {step}; pass --steps N "
+            f"with N > {step}"
+        )
+    echo(f"resuming SFT {output_dir} at step {step} of {cfg.steps} (checkpoint {found.name})")
     return cfg

@@ -20,14 +20,14 @@ cover minibatches 2..k only.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..backend.checkpoint import latest_checkpoint
 from . import steps
 from .logging import MetricsLogger, progress_bar, progress_postfix
-from .signals import SignalWatch
+from .signals import SignalWatch, StopRequest
 from .state import Parts, StepState
 
 
@@ -43,11 +43,39 @@ class RunResult:
     final_eval: dict[str, float]
     model: Any
     tokenizer: Any
+    earlier: list[dict[str, Any]] = field(default_factory=list)
+    """A resumed run's records from before this process (its metrics.jsonl up to the
+    checkpoint): ``earlier + history`` is the whole run from step 0."""
+    interrupted: int | None = None
+    """The signal (SIGINT / SIGTERM) that stopped the run after a step, else None."""
+    checkpoint: Path | None = None
+    """The checkpoint written when the run stopped on a signal."""
+
+    @property
+    def run_history(self) -> list[dict[str, Any]]:
+        """Every record of the run, from step 0, across resumes."""
+        return [*self.earlier, *self.history]
 
 
-def run(parts: Parts, state: StepState, logger: MetricsLogger, last: int) -> RunResult:
+def run(
+    parts: Parts,
+    state: StepState,
+    logger: MetricsLogger,
+    last: int,
+    earlier: list[dict[str, Any]] | None = None,
+) -> RunResult:
     """Steps ``state.step + 1 .. last`` of the run; the final model is exported when ``last``
-    is the run's last step."""
+    is the run's last step. SIGINT / SIGTERM stop it after the current step, with a checkpoint
+    (:class:`~gspo.orchestration.signals.StopRequest`); ``earlier``: a resumed run's records."""
+    with StopRequest() as stop:
+        result = _steps(parts, state, logger, last, stop)
+    result.earlier = list(earlier or [])
+    return result
+
+
+def _steps(
+    parts: Parts, state: StepState, logger: MetricsLogger, last: int, stop: StopRequest
+) -> RunResult:
     cfg = parts.cfg
     history: list[dict[str, Any]] = []
 
@@ -64,6 +92,7 @@ def run(parts: Parts, state: StepState, logger: MetricsLogger, last: int) -> Run
     bar = _progress(cfg, state.step, last)
     # One warning per run when most responses hit max_new_tokens or most advantages are 0.
     watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
+    stop.echo = _echo(bar)
     while state.step < last:
         # Rollout + rewards: this step's own, or the rollout thread's (max_staleness >= 1).
         source = parts.source
@@ -91,16 +120,24 @@ def run(parts: Parts, state: StepState, logger: MetricsLogger, last: int) -> Run
             final_eval = steps.evaluate_now(parts, state)
             log(final_eval)
             metrics.update(final_eval)
-        steps.checkpoint(parts, state, last)
+        wrote = steps.checkpoint(parts, state, last)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(progress_postfix(metrics))
+        if stop.requested:  # after a whole step, with its checkpoint: a resume continues here
+            if not wrote:
+                steps.checkpoint(parts, state, last, force=True)
+            break
     if bar is not None:
         bar.close()
-    if last == cfg.steps:
-        parts.backend.export(parts.output_dir / "final", parts.tokenizer)
     model = getattr(parts.backend, "model", None)
-    return RunResult(parts.output_dir, history, final_eval, model, parts.tokenizer)
+    result = RunResult(parts.output_dir, history, final_eval, model, parts.tokenizer)
+    if stop.requested and state.step < last:
+        result.interrupted = stop.signum
+        result.checkpoint = latest_checkpoint(parts.output_dir)
+    elif last == cfg.steps:
+        parts.backend.export(parts.output_dir / "final", parts.tokenizer)
+    return result
 
 
 def check_streak(parts: Parts, state: StepState) -> None:
@@ -124,6 +161,7 @@ def _echo(bar):
 def _progress(cfg: Any, start: int, last: int):
     if not cfg.progress:
         return None
-    # this process's steps only (a resumed run's bar starts at 0 of the steps left), and the
-    # ETA at their average rate, evaluations and checkpoints included (eta_s)
-    return progress_bar(last - start, desc=f"{cfg.algo}")
+    # The run's global step out of its total: a resumed run's bar starts where the checkpoint is;
+    # the ETA is the average rate of this process's steps, evaluations and checkpoints included
+    # (eta_s; tqdm's rate counts the steps since `initial`).
+    return progress_bar(cfg.steps, desc=f"{cfg.algo}", initial=start)

@@ -9,13 +9,19 @@ Two ways an RL run learns nothing while looking busy:
 
 :class:`SignalWatch` sees each step's truncated share and zero-advantage share and prints one
 warning, once per run, naming what it saw and the likely fix.
+
+:class:`StopRequest` turns SIGINT / SIGTERM into a clean stop: the current step finishes and
+a checkpoint is written; a second signal quits at once.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 PATIENCE = 5
 """Consecutive steps a condition must hold before the warning (a few unlucky steps are normal)."""
@@ -81,3 +87,52 @@ class SignalWatch:
         )
         self.echo(message)
         return message
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second SIGINT/SIGTERM: leave at once (``finally`` blocks still close Ray, engines)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopRequest:
+    """SIGINT and SIGTERM while a loop runs: the first asks it to stop after the current step
+    (which then writes a checkpoint); a second raises :class:`Interrupted` at once.
+
+    Used as a context manager around a training loop; the previous handlers come back on exit.
+    Outside the main thread (where Python cannot install handlers) it does nothing.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, echo: Callable[[str], None] = _stderr) -> None:
+        self.echo = echo
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise Interrupted(signum)
+        self.signum = signum
+        name = signal.Signals(signum).name
+        self.echo(
+            f"gspo: {name}: stopping after the current step and writing a checkpoint "
+            "(press Ctrl-C again to quit at once)"
+        )
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()

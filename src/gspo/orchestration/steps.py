@@ -210,10 +210,12 @@ def eval_due(parts: Parts, state: StepState) -> bool:
     )
 
 
-def checkpoint(parts: Parts, state: StepState, last: int) -> None:
-    """8. The resumable checkpoint every checkpoint_every steps and at the run's last step."""
+def checkpoint(parts: Parts, state: StepState, last: int, *, force: bool = False) -> bool:
+    """8. The resumable checkpoint every checkpoint_every steps, at the run's last step, and
+    when ``force`` (a stop was requested: SIGINT / SIGTERM); whether one was written."""
     cfg = parts.cfg
-    if (cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0) or state.step == last:
+    due = cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0
+    if due or state.step == last or force:
         from ..config.fields import to_dict
 
         parts.backend.save_checkpoint(
@@ -224,3 +226,5 @@ def checkpoint(parts: Parts, state: StepState, last: int) -> None:
             keep=cfg.keep_checkpoints,
             extra=state.to_checkpoint(),  # a resumed run continues the bad-step count
         )
+        return True
+    return False

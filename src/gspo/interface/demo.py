@@ -1,0 +1,171 @@
+"""``gspo demo``: cold-start SFT, then RL on 2-digit addition, with before/after scores and a
+plot. Running it again into the folder of an unfinished demo continues it (``--resume`` says so
+explicitly) from the last checkpoint of SFT or of RL."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from gspo.config import ConfigError, SFTConfig, TrainConfig, build
+
+from .logs import quiet_transformers
+from .rundir import claim_output_dir, exit_code, interrupted, stopped_line
+
+DEMO_DEFAULTS: dict[str, Any] = {
+    "algo": "gspo",
+    "seed": 0,
+    "sft_steps": 300,
+    "steps": 800,
+    "checkpoint_every": None,
+}
+"""The demo's settings (saved in ``demo.json``); ``--resume`` may change only steps and the
+checkpoint cadence."""
+
+
+def unfinished_demo(out: Path) -> bool:
+    """``out`` holds a demo that started (its settings are saved) and did not finish."""
+    return (out / "demo.json").is_file() and not (out / "summary.json").is_file()
+
+
+def demo_settings(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
+    if not args.resume:
+        return {**DEMO_DEFAULTS, **given}
+    saved_file = out / "demo.json"
+    if not saved_file.is_file():
+        raise FileNotFoundError(f"--resume: no demo in {out} ({saved_file.name} is missing)")
+    saved = json.loads(saved_file.read_text())
+    other = [
+        k for k, v in given.items() if k not in ("steps", "checkpoint_every") and saved[k] != v
+    ]
+    if other:
+        listed = ", ".join(f"--{k.replace('_', '-')} {saved[k]!r} -> {given[k]!r}" for k in other)
+        raise ConfigError(
+            f"--resume continues the demo in {out}; {listed} would make a different run "
+            "(only --steps and --checkpoint-every may change; --overwrite starts a new demo)"
+        )
+    return {**saved, **given}
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Cold start, then RL, on the same held-out set; prints before/after and writes a plot.
+    ``--resume`` continues from the last checkpoint, of SFT or of RL."""
+    out = Path(args.output_dir)
+    if not (args.resume or args.overwrite) and unfinished_demo(out):
+        # Running the demo again after a kill continues it: the obvious thing to type again.
+        print(f"continuing the unfinished demo in {out} (--overwrite starts a new one)")
+        args.resume = True
+    claim_output_dir(out, "demo", resume=args.resume, overwrite=args.overwrite)
+    settings = demo_settings(out, args)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo.json").write_text(json.dumps(settings, indent=2))
+    quiet_transformers()
+    try:
+        return _demo_run(args, out, settings)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or one outside a training loop
+        done = (out / "sft.json").is_file()  # SFT finished: a resume goes on to RL
+        return interrupted("demo", out, exc, run_dirs=[out / "rl", out / "sft"], resumable=done)
+
+
+def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any]) -> int:
+    from gspo.backend.checkpoint import latest_checkpoint
+    from gspo.interface.report import curve_table, eval_records, plot_run
+    from gspo.sft import run_sft
+    from gspo.trainer import train
+
+    t0 = time.perf_counter()
+    seed, every = settings["seed"], settings["checkpoint_every"]
+    common = dict(seed=seed, threads=args.threads, device="cpu", task="addition")
+    common.update(progress=args.progress, **({"checkpoint_every": every} if every else {}))
+    sft_cfg = build(
+        SFTConfig,
+        # n_test=0: the after-SFT scores come once, from RL's step-0 evaluation of the same
+        # model on the same held-out set (a second sampled score would differ by sampling noise).
+        overrides=dict(
+            output_dir=str(out / "sft"),
+            steps=settings["sft_steps"],
+            max_new_tokens=6,
+            n_test=0,
+            **common,
+        ),
+    )
+    print(f"[1/2] cold-start SFT: {sft_cfg.steps} steps on 2-digit addition demonstrations")
+    sft_file = out / "sft.json"  # written once SFT is done: a resume goes straight to RL
+    if args.resume and sft_file.is_file():
+        sft_info = json.loads(sft_file.read_text())
+        print(f"      done earlier, final loss {sft_info['final_loss']:.4f}")
+    else:
+        found = latest_checkpoint(out / "sft") if args.resume else None
+        if found is not None:
+            print(f"      resuming from {found}")
+        sft = run_sft(sft_cfg, resume=found is not None)
+        if sft.interrupted is not None:
+            step = len(sft.losses)
+            print(stopped_line("demo", out, step, sft.checkpoint, sft.interrupted, "SFT "))
+            return exit_code(sft.interrupted)
+        sft_info = {"steps": sft_cfg.steps, "seconds": sft.seconds, "final_loss": sft.losses[-1]}
+        sft_file.write_text(json.dumps(sft_info, indent=2))
+        print(f"      done in {sft.seconds:.0f} s, final loss {sft.losses[-1]:.4f}")
+
+    rl_cfg = build(
+        TrainConfig,
+        preset="demo",
+        overrides=dict(
+            output_dir=str(out / "rl"),
+            model=str(out / "sft"),
+            algo=settings["algo"],
+            steps=settings["steps"],
+            **common,
+        ),
+    )
+    print(
+        f"[2/2] {rl_cfg.algo.upper()}: {rl_cfg.steps} steps x {rl_cfg.prompts_per_step} prompts x "
+        f"{rl_cfg.group_size} samples, {rl_cfg.num_minibatches} minibatches per rollout"
+    )
+    found = latest_checkpoint(out / "rl") if args.resume else None
+    if found is not None:
+        print(f"      resuming from {found}")
+    result = train(rl_cfg, resume=found is not None)
+    if result.interrupted is not None:
+        step = max(r["step"] for r in result.run_history)
+        print(stopped_line("demo", out, step, result.checkpoint, result.interrupted, "RL "))
+        return exit_code(result.interrupted)
+    history = result.run_history  # from RL step 0 (its after-SFT scores), across resumes
+    evals = eval_records(history)
+    before, after = evals[0], evals[-1]
+    plot = plot_run(
+        history,
+        out / "demo.png",
+        title=f"{rl_cfg.algo} on 2-digit addition (seed {seed})",
+    )
+
+    print(f"\nheld-out set: {int(before['eval/problems'])} problems never seen in training")
+    print(f"| | after SFT (RL step 0) | after RL (step {after['step']}) |")
+    print("|---|---|---|")
+    for key, label in (
+        ("eval/greedy_accuracy", "greedy accuracy"),
+        ("eval/pass@1", "sampled pass@1"),
+    ):
+        se = key + "_se"
+        print(
+            f"| {label} | {before[key]:.3f} ± {before[se]:.3f} | {after[key]:.3f} ± {after[se]:.3f} |"
+        )
+    print("\ntraining curve:")
+    print(curve_table(history))
+    print(
+        f"\nwall time {time.perf_counter() - t0:.0f} s; plot: {plot}; metrics: {out / 'rl' / 'metrics.jsonl'}"
+    )
+    summary = {
+        "seed": seed,
+        "algo": rl_cfg.algo,
+        "sft": sft_info,
+        "before": before,
+        "after": after,
+        "seconds": time.perf_counter() - t0,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return 0
