@@ -104,7 +104,9 @@ def test_other_x86_abis_kill_the_process() -> None:
 ASSERT_ROW = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]}
 
 
-@pytest.mark.xfail(strict=True, reason="assert tests run in the solution's interpreter")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="assert tests run in the solution's interpreter"
+)
 def test_assert_tests_cannot_be_forged_from_the_harness_frames() -> None:
     needs_full_isolation()
     forge = """
@@ -121,7 +123,9 @@ os._exit(0)
     assert code_reward(forge, ex(**ASSERT_ROW)) == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="the per-test CPU timer is in the solution's process")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="the per-test CPU timer is in the solution's process"
+)
 def test_a_test_cannot_use_more_than_its_cpu_limit() -> None:
     # 0.6 s of CPU in one test with a 0.3 s limit: the run's total (0.3 s x 2 + 2 s) is the
     # only bound the solution cannot switch off, so it pools the budget of all tests.
