@@ -65,6 +65,11 @@ def test_expected_text_compares_as_text_by_default(actual: str, expected: str) -
         ("1_000", "1000", False),
         ("2.5000001", "2.5", True),
         ("2.51", "2.5", False),
+        # Beyond float range: not inf == inf; the same relative tolerance.
+        ("5e999", "1e400", False),
+        ("-1e400", "-2e400", False),
+        ("1.0000001e400", "1e400", True),
+        ("1e9999999999", "1e400", False),  # beyond even Decimal arithmetic: exact
     ],
 )
 def test_number_mode_and_its_accepted_forms(actual: str, expected: str, match: bool) -> None:

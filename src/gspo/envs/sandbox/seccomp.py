@@ -4,7 +4,8 @@ Denies the system calls that the sandbox's threat model (``docs/sandbox.md``) na
 keyrings, new namespaces (unshare, setns, clone with namespace flags), mounts, memfd, SysV
 shared memory and message queues, bpf, ptrace and cross-process memory access, io_uring,
 perf_event_open, userfaultfd, kernel modules, kexec, and the clock / host / swap / reboot
-calls; host-wide kernel pools (AIO, message queues, semaphores), inotify, and file locks.
+calls; host-wide kernel pools (AIO, message queues, semaphores), inotify, file locks, and
+host-wide writeback (sync, syncfs).
 Sockets are an allow list: AF_UNIX only. Everything else stays available, so ordinary Python
 programs (threads, fork, subprocess, pipes, socketpair) run unchanged.
 
@@ -95,6 +96,11 @@ DENIED_EPERM: dict[str, tuple[int, int]] = {
     "inotify_init1": (294, 26),
     "inotify_add_watch": (254, 27),
     "flock": (73, 32),
+    # sync writes back every dirty page of every host file system (the trainer's checkpoints
+    # among them) and syncfs that of a bound one's: host I/O a run could force in a loop. The
+    # run's own files are on a tmpfs, where neither does anything.
+    "sync": (162, 81),
+    "syncfs": (306, 267),
 }
 # x86_64 only (no aarch64 equivalent).
 DENIED_EPERM_X86_64: dict[str, int] = {"iopl": 172, "ioperm": 173, "inotify_init": 253}

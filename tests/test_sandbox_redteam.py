@@ -1,0 +1,143 @@
+"""The sandbox against a third, red-team round (after issue 34's fixes): attacks written as a
+hostile policy's solutions. Fixed ones are asserted as fixed; contained ones whose only check
+was the filter's interpreter are observed from inside; known gaps that remain are strict
+xfails, so that the day one is closed the marker has to go (docs/sandbox.md, "What is not
+guaranteed", describes them)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sys
+import textwrap
+
+import pytest
+from sandbox_checks import history_mark, leftovers, needs, needs_root
+
+from gspo.envs.sandbox import seccomp
+from gspo.sandbox import SandboxConfig, code_reward, isolation, run_python
+from gspo.tasks.base import Example
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+MACHINE = os.uname().machine
+
+# A ctypes syscall(2) for programs in the sandbox.
+SYSCALL = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return r, ctypes.get_errno()
+"""
+
+
+def ex(**meta: object) -> Example:
+    return Example(prompt="", answer="", meta=dict(meta))
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    mark = history_mark()
+    yield
+    assert leftovers(mark) == [], "a sandboxed process outlived its run"
+
+
+def needs_full_isolation() -> None:
+    needs_root()
+    needs(MACHINE in seccomp.AUDIT_ARCH, f"the seccomp filter is for x86_64/aarch64, not {MACHINE}")
+    missing = {"mountns", "netns", "pidns", "uid", "seccomp"} - isolation().mechanisms
+    needs(not missing, f"needs {sorted(missing)} (missing: {isolation().missing})")
+
+
+def run(code: str) -> object:
+    return run_python(textwrap.dedent(code), config=SandboxConfig(timeout_s=20))
+
+
+def test_host_writeback_is_refused() -> None:
+    # sync(2) flushes every host file system and syncfs(2) a bound one: host I/O a run could
+    # force in a loop. Both used to succeed.
+    needs_full_isolation()
+    sync, syncfs = {"x86_64": (162, 306), "aarch64": (81, 267)}[MACHINE]
+    result = run(
+        SYSCALL
+        + f"""
+fd = os.open("/usr", os.O_RDONLY)
+print(json.dumps([call({sync})[1], call({syncfs}, fd)[1]]))
+"""
+    )
+    assert result.ok, result.stderr[-2000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == [errno.EPERM, errno.EPERM]
+
+
+@pytest.mark.skipif(MACHINE != "x86_64", reason="x32 and i386 entries exist on x86_64 only")
+def test_other_x86_abis_kill_the_process() -> None:
+    # socket(2) through the x32 numbering, and getpid through the i386 `int 0x80` entry (code
+    # mapped below 4 GiB), would each bypass checks written for x86_64 numbers: the filter's
+    # architecture check kills the process first (SIGSYS), as observed here from inside.
+    needs_full_isolation()
+    x32 = run(SYSCALL + "call(41 | 0x40000000, 2, 1, 0)\nprint('survived')")
+    assert x32.returncode == -signal.SIGSYS and "survived" not in x32.stdout
+    i386 = run(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        page = libc.mmap(None, 4096, 7, 0x22 | 0x40, -1, 0)  # rwx, private anon, MAP_32BIT
+        code = b"\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3"  # mov eax, 20; int 0x80; ret
+        ctypes.memmove(page, code, len(code))
+        ctypes.CFUNCTYPE(ctypes.c_long)(page)()
+        print("survived")
+        """
+    )
+    assert i386.returncode == -signal.SIGSYS and "survived" not in i386.stdout
+
+
+# Known gaps (not fixed here; see the report of this round and docs/sandbox.md).
+
+ASSERT_ROW = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]}
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="assert tests run in the solution's interpreter"
+)
+def test_assert_tests_cannot_be_forged_from_the_harness_frames() -> None:
+    needs_full_isolation()
+    forge = """
+import json, os, sys
+frame = sys._getframe()
+while "nonce" not in frame.f_locals:
+    frame = frame.f_back
+h = frame.f_locals
+for i in range(len(h["cases"])):
+    h["out"].write(json.dumps({"nonce": h["nonce"], "i": i, "ok": True}) + "\\n")
+h["out"].flush()
+os._exit(0)
+"""
+    assert code_reward(forge, ex(**ASSERT_ROW)) == 0.0
+
+
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="the per-test CPU timer is in the solution's process"
+)
+def test_a_test_cannot_use_more_than_its_cpu_limit() -> None:
+    # 0.6 s of CPU in one test with a 0.3 s limit: the run's total (0.3 s x 2 + 2 s) is the
+    # only bound the solution cannot switch off, so it pools the budget of all tests.
+    needs_full_isolation()
+    slow = """
+import signal, time
+signal.setitimer(signal.ITIMER_PROF, 0)
+end = time.process_time() + 0.6
+while time.process_time() < end:
+    pass
+a, b = map(int, input().split())
+print(a + b)
+"""
+    row = ex(inputs=["1 2\n", "3 4\n"], outputs=["3", "7"])
+    assert code_reward(slow, row, test_timeout_s=0.3) < 1.0
