@@ -154,6 +154,12 @@ def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path, monkey
     ).read_text()
 
     data = json.loads((out / "summary.json").read_text())
+    # Run paths relative to the report folder: a committed report names no machine's folders.
+    paths = data["groups"]["gspo"]["runs"]
+    assert not any(Path(p).is_absolute() for p in paths)
+    assert [(out / p).resolve() for p in paths] == [
+        (runs / f"gspo_seed{k}").resolve() for k in range(len(paths))
+    ]
     grpo = data["groups"]["grpo"]["columns"]
     gspo = data["groups"]["gspo"]["columns"]
     # Held-out accuracy at the end: the last eval of each seed.

@@ -113,7 +113,7 @@ def build_report(
             (raw_dir / f"{name}.config.json").write_text(json.dumps(run.config, indent=2))
             raw.append(raw_dir / f"{name}.jsonl")
 
-    (out / "summary.json").write_text(json.dumps(summary.to_json(), indent=2))
+    (out / "summary.json").write_text(json.dumps(summary.to_json(out), indent=2))
     tail_pct = f"{tail:.0%}"
     md = [
         f"# {title or 'Run comparison'}",

@@ -5,9 +5,11 @@ differences to a reference condition (:func:`paired_differences`)."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gspo.interface.report.data import Run, eval_series, series, train_records
@@ -119,7 +121,9 @@ class Summary:
     def stats(self, label: str, column: str) -> tuple[float, float, int]:
         return mean_se(self.values[label][column])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, folder: str | Path | None = None) -> dict[str, Any]:
+        """The summary as JSON data; run paths relative to ``folder`` (the report's own), so
+        a report moved or committed names no folder of the machine that made it."""
         out: dict[str, Any] = {"tail": self.tail, "groups": {}}
         for label, runs in self.groups.items():
             cols = {}
@@ -134,11 +138,19 @@ class Summary:
             out["groups"][label] = {
                 "algo": runs[0].algo,
                 "seeds": [r.seed for r in runs],
-                "runs": [str(r.path) for r in runs],
+                "runs": [_path_from(r.path, folder) for r in runs],
                 "steps": [len(r.train) for r in runs],
                 "columns": cols,
             }
         return out
+
+
+def _path_from(path: Path, folder: str | Path | None) -> str:
+    return (
+        str(path)
+        if folder is None
+        else os.path.relpath(Path(path).resolve(), Path(folder).resolve())
+    )
 
 
 def _json_float(x: float) -> float | None:
