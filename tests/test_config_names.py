@@ -125,3 +125,12 @@ def test_every_problem_is_listed_together():
     ):
         assert part in text
     assert text.count("\n  - ") == 6
+
+
+def test_a_file_task_without_a_reward_lists_every_registered_reward():
+    from gspo.envs.rewards import REWARDS
+
+    with pytest.raises(ConfigError) as exc:
+        build(TrainConfig, overrides={"task": "file", "train_file": "train.jsonl"})
+    assert f"task='file' needs reward, one of {', '.join(REWARDS)}" in str(exc.value)
+    assert "code" in REWARDS and "countdown" in REWARDS  # the list once left these out

@@ -117,10 +117,9 @@ def config_problems(cfg: Any) -> list[str]:
         need(cfg.num_heads % cfg.num_kv_heads == 0, "num_heads must be divisible by num_kv_heads")
     if cfg.task == "file":
         need(cfg.train_file is not None, "task='file' needs train_file")
-        need(
-            cfg.reward is not None,
-            "task='file' needs reward (exact_match, numeric, math_verify, format)",
-        )
+        from gspo.envs.rewards import REWARDS  # torch-free, as in _check_names
+
+        need(cfg.reward is not None, f"task='file' needs reward, one of {', '.join(REWARDS)}")
     _validate_moe(cfg, need)
     if isinstance(cfg, TrainConfig):
         _validate_train(cfg, need)
