@@ -19,7 +19,6 @@ magnitude apart, so a warning is printed when they are set for a mix of ratio le
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build, to_dict
+from gspo.interface.logs import quiet_transformers
 
 NOT_SHARED_WITH_SFT = frozenset(
     {"output_dir", "steps", "lr", "warmup_steps", "model", "checkpoint_every"}
@@ -340,11 +340,7 @@ def run_cli(args: Any, overrides_of: Any) -> int:
         sft_steps=args.sft_steps,
         sft_overrides=sft_overrides,
     )
-    if os.environ.get("TRANSFORMERS_VERBOSITY") not in ("warning", "info", "debug"):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # checkpoint writes would print a bar each
-        hf_logging.set_verbosity_error()
+    quiet_transformers()  # checkpoint writes would print a bar each
     result = run_compare(
         algos,
         seeds,
