@@ -99,7 +99,7 @@ def main_(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.out is None:  # never overwrite committed results
         a.out = str(dated_result("async_staleness" + ("_ray" if a.backend == "ray" else "")))
-    from gspo.cli import main
+    from gspo.interface.cli import main
 
     work = Path(a.work)
     sft = work / "sft"

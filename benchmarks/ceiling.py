@@ -64,7 +64,7 @@ def _model(size: str):
 
     if size == "smollm2":
         from gspo.models import load_model, load_tokenizer
-        from gspo.pretrained import resolve_model_path
+        from gspo.models.pretrained import resolve_model_path
 
         path = resolve_model_path("smollm2-135m-instruct")
         tok = load_tokenizer(path)

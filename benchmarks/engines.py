@@ -55,12 +55,12 @@ def _rss_mb() -> float:
 def _load(name: str, device: str):
     import torch
 
-    from gspo.build import ensure_pad_token
     from gspo.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+    from gspo.models.build import ensure_pad_token
 
     shape = MODELS[name]
     if shape is None:
-        from gspo.pretrained import resolve_model_path
+        from gspo.models.pretrained import resolve_model_path
 
         path = resolve_model_path("smollm2-135m-instruct")
         tok, model = load_tokenizer(path), load_model(path)

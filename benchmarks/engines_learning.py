@@ -23,7 +23,7 @@ from pathlib import Path
 
 from _results import OUT_HELP, dated_result
 
-from gspo.cli import main as gspo
+from gspo.interface.cli import main as gspo
 
 SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]

@@ -40,7 +40,7 @@ import sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from gspo.models import load_tokenizer
-from gspo.pretrained import resolve_model_path
+from gspo.models.pretrained import resolve_model_path
 tok = load_tokenizer(resolve_model_path("smollm2-135m-instruct"))
 config = Qwen3Config(
     vocab_size=len(tok), hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -66,11 +66,11 @@ python3 benchmarks/engines.py --device cuda --models tiny-512,smollm2-135m \
 COMMON=(--device cuda --task word_problems --steps "$STEPS" --prompts-per-step 16
         --group-size 8 --max-new-tokens 128 --lr 1e-5 --eval-every "$STEPS" --n-test 64
         --checkpoint-every 0 --progress false --old-logprobs recompute --overwrite)
-python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine torch \
+python3 -m gspo.interface.cli train --model smollm2-135m-instruct --rollout-engine torch \
     --output-dir "$OUT/smollm2-torch" "${COMMON[@]}"
-python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \
+python3 -m gspo.interface.cli train --model smollm2-135m-instruct --rollout-engine vllm \
     --vllm-dtype bfloat16 --output-dir "$OUT/smollm2-vllm" "${COMMON[@]}"
-python3 -m gspo.cli train --model "$QWEN" --rollout-engine vllm --vllm-dtype bfloat16 \
+python3 -m gspo.interface.cli train --model "$QWEN" --rollout-engine vllm --vllm-dtype bfloat16 \
     --output-dir "$OUT/qwen3-shape-vllm" "${COMMON[@]}"
 
 # 4b. The Ray backend on one GPU: one FSDP2 rank (NCCL, world size 1) and one vLLM rollout
@@ -86,7 +86,7 @@ python3 -m gspo.cli train --model "$QWEN" --rollout-engine vllm --vllm-dtype bfl
 python3 - "$OUT" <<'EOF2'
 import sys, time
 import torch
-from gspo.build import build_policy
+from gspo.compose.parts import build_policy
 from gspo.config import TrainConfig, build
 from gspo.models import token_logprobs
 from gspo.orchestration.ray_parts import build_ray_parts
@@ -125,7 +125,7 @@ finally:
     pool.close()
     backend.close()
 EOF2
-python3 -m gspo.cli train --model smollm2-135m-instruct --rollout-engine vllm \
+python3 -m gspo.interface.cli train --model smollm2-135m-instruct --rollout-engine vllm \
     --vllm-dtype bfloat16 --vllm-gpu-memory-utilization 0.3 --backend ray \
     --trainer-workers 1 --rollout-workers 1 --placement colocated \
     --output-dir "$OUT/smollm2-ray-vllm" "${COMMON[@]}"

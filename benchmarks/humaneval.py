@@ -6,7 +6,7 @@
 
 Each problem becomes an ``Example`` exactly as a data-file row in HumanEval's own layout would
 (``prompt`` the prompt; ``test``, ``entry_point`` in ``meta``; no answer), and is scored with
-``gspo.rewards.score(code_reward, ...)`` as the trainer does. Three completions per problem,
+``gspo.envs.rewards.score(code_reward, ...)`` as the trainer does. Three completions per problem,
 written as a chat model answers (prose, then a fenced block):
 
 * ``reference``: the prompt and HumanEval's canonical solution; must score 1.0 (all tests);
@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from gspo.rewards import score
-from gspo.sandbox import code_reward, isolation
-from gspo.tasks import Example
+from gspo.envs.rewards import score
+from gspo.envs.sandbox import code_reward, isolation
+from gspo.envs.tasks import Example
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

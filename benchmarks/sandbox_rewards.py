@@ -5,9 +5,9 @@
     python benchmarks/sandbox_rewards.py --ray 2,4        # + Ray tasks (reward_placement='ray')
 
 The batch is the built-in code task's problems (five assert tests each), half answered with
-the reference solution and half with a wrong one, scored by ``gspo.rewards.score`` with the
+the reference solution and half with a wrong one, scored by ``gspo.envs.rewards.score`` with the
 code reward exactly as the trainer does. ``workers=1`` is how the trainer scored before
-rewards ran in parallel; ``auto`` is what it uses now (``gspo.rewards.reward_workers``: one
+rewards ran in parallel; ``auto`` is what it uses now (``gspo.envs.rewards.reward_workers``: one
 per core, at most 8). Every configuration must give the same rewards; the script checks.
 
 Columns: ``seconds`` for the whole batch (one pass; the sandbox's first run and the
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from _results import OUT_HELP, dated_result
 
-from gspo.rewards import reward_workers, score
-from gspo.sandbox import code_reward, isolation
-from gspo.tasks import make_task
+from gspo.envs.rewards import reward_workers, score
+from gspo.envs.sandbox import code_reward, isolation
+from gspo.envs.tasks import make_task
 
 WRONG = "```python\ndef f(x):\n    return x + 1\n```"
 

@@ -8,7 +8,7 @@ The policy is a short SFT of the tiny model on the addition demo (``--sft-steps`
 or ``--model``), so that rewards differ within groups and every step has a real update (a
 random-init model scores 0 everywhere and the local backend then skips the backward).
 
-Runs the real `gspo train` loop (``gspo.trainer.train``) once per setup, same seed and batch:
+Runs the real `gspo train` loop (``gspo.compose.train.train``) once per setup, same seed and batch:
 
 - ``local``: one process (the engine shares the model);
 - ``ray 1r+0w``: one FSDP2 rank in a Ray actor, the engine in the driver (sync = gather);
@@ -50,10 +50,10 @@ SETUPS = {
 
 
 def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    from gspo.compose.train import train
     from gspo.config import TrainConfig, build
     from gspo.envs.base import SingleTurnEnv
     from gspo.orchestration import steps
-    from gspo.trainer import train
 
     overrides = dict(
         output_dir=str(out / name.replace(" ", "_").replace("+", "_")),
@@ -116,7 +116,7 @@ def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 def sft(args: argparse.Namespace, out: Path) -> str:
     """A short SFT of the tiny model on the addition demo (the policy every setup starts from)."""
-    from gspo.cli import main as gspo
+    from gspo.interface.cli import main as gspo
 
     flags = ["sft", "--task", "addition", "--steps", str(args.sft_steps), "--seed", "1"]
     flags += ["--max-new-tokens", "6", "--device", "cpu", "--threads", str(args.threads)]

@@ -1,6 +1,6 @@
 """Time per RL step, split into rollout, old-log-prob recompute and training; tokens/s; peak memory.
 
-Runs the real trainer (``gspo.trainer.train``) with demo-like settings for each combination of
+Runs the real trainer (``gspo.compose.train.train``) with demo-like settings for each combination of
 model size x workload x old-log-prob mode, each in a fresh subprocess so that the peak resident
 memory (``ru_maxrss``, a per-process high-water mark) belongs to that configuration alone.
 
@@ -58,8 +58,8 @@ def parse_size(text: str) -> dict[str, int]:
 
 def run_one(spec: dict) -> dict:
     """Train warm-up + measured steps in this process; return timings and peak RSS."""
+    from gspo.compose.train import train
     from gspo.config import TrainConfig, build
-    from gspo.trainer import train
 
     with tempfile.TemporaryDirectory(prefix="gspo-bench-") as tmp:
         overrides = {

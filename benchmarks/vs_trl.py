@@ -233,14 +233,14 @@ def _train_config(
 
 def _step_prompts(cfg, n_train: int) -> list[list[int]]:
     """Training-problem indices of every step, in gspo's order (what TRL is fed too)."""
-    from gspo.trainer import prompt_indices
+    from gspo.core.seeding import prompt_indices
 
     return [prompt_indices(n_train, s, cfg.prompts_per_step, cfg.seed) for s in range(cfg.steps)]
 
 
 def _held_out(model, tokenizer, cfg, task, fmt) -> float:
     """Greedy exact-match accuracy on the task's test split (the same code for both systems)."""
-    from gspo.evaluation import evaluate_model
+    from gspo.orchestration.evaluation import evaluate_model
 
     if not cfg.n_test or not task.test:
         return float("nan")
@@ -298,7 +298,7 @@ def _ablate(names: list[str]) -> None:
     """Switch off the named optimizations in this process (see ``OPTIMIZATIONS``)."""
     import torch
 
-    import gspo.fast_forward as ff
+    import gspo.models.fast_forward as ff
     import gspo.rollout.torch_engine as te
 
     unknown = set(names) - set(OPTIMIZATIONS)
@@ -315,12 +315,12 @@ def _ablate(names: list[str]) -> None:
     if "shared-train-prompts" in names:  # token_logprobs ignores prompt_index: plain HF pass
         ff.supports = lambda model: False
     if "padding-trim" in names:  # micro-batches keep the whole rollout's padded width
-        import gspo.trainer as tr
+        import gspo.compose.train as tr
 
         rows = tr._rows
         tr._rows = lambda rollout, part, trim: rows(rollout, part, False)
     if "zero-advantage-skip" in names:  # zero-advantage rows keep their backward
-        import gspo.trainer as tr
+        import gspo.compose.train as tr
 
         tr.zero_gradient_rows = lambda cfg, model, adv: torch.zeros(
             adv.shape[0], dtype=torch.bool, device=adv.device
@@ -336,11 +336,11 @@ def _ablate(names: list[str]) -> None:
 
 
 def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train with ``gspo.trainer.train``; step ends are the trainer's per-step metric records."""
+    """Train with ``gspo.compose.train.train``; step ends are the trainer's per-step metric records."""
     import torch
 
     torch.set_num_threads(spec["threads"])
-    import gspo.trainer as trainer_mod
+    import gspo.compose.train as trainer_mod
 
     system = spec["system"]
     if system == "gspo-before":
@@ -348,7 +348,8 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
     elif system.startswith("gspo-no-"):
         name = system.removeprefix("gspo-no-")
         _ablate(["fast-decoder", name] if name == "shared-prefill" else [name])
-    from gspo.build import build_prompt_format, build_task
+    from gspo.compose.parts import build_task
+    from gspo.models.build import build_prompt_format
 
     ends: list[float] = []
     base = trainer_mod.MetricsLogger
@@ -410,7 +411,8 @@ def run_init_eval(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    from gspo.build import build_policy, build_prompt_format, build_task
+    from gspo.compose.parts import build_task
+    from gspo.models.build import build_policy, build_prompt_format
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-init-") as tmp:
         cfg = _train_config(spec, tmp)
@@ -435,7 +437,8 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from gspo.build import build_policy, build_prompt_format, build_task
+    from gspo.compose.parts import build_task
+    from gspo.models.build import build_policy, build_prompt_format
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-trl-") as tmp:
         cfg = _train_config(spec, tmp)
@@ -610,7 +613,7 @@ def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[st
     code = (
         f"import json,sys,torch; torch.set_num_threads({threads})\n"
         "from gspo.config import SFTConfig, build\n"
-        "from gspo.sft import run_sft\n"
+        "from gspo.compose.sft import run_sft\n"
         "cfg = build(SFTConfig, overrides=json.loads(sys.argv[1]))\n"
         "r = run_sft(cfg)\n"
         "print(json.dumps({**r.eval, 'seconds': r.seconds}))\n"

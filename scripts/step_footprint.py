@@ -17,8 +17,8 @@ import threading
 
 import gspo
 import gspo.orchestration.logging as metrics_logging
+from gspo.compose.train import train
 from gspo.config import TrainConfig, build
-from gspo.trainer import train
 
 ROOT = os.path.dirname(gspo.__file__)
 hits: dict[str, set[int]] = {}

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from gspo.sandbox_slots import processes_of, run_history
+from gspo.envs.sandbox.slots import processes_of, run_history
 
 REQUIRED_ENV = "GSPO_SANDBOX_TESTS_REQUIRED"
 ROOT = os.geteuid() == 0

@@ -1,4 +1,4 @@
-"""`gspo algos` lists the registry; `gspo compare` runs the objectives of gspo.losses_family."""
+"""`gspo algos` lists the registry; `gspo compare` runs the objectives of gspo.core.losses_family."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gspo.cli import main
-from gspo.losses import LOSSES
+from gspo.core.losses import LOSSES
+from gspo.interface.cli import main
 
 
 def test_algos_lists_every_registered_objective(capsys: pytest.CaptureFixture[str]) -> None:

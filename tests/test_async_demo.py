@@ -8,7 +8,7 @@ import pytest
 from async_support import hold_updates_until_the_producer_blocks
 from cold_start import ADDITION_D64
 
-from gspo.cli import main
+from gspo.interface.cli import main
 
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 

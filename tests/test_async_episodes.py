@@ -10,11 +10,13 @@ import pytest
 import torch
 from async_support import hold_updates_until_the_producer_blocks, new_weights_inside_each_generation
 
+import gspo.compose.train as trainer_module
 import gspo.orchestration.steps as steps_module
-import gspo.trainer as trainer_module
+from gspo.compose.train import train
 from gspo.config import TrainConfig
 from gspo.envs import Step
 from gspo.envs.driver import Limits, run_episodes
+from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
 from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
 from gspo.orchestration.async_episodes import EpisodeSource, Restart, round_generate
@@ -22,8 +24,6 @@ from gspo.orchestration.async_rollout import WeightSync, snapshot
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.partial import NO_VERSION
 from gspo.rollout.torch_engine import TorchEngine
-from gspo.tasks.base import Example
-from gspo.trainer import train
 
 TOK = build_char_tokenizer()
 EXAMPLES = [Example(prompt="12*34=", answer="408"), Example(prompt="7+8=", answer="15")]
@@ -307,7 +307,7 @@ def test_k0_episodes_through_the_thread_equal_the_sync_run(tmp_path, monkeypatch
 
 
 def test_async_episodes_resume_trains_every_step_once(tmp_path, turns_env):
-    from gspo.logging import read_metrics
+    from gspo.orchestration.logging import read_metrics
 
     first = train(_cfg(tmp_path, max_staleness=2, stop_after=2))
     assert [r["step"] for r in records(first)] == [1, 2]

@@ -9,13 +9,13 @@ import pytest
 import torch
 from async_support import hold_updates_until_the_producer_blocks, new_weights_inside_each_generation
 
-import gspo.trainer as trainer_module
-from gspo import checkpoint as ckpt
+import gspo.compose.train as trainer_module
+from gspo.backend import checkpoint as ckpt
+from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.logging import read_metrics
+from gspo.envs.tasks.base import Example, Task
 from gspo.orchestration.async_source import AsyncSource
-from gspo.tasks.base import Example, Task
-from gspo.trainer import train
+from gspo.orchestration.logging import read_metrics
 
 TIMING_PREFIXES = ("time/", "throughput/", "async/")
 

@@ -1,4 +1,4 @@
-"""Tests for gspo.checkpoint: round trip, crash safety, rotation and the ``latest`` pointer."""
+"""Tests for gspo.backend.checkpoint: round trip, crash safety, rotation and the ``latest`` pointer."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from gspo import checkpoint as ckpt
+from gspo.backend import checkpoint as ckpt
+from gspo.backend.update import lr_lambda
 from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
-from gspo.trainer import lr_lambda
 
 
 def make_parts(seed: int = 0):

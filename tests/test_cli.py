@@ -9,9 +9,9 @@ import torch
 from plotcheck import capture_plots, is_png
 from safetensors.torch import load_file
 
-from gspo.build import build_policy
-from gspo.cli import main
 from gspo.config import TrainConfig, build
+from gspo.interface.cli import main
+from gspo.models.build import build_policy
 
 
 def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys, monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo.cli import main
+from gspo.interface.cli import main
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 COMMANDS = ["train", "sft", "demo", "algos", "compare", "report", "eval"]
@@ -176,7 +176,7 @@ def test_directory_as_train_file_is_named_as_such(tmp_path, capsys):
     assert main(argv) == 2
     assert "is a directory" in one_line(capsys.readouterr().err)
 
-    from gspo.tasks import DataError, load_examples  # the data layer says the same
+    from gspo.envs.tasks import DataError, load_examples  # the data layer says the same
 
     with pytest.raises(DataError, match="is a directory, not a data file"):
         load_examples(tmp_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gspo.cli import main
+from gspo.interface.cli import main
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -19,14 +19,14 @@ def run_cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "gspo.cli", *args], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "gspo.interface.cli", *args], capture_output=True, text=True, env=env
     )
     return proc, time.perf_counter() - t0
 
 
 def test_building_the_parser_imports_no_heavy_module():
     code = (
-        "import sys, gspo.cli; gspo.cli._parser(); "
+        "import sys, gspo.interface.cli; gspo.interface.cli._parser(); "
         "heavy = [m for m in ('torch', 'transformers', 'matplotlib', 'tokenizers') "
         "if m in sys.modules]; print(heavy)"
     )

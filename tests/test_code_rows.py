@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from gspo.build import build_task
+from gspo.compose.parts import build_task
 from gspo.config import TrainConfig, build
+from gspo.envs.rewards import score
 from gspo.envs.sandbox import TestSuite, code_reward, extract_code, values_match
 from gspo.envs.sandbox.compare import outputs_match
+from gspo.envs.tasks import load_examples, make_file_task
+from gspo.envs.tasks.base import Example
 from gspo.interface.cli import _overrides, _parser
-from gspo.rewards import score
-from gspo.tasks import load_examples, make_file_task
-from gspo.tasks.base import Example
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux only")
 
@@ -299,7 +299,7 @@ def test_code_limits_from_config_file_and_cli_reach_the_reward(tmp_path) -> None
     ],
 )
 def test_bad_code_limits_are_one_clear_line(tmp_path, capsys, flags, message) -> None:
-    from gspo.cli import main
+    from gspo.interface.cli import main
 
     assert main(["train", "--output-dir", str(tmp_path), *flags]) == 2
     err = capsys.readouterr().err

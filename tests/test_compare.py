@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from plotcheck import capture_plots, is_png
 
-from gspo.cli import main
-from gspo.compare import parse_algos, parse_seeds, plan, run_compare
 from gspo.config import ConfigError
-from gspo.logging import read_metrics
-from gspo.report import train_records
-from gspo.tasks.scratchpad import final_answer, long_form, run_chain, scratchpad_reward
-from gspo.tasks.synthetic import make_task, split_of
+from gspo.envs.tasks.scratchpad import final_answer, long_form, run_chain, scratchpad_reward
+from gspo.envs.tasks.synthetic import make_task, split_of
+from gspo.interface.cli import main
+from gspo.interface.compare import parse_algos, parse_seeds, plan, run_compare
+from gspo.interface.report import train_records
+from gspo.orchestration.logging import read_metrics
 
 
 def test_parse_algos_and_seeds() -> None:

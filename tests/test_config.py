@@ -17,7 +17,7 @@ from gspo.config import (
     from_dict,
     to_dict,
 )
-from gspo.losses import LOSSES
+from gspo.core.losses import LOSSES
 
 # --- unknown keys ------------------------------------------------------------------------------
 

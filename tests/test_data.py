@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gspo.rewards import numeric_match
-from gspo.tasks import DataError, Example, load_examples, make_file_task
+from gspo.envs.rewards import numeric_match
+from gspo.envs.tasks import DataError, Example, load_examples, make_file_task
 
 
 @pytest.fixture(autouse=True)

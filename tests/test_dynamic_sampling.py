@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import gspo.trainer as trainer_module
+import gspo.compose.train as trainer_module
+from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.dynamic_sampling import (
+from gspo.envs.tasks.base import Example, Task
+from gspo.orchestration.dynamic_sampling import (
     Sampled,
     concat,
     fill_batch,
@@ -19,8 +21,6 @@ from gspo.dynamic_sampling import (
     round_prompts,
 )
 from gspo.rollout.base import Rollout
-from gspo.tasks.base import Example, Task
-from gspo.trainer import train
 
 G = 2
 

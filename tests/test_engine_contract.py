@@ -9,7 +9,7 @@ a different log-prob convention breaks it.
 Two levels, each parametrized so that new engines and backends join the same test:
 * ``ENGINE_FACTORIES``: engines driven by a loop written here (generate, the trainer's update,
   ``update_weights``); a vLLM engine adds one entry.
-* ``RUN_SETTINGS``: config settings that select the engine/backend ``gspo.trainer.train`` builds;
+* ``RUN_SETTINGS``: config settings that select the engine/backend ``gspo.compose.train.train`` builds;
   the run's own recompute pass logs the disagreement (``mismatch/max_abs``) at every step. A vLLM
   engine or Ray backend adds its settings here.
 """
@@ -22,12 +22,12 @@ import pytest
 import torch
 
 import gspo.backend.update as update_module
-import gspo.trainer as trainer_module
-from gspo.advantages import group_advantages
+import gspo.compose.train as trainer_module
 from gspo.config import TrainConfig, build
+from gspo.core.advantages import group_advantages
+from gspo.envs.tasks.base import Example, Task
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams, TorchEngine
-from gspo.tasks.base import Example, Task
 
 TEMPERATURE = 0.7
 STEPS = 3

@@ -9,18 +9,18 @@ import pytest
 import torch
 
 from gspo.backend.update import _rows
+from gspo.core.losses import policy_loss
 from gspo.envs import SingleTurnEnv, Step
 from gspo.envs.credit import check_credit, episode_advantages, returns_to_go, turn_advantages
 from gspo.envs.driver import Limits, episode_metrics, run_episodes
+from gspo.envs.tasks import make_task
+from gspo.envs.tasks.base import Example
 from gspo.envs.tool_env import ToolEnv
 from gspo.envs.tools import CALCULATOR, Tool, calculate, parse_calls
 from gspo.envs.trajectory import ChatEncoder, PlainEncoder
-from gspo.losses import policy_loss
 from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
-from gspo.tasks import make_task
-from gspo.tasks.base import Example
 
 TOK = build_char_tokenizer()
 EX = Example(prompt="12*34=", answer="408")
@@ -262,7 +262,7 @@ def smol() -> Path:
 def test_incremental_chat_template_equals_whole_render(smol):
     from transformers import AutoTokenizer
 
-    from gspo.chat import prompt_format
+    from gspo.models.chat import prompt_format
 
     tok = AutoTokenizer.from_pretrained(smol)
     fmt = prompt_format(tok)
@@ -333,7 +333,7 @@ def _cfg(tmp_path, **kw):
 
 
 def test_trainer_runs_a_multi_turn_task(tmp_path):
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     result = train(_cfg(tmp_path, algo="gspo_token", credit="turn"))
     step = next(h for h in result.history if "reward/mean" in h)
@@ -344,7 +344,7 @@ def test_trainer_runs_a_multi_turn_task(tmp_path):
 
 
 def test_trainer_refuses_turn_credit_with_a_sequence_loss(tmp_path):
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     with pytest.raises(ValueError, match="token-level loss"):
         train(_cfg(tmp_path, algo="gspo", credit="turn"))
@@ -427,8 +427,8 @@ def test_trl_style_environment_factory():
 
 
 def test_python_tool_runs_in_the_sandbox():
+    from gspo.envs.sandbox import SandboxError
     from gspo.envs.tools import python_tool
-    from gspo.sandbox import SandboxError
 
     tool = python_tool(timeout_s=5.0)
     try:
@@ -445,7 +445,7 @@ def test_python_tool_runs_in_the_sandbox():
 
 def test_code_with_execution_feedback():
     from gspo.envs.code_feedback import CodeFeedbackEnv
-    from gspo.sandbox import SandboxError
+    from gspo.envs.sandbox import SandboxError
 
     task = make_task("code_feedback", n_train=1, n_test=1, difficulty=1)
     ex = task.test[0]

@@ -10,16 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gspo.build import build_prompt_format, build_task
+from gspo.compose.parts import build_task
+from gspo.compose.sft import run_sft
+from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig
 from gspo.envs import env_for
 from gspo.envs.calculator import final_answer_reward
 from gspo.envs.loop import Episodes
-from gspo.evaluation import evaluate
 from gspo.models import load_model, load_tokenizer
+from gspo.models.build import build_prompt_format
+from gspo.orchestration.evaluation import evaluate
 from gspo.rollout.torch_engine import TorchEngine
-from gspo.sft import run_sft
-from gspo.trainer import train
 
 SHAPE = dict(hidden_size=128, num_layers=3, seed=0, device="cpu", threads=1)
 EPISODE = dict(max_new_tokens=24, max_turns=3, max_total_tokens=64)

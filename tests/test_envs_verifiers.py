@@ -86,8 +86,8 @@ def test_multi_turn_env_replies_and_stops():
 
 
 def test_train_a_verifiers_env(tmp_path):
+    from gspo.compose.train import train
     from gspo.config import TrainConfig
-    from gspo.trainer import train
 
     register_verifiers("vf_hint", load_multi_turn)
     result = train(TrainConfig(

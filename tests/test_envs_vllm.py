@@ -12,10 +12,10 @@ from test_envs import EX, TOK, EchoEnv, calc_env
 from vllm_support import LOGPROB_TOL, needs_vllm, vllm_engine
 
 from gspo.envs.driver import Limits, run_episodes
+from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
 from gspo.models import build_tiny_model, token_logprobs
 from gspo.rollout.base import SamplingParams
-from gspo.tasks.base import Example
 
 
 def _model(seed: int = 1):
@@ -59,8 +59,8 @@ def test_vllm_episodes_logprobs_align_across_turns_and_stop_strings():
 
 @needs_vllm
 def test_train_a_multi_turn_task_with_vllm(tmp_path):
+    from gspo.compose.train import train
     from gspo.config import TrainConfig
-    from gspo.trainer import train
 
     cfg = TrainConfig(
         output_dir=str(tmp_path / "run"), task="calculator", steps=2, prompts_per_step=2,

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from gspo.chat import PromptFormat
-from gspo.cli import main
 from gspo.config import EvalConfig, build
-from gspo.evaluation import eval_examples, evaluate, pass_at_k, summarize
+from gspo.envs.rewards import exact_match
+from gspo.envs.tasks.base import Example
+from gspo.interface.cli import main
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer
-from gspo.rewards import exact_match
+from gspo.models.chat import PromptFormat
+from gspo.orchestration.evaluation import eval_examples, evaluate, pass_at_k, summarize
 from gspo.rollout.base import Rollout, SamplingParams
-from gspo.tasks.base import Example
 
 
 class FakeEngine:
@@ -215,10 +215,10 @@ def test_gspo_eval_rejects_bad_flags(capsys):
 def test_evaluate_model_is_the_one_held_out_helper():
     """SFT, gspo eval, the SmolLM2 experiment and the vs_trl benchmark all score a model in hand
     with evaluate_model: the same numbers as evaluate() on an engine over that model."""
-    from gspo.evaluation import evaluate_model
+    from gspo.envs.tasks import make_task
     from gspo.models import build_tiny_model
+    from gspo.orchestration.evaluation import evaluate_model
     from gspo.rollout.torch_engine import TorchEngine
-    from gspo.tasks import make_task
 
     tok = build_char_tokenizer()
     model = build_tiny_model(len(tok), hidden_size=32, num_layers=1, seed=0)

@@ -1,4 +1,4 @@
-"""The lean Llama-family forward (gspo.fast_forward) against the Hugging Face forward: rollout
+"""The lean Llama-family forward (gspo.models.fast_forward) against the Hugging Face forward: rollout
 decoding (FastDecoder inside TorchEngine) and the shared-prompt training pass."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from gspo.fast_forward import completion_logits, supports
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
+from gspo.models.fast_forward import completion_logits, supports
 from gspo.rollout import SamplingParams, TorchEngine
 
 PROMPTS = ["12+3=", "7=", "100-99=", "ab cd"]
@@ -78,7 +78,7 @@ def test_supports_plain_models_only():
     assert not supports(m)  # hooks (routing capture, test probes) need the HF forward
     handle.remove()
     assert supports(m)
-    from gspo.moe import build_tiny_moe_model
+    from gspo.models.moe import build_tiny_moe_model
 
     assert not supports(build_tiny_moe_model(98, hidden_size=32, num_layers=1))
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import gspo.backend.update as update_module
-import gspo.trainer as trainer_module
-from gspo.build import limit_prompts
+import gspo.compose.train as trainer_module
+from gspo.compose.parts import limit_prompts
+from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.tasks.base import Example, Task
-from gspo.trainer import NonFiniteTrainingError, train
+from gspo.envs.tasks.base import Example, Task
+from gspo.orchestration.loop import NonFiniteTrainingError
 
 
 def ones_share(text: str, example: Example) -> float:

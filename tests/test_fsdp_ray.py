@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import gspo.backend.update as update_module
-from gspo.build import build_policy
 from gspo.config import TrainConfig, build
-from gspo.losses import LOSSES
+from gspo.core.losses import LOSSES
+from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gspo import checkpoint as ckpt
+from gspo.backend import checkpoint as ckpt
+from gspo.compose.sft import run_sft
+from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig, build
-from gspo.logging import read_metrics
-from gspo.sft import run_sft
-from gspo.trainer import train
+from gspo.orchestration.logging import read_metrics
 
 TIMING = ("time/", "throughput/")
 STEPS = 8
@@ -30,7 +30,7 @@ def run_args(out: Path, model: Path) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "gspo.cli",
+        "gspo.interface.cli",
         "train",
         "--preset",
         "smoke",

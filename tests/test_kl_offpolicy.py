@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from gspo.kl import KL_ESTIMATORS, kl_estimate, sequence_kl_penalty
-from gspo.losses import policy_loss
-from gspo.offpolicy import DEFAULT_DELTA, mask_metrics, off_policy_sequence_mask
+from gspo.core.kl import KL_ESTIMATORS, kl_estimate, sequence_kl_penalty
+from gspo.core.losses import policy_loss
+from gspo.core.offpolicy import DEFAULT_DELTA, mask_metrics, off_policy_sequence_mask
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-13)

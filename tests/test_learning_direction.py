@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import gspo.compose.train as trainer_module
 import gspo.orchestration.steps as steps_module
-import gspo.trainer as trainer_module
-from gspo.build import build_policy, build_prompt_format
 from gspo.config import TrainConfig, build
-from gspo.losses import LOSSES
-from gspo.tasks.base import Example, Task
+from gspo.core.losses import LOSSES
+from gspo.envs.tasks.base import Example, Task
+from gspo.models.build import build_policy, build_prompt_format
 
 MIN_RISE = 0.08
 """Every prompt's P(rewarded) must rise by at least this much (it starts near 0.49). Measured

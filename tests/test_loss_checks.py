@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from gspo.losses import (
+from gspo.core.losses import (
     LOG_RATIO_CLAMP,
     LOSSES,
     LossTerms,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gspo.losses import (
+from gspo.core.losses import (
     AGGREGATIONS,
     LOG_RATIO_CLAMP,
     LOSSES,

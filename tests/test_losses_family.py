@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from gspo.losses import LOSSES, policy_loss, sequence_log_ratio
-from gspo.losses_family import sapo_gate
+from gspo.core.losses import LOSSES, policy_loss, sequence_log_ratio
+from gspo.core.losses_family import sapo_gate
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)

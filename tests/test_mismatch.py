@@ -1,4 +1,4 @@
-"""Mismatch metrics and the TIS/MIS correction wired into the trainer (gspo.mismatch)."""
+"""Mismatch metrics and the TIS/MIS correction wired into the trainer (gspo.core.mismatch)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gspo.config import TrainConfig, build
-from gspo.mismatch import correction_weights, mismatch_stats
+from gspo.core.mismatch import correction_weights, mismatch_stats
 
 TRAIN = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], dtype=torch.float64)
 ENGINE = torch.tensor([[-1.5, -1.0, 0.0], [-0.5, -0.7, -0.4]], dtype=torch.float64)
@@ -70,7 +70,7 @@ def test_sequence_levels_hand_computed(level, rho):
 def _update(weights, micro=0):
     """One update_policy call on a fixed rollout with non-zero advantages; the new weights."""
     from gspo.backend.update import update_policy
-    from gspo.build import build_policy
+    from gspo.models.build import build_policy
     from gspo.rollout import SamplingParams, TorchEngine
 
     cfg = build(
@@ -98,7 +98,7 @@ def test_update_policy_applies_the_correction_weights():
     zero = _update(lambda r: torch.zeros(r.num_samples))
     ones = _update(lambda r: torch.ones(r.num_samples))
     zero_tokens = _update(lambda r: torch.zeros_like(r.logprobs))
-    from gspo.build import build_policy
+    from gspo.models.build import build_policy
 
     model, _ = build_policy(build(TrainConfig, preset="smoke"), torch.device("cpu"))
     start = model.state_dict()
@@ -122,7 +122,7 @@ def test_update_policy_applies_the_correction_weights():
 def test_train_logs_the_corrected_share(tmp_path):
     """A mask window no ratio falls into zeroes every weight, and the metrics say so (a
     bfloat16 engine copy makes the mismatch real)."""
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     cfg = build(
         TrainConfig,

@@ -255,7 +255,7 @@ def test_positions_from_mask():
 
 
 def test_one_tiny_builder_for_dense_and_moe_models():
-    from gspo.moe import build_tiny_moe_model, is_moe
+    from gspo.models.moe import build_tiny_moe_model, is_moe
 
     dense = build_tiny_model(99, hidden_size=32, num_layers=1, seed=4)
     moe = build_tiny_model(99, hidden_size=32, num_layers=1, seed=4, num_experts=4, top_k=2)

@@ -15,14 +15,13 @@ import torch
 import torch.nn.functional as F
 
 import gspo.backend.update as update_module
-import gspo.trainer as trainer_module
-from gspo import moe
-from gspo.build import build_policy
+import gspo.compose.train as trainer_module
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build
-from gspo.models import build_char_tokenizer, token_logprobs
+from gspo.envs.tasks.base import Example, Task
+from gspo.models import build_char_tokenizer, moe, token_logprobs
+from gspo.models.build import build_policy
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
-from gspo.tasks.base import Example, Task
 
 ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
 
@@ -420,7 +419,7 @@ def test_aux_loss_changes_the_gradient_only_when_on(tmp_path):
 
 
 def test_sft_cold_start_moe_checkpoint_reloads_as_moe(tmp_path):
-    from gspo.sft import run_sft
+    from gspo.compose.sft import run_sft
 
     cfg = build(
         SFTConfig,

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
+import gspo.compose.train as trainer_module
 import gspo.envs.loop as loop_module
-import gspo.trainer as trainer_module
 from gspo.config import ConfigError, TrainConfig, build
 from gspo.core.seeding import prompt_indices
 from gspo.envs import ENVIRONMENTS, SingleTurnEnv, Step
 from gspo.envs.rewards import score
+from gspo.envs.tasks.base import Example, Task
 from gspo.models import moe
 from gspo.models.text import decode_completions
 from gspo.orchestration import steps
 from gspo.orchestration.state import StepState
-from gspo.tasks.base import Example, Task
 
 
 def even_share(text: str, example: Example) -> float:

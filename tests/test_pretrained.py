@@ -26,14 +26,13 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from gspo import pretrained
-from gspo.build import build_policy, build_prompt_format
-from gspo.chat import prompt_format
 from gspo.config import SFTConfig, TrainConfig, build
-from gspo.models import build_char_tokenizer, save_model, token_logprobs
+from gspo.envs.tasks import make_task
+from gspo.models import build_char_tokenizer, pretrained, save_model, token_logprobs
+from gspo.models.build import build_policy, build_prompt_format
+from gspo.models.chat import prompt_format
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
-from gspo.tasks import make_task
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
@@ -225,8 +224,8 @@ def test_stop_on_end_token_when_pad_equals_eos(checkpoint, chat_tok):
 def test_train_and_sft_on_a_chat_checkpoint(checkpoint, tmp_path):
     """RL and SFT on word problems through the chat template: stop tokens, math-verify reward,
     format reward, a final model transformers loads back."""
-    from gspo.sft import run_sft
-    from gspo.trainer import train
+    from gspo.compose.sft import run_sft
+    from gspo.compose.train import train
 
     path, _ = checkpoint
     common = {"model": str(path), "device": "cpu", "task": "word_problems", "difficulty": 1}
@@ -275,7 +274,7 @@ def test_train_and_sft_on_a_chat_checkpoint(checkpoint, tmp_path):
 def test_lora_merge_and_adapter_round_trip(checkpoint, tmp_path):
     from peft import PeftModel
 
-    from gspo.lora import apply_lora, has_lora, merged_copy
+    from gspo.models.lora import apply_lora, has_lora, merged_copy
 
     path, original = checkpoint
     cfg = build(TrainConfig, overrides={"model": str(path), "device": "cpu", "lora_rank": 4})
@@ -318,7 +317,7 @@ def test_lora_merge_and_adapter_round_trip(checkpoint, tmp_path):
 @needs_peft
 def test_lora_training_resume(checkpoint, tmp_path):
     """A LoRA run stopped after one step and resumed equals the unbroken run."""
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     path, _ = checkpoint
     base = {

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from gspo.build import prompt_token_limit
+from gspo.compose.parts import prompt_token_limit
+from gspo.compose.train import train
 from gspo.config import TrainConfig, build
 from gspo.models import UNK_ID, build_char_tokenizer
-from gspo.trainer import train
 
 UNICODE_PROMPTS = {
     "newline": "line one\nline two: 1+1=",

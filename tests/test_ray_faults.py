@@ -19,7 +19,7 @@ import pytest
 import torch
 from test_ray_backend import _batch, _cfg
 
-from gspo.build import build_policy
+from gspo.models.build import build_policy
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -150,7 +150,7 @@ def test_cli_killed_worker_stops_with_message_then_resumes(tmp_path):
     temp_dir = tempfile.mkdtemp(prefix="gspo-ray-t-")
     env = {**os.environ, "GSPO_RAY_TEMP_DIR": temp_dir, "PYTHONPATH": os.pathsep.join(sys.path)}
     args = [
-        sys.executable, "-m", "gspo.cli", "train", "--preset", "smoke", "--backend", "ray",
+        sys.executable, "-m", "gspo.interface.cli", "train", "--preset", "smoke", "--backend", "ray",
         "--trainer-workers", "2", "--rollout-workers", "1", "--steps", "40",
         "--checkpoint-every", "1", "--threads", "1", "--output-dir", str(out),
     ]  # fmt: skip
@@ -196,7 +196,7 @@ def test_sigkilled_driver_leaves_nothing_and_resumes_exactly(tmp_path):
 
     def args(out):
         return [
-            sys.executable, "-m", "gspo.cli", "train", "--preset", "smoke", "--backend", "ray",
+            sys.executable, "-m", "gspo.interface.cli", "train", "--preset", "smoke", "--backend", "ray",
             "--trainer-workers", "2", "--rollout-workers", "1", "--steps", "6",
             "--checkpoint-every", "1", "--threads", "1", "--max-new-tokens", "8",
             "--overlong-buffer", "6", "--lr", "3e-3", "--output-dir", str(out),

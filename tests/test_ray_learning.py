@@ -9,7 +9,7 @@ import os
 import pytest
 from cold_start import ADDITION_D64
 
-from gspo.cli import main
+from gspo.interface.cli import main
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from gspo.backend.local import LocalBackend
-from gspo.build import build_policy
 from gspo.config import TrainConfig, build
 from gspo.models import token_logprobs
+from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":

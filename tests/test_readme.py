@@ -1,5 +1,5 @@
 """The README's lists agree with the code: task and reward names with the registries (and
-``gspo train --help``), the fields ``--resume`` lets change with ``interface/resume.py``, and
+``gspo train --help``), the fields ``--resume`` lets change with ``config/resume.py``, and
 metric names with what the code logs (both ways: every documented name is one the code writes,
 and every name a short run logs is documented). They drifted apart before (README names like
 ``turn_reward_mean`` without their ``episode/`` prefix, a reward list missing two rewards)."""
@@ -59,8 +59,8 @@ def test_train_help_names_every_task_and_reward():
 
 
 def test_readme_resume_fields_are_resume_py():
+    from gspo.config.resume import RESUME_FIELDS, SAFE_ON_RESUME
     from gspo.interface.cli import _parser
-    from gspo.interface.resume import RESUME_FIELDS, SAFE_ON_RESUME
 
     start = README.index("Flags given with it may change only what does not make a different run")
     paragraph = README[start : README.index("each change is printed", start)]
@@ -137,8 +137,8 @@ def _undocumented(keys: set[str]) -> list[str]:
     ids=["one-turn", "multi-turn"],
 )
 def test_every_metric_a_run_logs_is_documented(tmp_path, task, extra):
+    from gspo.compose.train import train
     from gspo.config import TrainConfig, build
-    from gspo.trainer import train
 
     run = dict(output_dir=str(tmp_path / "run"), task=task, device="cpu", threads=1)
     cfg = build(TrainConfig, preset="smoke", overrides=dict(**run, eval_every=2, n_test=4, **extra))

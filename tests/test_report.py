@@ -1,4 +1,4 @@
-"""The comparison report (gspo.report.build_report) on small hand-made run folders.
+"""The comparison report (gspo.interface.report.build_report) on small hand-made run folders.
 
 Each fake run has a config.json and a metrics.jsonl whose numbers are chosen so that the
 report's means and standard errors can be worked out by hand.
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from plotcheck import capture_plots
 
-from gspo.cli import main
-from gspo.report import (
+from gspo.interface.cli import main
+from gspo.interface.report import (
     build_report,
     discover_runs,
     fmt_mean_se,

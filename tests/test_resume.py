@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gspo.cli import main
+from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build, to_dict
-from gspo.logging import read_metrics
-from gspo.trainer import train
+from gspo.interface.cli import main
+from gspo.orchestration.logging import read_metrics
 
 RUN = ["--preset", "smoke", "--device", "cpu", "--task", "reversal", "--max-new-tokens", "5"]
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from gspo.rewards import (
+from gspo.envs.rewards import (
     REWARDS,
     combine,
     countdown_reward,
@@ -22,7 +22,7 @@ from gspo.rewards import (
     overlong_penalty,
     score,
 )
-from gspo.tasks.base import Example
+from gspo.envs.tasks.base import Example
 
 
 def ex(answer: str, **meta: object) -> Example:
@@ -239,7 +239,7 @@ def test_registry() -> None:
 
 
 def test_score_workers_run_calls_at_once_bounded_and_in_order() -> None:
-    from gspo.rewards import reward_workers, score
+    from gspo.envs.rewards import reward_workers, score
 
     lock = threading.Lock()
     running = [0, 0]  # now, most at once
@@ -273,8 +273,8 @@ def test_score_workers_run_calls_at_once_bounded_and_in_order() -> None:
 def test_reward_workers_finds_the_sandbox_inside_wrappers() -> None:
     import os
 
-    from gspo.rewards import MAX_AUTO_REWARD_WORKERS, combine, format_reward, reward_workers
-    from gspo.sandbox import code_reward, with_timeout
+    from gspo.envs.rewards import MAX_AUTO_REWARD_WORKERS, combine, format_reward, reward_workers
+    from gspo.envs.sandbox import code_reward, with_timeout
 
     auto = max(1, min(MAX_AUTO_REWARD_WORKERS, os.cpu_count() or 1))
     for fn in (

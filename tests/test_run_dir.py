@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gspo import checkpoint as ckpt
-from gspo.cli import main
+from gspo.backend import checkpoint as ckpt
+from gspo.compose.train import train
 from gspo.config import TrainConfig, build
-from gspo.logging import read_metrics
+from gspo.interface.cli import main
+from gspo.orchestration.logging import read_metrics
 from gspo.orchestration.loop import _progress
-from gspo.trainer import train
 
 RUN = ["--preset", "smoke", "--device", "cpu", "--task", "reversal", "--max-new-tokens", "5"]
 
@@ -35,7 +35,7 @@ def test_second_run_is_refused_in_one_line_before_torch(tmp_path, command):
     out = tmp_path / "run"
     before = fake_run(out)
     code = (
-        "import sys; from gspo.cli import main; rc = main(sys.argv[1:]); "
+        "import sys; from gspo.interface.cli import main; rc = main(sys.argv[1:]); "
         "print('torch loaded' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)"
     )
     proc = subprocess.run(
@@ -158,26 +158,26 @@ def test_sft_stops_on_sigint_and_resumes_exactly(tmp_path, capsys, monkeypatch):
     import torch
     from safetensors.torch import load_file
 
-    import gspo.sft
+    import gspo.compose.sft
 
     threads = torch.get_num_threads()
     try:
         assert main(["sft", *SFT, "--output-dir", str(tmp_path / "a")]) == 0
-        step = gspo.sft._sft_step
+        step = gspo.compose.sft._sft_step
 
         def interrupted_at_step_2(cfg, index, *args):  # a Ctrl-C arrives during step 2
             step(cfg, index, *args)
             if index == 1:
                 os.kill(os.getpid(), signal.SIGINT)
 
-        monkeypatch.setattr(gspo.sft, "_sft_step", interrupted_at_step_2)
+        monkeypatch.setattr(gspo.compose.sft, "_sft_step", interrupted_at_step_2)
         out = tmp_path / "b"
         assert main(["sft", *SFT, "--output-dir", str(out)]) == 130
         err = capsys.readouterr().err
         assert f"resume with: gspo sft --output-dir {out} --resume" in err
         assert "stopped by SIGINT after step 2" in err
         assert ckpt.latest_checkpoint(out).name == "step_000002"
-        monkeypatch.setattr(gspo.sft, "_sft_step", step)
+        monkeypatch.setattr(gspo.compose.sft, "_sft_step", step)
         assert main(["sft", "--output-dir", str(out), "--resume", "--lr", "1"]) == 2
         assert "lr would make a different run" in capsys.readouterr().err
         (tmp_path / ".tmp-b-x1").mkdir()  # what a kill during the model's save leaves

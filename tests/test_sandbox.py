@@ -3,7 +3,7 @@
 Hostile programs (infinite loop, fork bomb, memory bomb, reading, writing and networking
 outside the sandbox, killing the parent) must each be contained, score 0, and leave this
 process — standing in for the trainer — running. Assertions follow the mechanisms the
-machine actually provides (:func:`gspo.sandbox.isolation`); on a root Linux host with
+machine actually provides (:func:`gspo.envs.sandbox.isolation`); on a root Linux host with
 namespaces that is all of them, and ``test_isolation_on_this_machine`` says which are active.
 """
 
@@ -34,8 +34,8 @@ from sandbox_checks import (
     needs_system_python,
 )
 
-from gspo.rewards import get_reward, score
-from gspo.sandbox import (
+from gspo.envs.rewards import get_reward, score
+from gspo.envs.sandbox import (
     RewardTimeout,
     RewardWorkerError,
     SandboxConfig,
@@ -49,7 +49,7 @@ from gspo.sandbox import (
     run_tests,
     with_timeout,
 )
-from gspo.tasks.base import Example
+from gspo.envs.tasks.base import Example
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -627,7 +627,7 @@ def test_with_timeout_process_mode_kills_and_recovers() -> None:
 
 
 def test_code_task_demos_pass_and_splits_are_disjoint() -> None:
-    from gspo.tasks import make_task
+    from gspo.envs.tasks import make_task
 
     task = make_task("code", n_train=40, n_test=4, difficulty=2)
     assert task.reward is code_reward
@@ -641,7 +641,7 @@ def test_code_task_demos_pass_and_splits_are_disjoint() -> None:
 UNPRIVILEGED_CALLER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from gspo.sandbox import SandboxConfig, run_python
+from gspo.envs.sandbox import SandboxConfig, run_python
 result = run_python(
     "import json, os, socket\\n"
     "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]\\n"

@@ -32,12 +32,18 @@ from pathlib import Path
 import pytest
 from sandbox_checks import history_mark, leftovers, needs, needs_root
 
-from gspo.envs.sandbox import seccomp
+from gspo.envs.rewards import score
+from gspo.envs.sandbox import (
+    SandboxConfig,
+    code_reward,
+    isolation,
+    run_python,
+    seccomp,
+    with_timeout,
+)
 from gspo.envs.sandbox.interpreter import python_dirs, system_package_dirs
 from gspo.envs.sandbox.slots import live_runs, processes_of
-from gspo.rewards import score
-from gspo.sandbox import SandboxConfig, code_reward, isolation, run_python, with_timeout
-from gspo.tasks.base import Example
+from gspo.envs.tasks.base import Example
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 

@@ -24,11 +24,18 @@ from pathlib import Path
 import pytest
 from sandbox_checks import history_mark, leftovers, needs, needs_root
 
-from gspo import sandbox_seccomp
-from gspo.sandbox import SandboxConfig, TestSuite, code_reward, isolation, run_python, run_tests
-from gspo.sandbox_cgroup import detect as detect_cgroup
-from gspo.sandbox_compare import parse_results, values_match
-from gspo.tasks.base import Example
+from gspo.envs.sandbox import (
+    SandboxConfig,
+    TestSuite,
+    code_reward,
+    isolation,
+    run_python,
+    run_tests,
+)
+from gspo.envs.sandbox import seccomp as sandbox_seccomp
+from gspo.envs.sandbox.cgroup import detect as detect_cgroup
+from gspo.envs.sandbox.compare import parse_results, values_match
+from gspo.envs.tasks.base import Example
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -271,7 +278,7 @@ def test_normal_programs_still_run() -> None:
 KEYRING_CALLER = r"""
 import ctypes, json, os, sys
 sys.path.insert(0, sys.argv[1])
-from gspo.sandbox import SandboxConfig, run_python
+from gspo.envs.sandbox import SandboxConfig, run_python
 libc = ctypes.CDLL(None, use_errno=True)
 nr = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
 # Our own session keyring, holding a secret.
@@ -441,7 +448,7 @@ def test_run_cgroup_bounds_tasks_by_itself() -> None:
     """pids.max of a run's cgroup, alone (in a run RLIMIT_NPROC applies as well): a root
     process in a cgroup with pids.max 4 starts 3 children, then fork fails."""
     needs_cgroup()
-    from gspo.sandbox_cgroup import RunCgroup
+    from gspo.envs.sandbox.cgroup import RunCgroup
 
     backend, _ = detect_cgroup()
     cgroup = RunCgroup(backend, 256 << 20, 4)
@@ -514,7 +521,7 @@ print(json.dumps(out))
 SLOT_CALLER = r"""
 import json, sys, tempfile
 sys.path.insert(0, sys.argv[1])
-from gspo.sandbox import SandboxConfig, run_python
+from gspo.envs.sandbox import SandboxConfig, run_python
 print("tmp", tempfile.gettempdir(), file=sys.stderr, flush=True)
 config = SandboxConfig(timeout_s=30, base_uid=int(sys.argv[2]), uid_slots=1)
 r = run_python(sys.argv[3], config=config)
@@ -648,7 +655,7 @@ def test_near_miss_large_integers_fail_and_exact_ones_pass() -> None:
 VENV_CALLER = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from gspo.sandbox import SandboxConfig, run_python
+from gspo.envs.sandbox import SandboxConfig, run_python
 program = '''
 import json, os, sys
 base = sys.argv[1]
@@ -702,7 +709,7 @@ def test_cgroup_v2_files_on_a_stand_in_hierarchy(tmp_path: Path, monkeypatch) ->
     """The v2 backend's file protocol (this project's machines have controllers on v1 only,
     so the real v2 path cannot run here): detection through mountinfo and /proc/self/cgroup,
     enabling memory+pids for children, the limits written, and removal."""
-    from gspo import sandbox_cgroup
+    from gspo.envs.sandbox import cgroup as sandbox_cgroup
 
     root = tmp_path / "cgroup2"
     own = root / "trainer.scope"

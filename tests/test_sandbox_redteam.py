@@ -16,9 +16,8 @@ import textwrap
 import pytest
 from sandbox_checks import history_mark, leftovers, needs, needs_root
 
-from gspo.envs.sandbox import seccomp
-from gspo.sandbox import SandboxConfig, code_reward, isolation, run_python
-from gspo.tasks.base import Example
+from gspo.envs.sandbox import SandboxConfig, code_reward, isolation, run_python, seccomp
+from gspo.envs.tasks.base import Example
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from gspo.compose.ray_check import check_backend_available
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.scale_config import check_backend_available
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from cold_start import ADDITION_D64
 
-from gspo import checkpoint as ckpt
-from gspo.cli import main
-from gspo.logging import read_metrics
+from gspo.backend import checkpoint as ckpt
+from gspo.interface.cli import main
+from gspo.orchestration.logging import read_metrics
 
 TIMING = ("time/", "throughput/")
 STEPS = 5
@@ -64,7 +64,7 @@ def comparable(records: list[dict]) -> list[dict]:
 
 def gspo(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "gspo.cli", *args],
+        [sys.executable, "-m", "gspo.interface.cli", *args],
         env={**ENV, **kw.pop("env", {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

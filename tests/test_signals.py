@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import gspo.trainer as trainer_module
+import gspo.compose.train as trainer_module
+from gspo.compose.train import train
 from gspo.config import TrainConfig, build
-from gspo.signals import PATIENCE, SignalWatch
-from gspo.tasks.base import Example, Task
-from gspo.trainer import train
+from gspo.envs.tasks.base import Example, Task
+from gspo.orchestration.signals import PATIENCE, SignalWatch
 
 
 def test_watch_warns_once_after_several_truncated_steps():

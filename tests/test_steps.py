@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import gspo.trainer as trainer_module
+import gspo.compose.train as trainer_module
 from gspo.backend.base import TrainingBackend
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
+from gspo.envs.tasks.base import Example, Task
 from gspo.orchestration import steps
 from gspo.orchestration.state import StepState
-from gspo.tasks.base import Example, Task
 
 
 def even_share(text: str, example: Example) -> float:

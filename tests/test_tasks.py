@@ -6,8 +6,8 @@ import functools
 
 import pytest
 
-from gspo.rewards import countdown_reward
-from gspo.tasks import DIFFICULTIES, TASKS, Example, Task, make_task, max_lengths, split_of
+from gspo.envs.rewards import countdown_reward
+from gspo.envs.tasks import DIFFICULTIES, TASKS, Example, Task, make_task, max_lengths, split_of
 
 NAMES = ["addition", "reversal", "sorting", "countdown", "scratchpad"]
 # (task, difficulty) pairs covering defaults and the small and large ends of each range.

@@ -1,4 +1,4 @@
-"""End-to-end tests of the RL loop (gspo.trainer.train) on the "smoke" preset, CPU only.
+"""End-to-end tests of the RL loop (gspo.compose.train.train) on the "smoke" preset, CPU only.
 
 A random-init model never solves a built-in task, so every reward would be 0, every advantage 0
 and nothing would change. The tests therefore swap in a task whose reward a random model earns
@@ -15,13 +15,13 @@ import pytest
 import torch
 
 import gspo.backend.update as update_module
-import gspo.trainer as trainer_module
-from gspo import checkpoint as ckpt
-from gspo.build import build_policy
+import gspo.compose.train as trainer_module
+from gspo.backend import checkpoint as ckpt
+from gspo.compose.train import train
 from gspo.config import TrainConfig, build
-from gspo.logging import read_metrics
-from gspo.tasks.base import Example, Task
-from gspo.trainer import train
+from gspo.envs.tasks.base import Example, Task
+from gspo.models.build import build_policy
+from gspo.orchestration.logging import read_metrics
 
 DESIGN_METRICS = (
     "reward/mean",

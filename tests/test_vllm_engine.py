@@ -144,7 +144,7 @@ def test_multiprocess_mode_syncs_a_tied_model(tok, prompts):
 @needs_vllm
 def test_lora_merged_weights_are_synced(tok, prompts):
     pytest.importorskip("peft")
-    from gspo.lora import apply_lora
+    from gspo.models.lora import apply_lora
 
     model = apply_lora(
         tied_model(len(tok)), rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear", seed=0
@@ -166,7 +166,7 @@ def test_lora_merged_weights_are_synced(tok, prompts):
 
 def test_missing_vllm_names_the_install_command(tmp_path, monkeypatch):
     import gspo.rollout.vllm_engine as ve
-    from gspo.trainer import train
+    from gspo.compose.train import train
 
     monkeypatch.setattr(ve, "vllm_available", lambda: False)
     cfg = build(
@@ -217,7 +217,7 @@ def test_models_vllm_cannot_load_are_named(tok):
         check_loadable(narrow, on_cpu=True)
     with pytest.raises(ValueError, match="head size 16"):
         VLLMEngine(narrow, pad_id=0, eos_id=2)
-    from gspo.moe import build_tiny_moe_model
+    from gspo.models.moe import build_tiny_moe_model
 
     moe = build_tiny_moe_model(len(tok), hidden_size=64, num_heads=2, num_kv_heads=1)
     with pytest.raises(ValueError, match="MoE model"):

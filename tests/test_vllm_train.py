@@ -11,7 +11,7 @@ import pytest
 from cold_start import ADDITION_D128
 from vllm_support import needs_vllm
 
-from gspo.cli import main
+from gspo.interface.cli import main
 
 # Head size 64 / 2 = 32: the smallest vLLM's CPU attention runs (the default tiny model has 16).
 SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
@@ -138,9 +138,9 @@ def test_smollm2_chat_prompts_stop_tokens_and_sync():
     the trainer's before and after a weight sync."""
     import torch
 
-    from gspo.build import build_policy, build_prompt_format
     from gspo.config import TrainConfig, build
     from gspo.models import token_logprobs
+    from gspo.models.build import build_policy, build_prompt_format
     from gspo.rollout import SamplingParams
     from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions
 

@@ -18,17 +18,17 @@ import pytest
 import torch
 
 import gspo.backend.update as update_module
-import gspo.moe as moe_module
+import gspo.compose.train as trainer_module
+import gspo.models.moe as moe_module
 import gspo.orchestration.steps as steps_module
-import gspo.trainer as trainer_module
-from gspo import cli
-from gspo.build import build_policy
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.losses import LOSSES, policy_loss
+from gspo.core.losses import LOSSES, policy_loss
+from gspo.envs.rewards import overlong_penalty
+from gspo.envs.tasks.base import Example, Task
+from gspo.interface import cli
 from gspo.models import token_logprobs
-from gspo.rewards import overlong_penalty
+from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
-from gspo.tasks.base import Example, Task
 
 SOURCES = ("flags", "file")
 

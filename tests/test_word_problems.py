@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from gspo.rewards import combine, format_reward, math_verify_match
-from gspo.tasks import DIFFICULTIES, TASKS, DataError, load_examples, make_file_task, make_task
-from gspo.tasks.base import Example
-from gspo.tasks.word_problems import INSTRUCTION, MAX_VALUE
+from gspo.envs.rewards import combine, format_reward, math_verify_match
+from gspo.envs.tasks import DIFFICULTIES, TASKS, DataError, load_examples, make_file_task, make_task
+from gspo.envs.tasks.base import Example
+from gspo.envs.tasks.word_problems import INSTRUCTION, MAX_VALUE
 
 
 @pytest.fixture(scope="module")

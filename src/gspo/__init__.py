@@ -1,7 +1,75 @@
 """gspo: RL from verifiable rewards with sequence-level policy optimization.
 
-Importing the package is cheap and CPU-safe: heavy or optional dependencies (vLLM, Ray,
-TensorBoard, wandb) are imported lazily by the modules that need them.
+The public Python API is ``__all__`` below (listed with examples in docs/api.md); every other
+module is internal and may change between releases. Importing the package is cheap and
+CPU-safe: each public name is loaded on first use (so ``gspo --help`` does not pay for torch),
+and optional extras (vLLM, Ray, TensorBoard, wandb) are imported only by the parts that need them.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it (the one import path of each)
+_HOMES = {
+    # losses and advantages (pure torch functions, registries of objectives)
+    "policy_loss": "gspo.core.losses",
+    "register_loss": "gspo.core.losses",
+    "get_loss": "gspo.core.losses",
+    "LossSpec": "gspo.core.losses",
+    "sequence_log_ratio": "gspo.core.losses",
+    "group_advantages": "gspo.core.advantages",
+    # tasks, environments and rewards
+    "Task": "gspo.envs.tasks.base",
+    "Example": "gspo.envs.tasks.base",
+    "register_task": "gspo.envs.tasks.synthetic",
+    "Environment": "gspo.envs.base",
+    "SingleTurnEnv": "gspo.envs.base",
+    "Step": "gspo.envs.base",
+    "register_env": "gspo.envs.base",
+    "register_reward": "gspo.envs.rewards",
+    # the engine protocol
+    "RolloutEngine": "gspo.rollout.base",
+    "Rollout": "gspo.rollout.base",
+    "SamplingParams": "gspo.rollout.base",
+    # runs
+    "TrainConfig": "gspo.config.train",
+    "SFTConfig": "gspo.config.train",
+    "EvalConfig": "gspo.config.evaluation",
+    "train": "gspo.compose.train",
+    "run_sft": "gspo.compose.sft",
+    "evaluate": "gspo.compose.evaluate",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gspo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
+    from gspo.compose.evaluate import evaluate
+    from gspo.compose.sft import run_sft
+    from gspo.compose.train import train
+    from gspo.config.evaluation import EvalConfig
+    from gspo.config.train import SFTConfig, TrainConfig
+    from gspo.core.advantages import group_advantages
+    from gspo.core.losses import LossSpec, get_loss, policy_loss, register_loss, sequence_log_ratio
+    from gspo.envs.base import Environment, SingleTurnEnv, Step, register_env
+    from gspo.envs.rewards import register_reward
+    from gspo.envs.tasks.base import Example, Task
+    from gspo.envs.tasks.synthetic import register_task
+    from gspo.rollout.base import Rollout, RolloutEngine, SamplingParams

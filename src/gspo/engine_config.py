@@ -1,5 +1,5 @@
 """Moved: the engine and correction fields to `gspo.config.fields`, their checks to
-`gspo.config.validation`, the engine builder to `gspo.interface.engines`. This path re-exports
+`gspo.config.validation`, the engine builder to `gspo.rollout.build`. This path re-exports
 every name it had so existing imports keep working."""
 
 from gspo.config.fields import CORRECTIONS, ROLLOUT_ENGINES, CorrectionFields, EngineFields, _doc

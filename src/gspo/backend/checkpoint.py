@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gspo.core.atomic import replace_dir  # also gspo.checkpoint.replace_dir, as before
+from gspo.core.atomic import replace_dir  # also gspo.backend.checkpoint.replace_dir, as before
 
 PREFIX = "step_"
 FAULT_DELAY_S = float(os.environ.get("GSPO_FAULT_CHECKPOINT_DELAY_S", "0"))

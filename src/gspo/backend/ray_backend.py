@@ -202,7 +202,7 @@ class RayFSDPBackend:
         extra: dict[str, Any],
     ) -> Path:
         """Each rank writes its shard (DCP) into a temporary folder; the driver adds tokenizer,
-        RNG and state.json, then renames the folder into place (as gspo.checkpoint does)."""
+        RNG and state.json, then renames the folder into place (as gspo.backend.checkpoint does)."""
 
         def write(tmp: Path) -> None:
             self._all(lambda r: r.save.remote(str(tmp)), f"the checkpoint of step {step}")

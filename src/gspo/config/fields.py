@@ -177,7 +177,7 @@ class EngineFields:
 
 @dataclass
 class CorrectionFields:
-    """Training-inference mismatch correction (the decoupled objective), see gspo.correction."""
+    """Training-inference mismatch correction (the decoupled objective), see gspo.core.correction."""
 
     mismatch_correction: str | None = _doc(
         "Re-weight the policy term by ρ = π_trainer(θ_old) / π_engine(θ_old) (needs "

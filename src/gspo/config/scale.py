@@ -3,7 +3,7 @@ checks: plain data (imports nothing else of gspo).
 
 ``ScaleFields`` is a base of ``TrainConfig`` (flat fields, each with a doc, shown by
 ``--help``; the CLI flags ``--backend``, ``--trainer-workers``, ... come from them). Field
-values are checked when the config is built; ``gspo.scale_config.check_backend_available``
+values are checked when the config is built; ``gspo.compose.ray_check.check_backend_available``
 checks the machine (Ray installed, the cluster reachable) before any work.
 """
 

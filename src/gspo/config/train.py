@@ -50,7 +50,7 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
     )
     reward_workers: int = _doc(
         "Reward calls scored at once (threads); 0: one per core, at most 8, for sandboxed code "
-        "rewards and 1 for others (gspo.rewards.reward_workers).",
+        "rewards and 1 for others (gspo.envs.rewards.reward_workers).",
         0,
     )
     # The code reward's limits (gspo.envs.sandbox.code_reward; docs/sandbox.md), applied to
@@ -113,7 +113,7 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
         0.0,
     )
     kl_coef: float = _doc("β of a KL penalty to the initial policy; 0 turns it off.", 0.0)
-    # Options of the objectives of gspo.losses_family and gspo.train_options (checked there).
+    # Options of the objectives of gspo.core.losses_family and gspo.train_options (checked there).
     kl_estimator: str = _doc("KL estimator: k1, k2, k3 or k3+ (k3 value, k2 gradient).", "k3")
     kl_in_reward: bool = _doc(
         "Put the KL penalty in the reward (r - β Σ_t KL_t before group normalization) instead "

@@ -9,7 +9,7 @@ Two *different* sequence ratios appear in this field; they are kept apart by nam
 * ``level="sequence"``: the full product Π_t ρ_t = exp(Σ_t log ρ_t), the unbiased sequence
   importance weight of the mismatch-correction literature;
 * ``level="geometric"``: the geometric mean exp(mean_t log ρ_t), the same construction as GSPO's
-  s_i (see ``gspo.losses.sequence_log_ratio``), bounded and length-independent.
+  s_i (see ``gspo.core.losses.sequence_log_ratio``), bounded and length-independent.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")
 
 CLAMP = 20.0
-"""Log-ratios are clamped to ±CLAMP before exp (as ``gspo.losses.LOG_RATIO_CLAMP``)."""
+"""Log-ratios are clamped to ±CLAMP before exp (as ``gspo.core.losses.LOG_RATIO_CLAMP``)."""
 
 
 def kl_estimate(

@@ -155,7 +155,7 @@ def sequence_log_ratio(
     """GSPO's length-normalized log-ratio: log s_i = (1/|y_i|) Σ_t (l - o), clamped.
 
     This is the log of the *geometric mean* of token ratios (GSPO Eq. 7), not the full-product
-    sequence ratio used by mismatch corrections (see ``gspo.correction``). Empty rows give 0.
+    sequence ratio used by mismatch corrections (see ``gspo.core.correction``). Empty rows give 0.
     """
     lengths = mask.sum(dim=1).clamp(min=1)  # [B]
     mean = masked_log_ratio(logprobs, old_logprobs, mask).sum(dim=1) / lengths  # [B]
@@ -303,10 +303,10 @@ def policy_loss(
         ref_logprobs: [B, T] reference-policy log-probs for an optional KL penalty.
         kl_coef: β of the KL penalty β·KL(π_θ || π_ref) (per token, aggregated with the same
             aggregation as the policy term, so LUSPO weighs it by length once).
-        kl_estimator: k1, k2, k3 (default) or k3+ (see ``gspo.kl``).
+        kl_estimator: k1, k2, k3 (default) or k3+ (see ``gspo.core.kl``).
         weights: detached behaviour-correction weights, [B] or [B, T] (e.g. truncated importance
             sampling against the rollout engine, or the 0/1 off-policy sequence mask of
-            ``gspo.offpolicy``), multiplying the per-token policy term.
+            ``gspo.core.offpolicy``), multiplying the per-token policy term.
         options: the loss's extra options (``LossSpec.options``, e.g. GRPO's ``dual_clip``,
             SAPO's ``tau_pos``/``tau_neg``); missing ones take the registered defaults.
 
@@ -374,7 +374,7 @@ def policy_loss(
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(π_θ || π_ref) on samples of π_θ: e^(r-l) - (r-l) - 1, r=ref.
 
-    Non-negative, unbiased, lower variance than log-ratio; 0 off the mask. See ``gspo.kl``.
+    Non-negative, unbiased, lower variance than log-ratio; 0 off the mask. See ``gspo.core.kl``.
     """
     return kl_estimate(logprobs, ref_logprobs, mask, "k3")  # [B, T]
 

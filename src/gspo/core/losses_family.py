@@ -1,6 +1,6 @@
 """CISPO, SAPO (token and sequence ratio) and GMPO: registered policy losses next to GSPO.
 
-Each is a *term* function of the registry in ``gspo.losses`` (same contract: a per-token
+Each is a *term* function of the registry in ``gspo.core.losses`` (same contract: a per-token
 objective matrix [B, T], 0 off the mask, plus clip decisions), so aggregation, micro-batching,
 KL, correction weights and metrics work as for the first four. Notation: l = log π_θ (current,
 differentiable), o = log π_old (the sampler), r = exp(l - o) the token ratio, s_i GSPO's

@@ -3,7 +3,7 @@
 With ``old_logprobs='recompute'`` the trainer scores the rollout with its own pre-update model
 (π_trainer(θ_old)) and compares with the engine's log-probs (π_engine(θ_old), e.g. vLLM's).
 ``mismatch_correction`` then turns the two into the decoupled objective's behaviour weights
-(``gspo.correction.mismatch_weights``: TIS truncates ρ at the cap, MIS masks ρ outside
+(``gspo.core.correction.mismatch_weights``: TIS truncates ρ at the cap, MIS masks ρ outside
 [floor, cap]); the policy loss multiplies its per-token term by them.
 """
 

@@ -8,7 +8,7 @@ has already moved far away from the policy that sampled it:
 with μ the behaviour (sampling) policy: the rollout engine's log-probs, so the mask sees both
 staleness (optimizer steps since sampling) and training-inference mismatch. The mean log-ratio
 is a per-token estimate of KL(μ || π_θ) on μ's samples. The mask is detached and multiplies the
-sequence's policy term (the ``weights`` of ``gspo.losses.policy_loss``); the KL penalty, if
+sequence's policy term (the ``weights`` of ``gspo.core.losses.policy_loss``); the KL penalty, if
 any, is untouched. Positive-advantage sequences are always kept: pushing up a sample the policy
 has moved away from is what learning wants, pushing down one it already avoids only adds noise.
 

@@ -277,6 +277,17 @@ REWARDS: dict[str, RewardFn] = {
 """Rewards selectable by name (e.g. for tasks built from user data files)."""
 
 
+def register_reward(name: str):
+    """Register ``fn(completion, example) -> float`` under ``name``, for ``--reward NAME``;
+    a decorator."""
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        REWARDS[name] = fn
+        return fn
+
+    return decorator
+
+
 def get_reward(name: str) -> RewardFn:
     """The reward registered under ``name``; ValueError listing the valid names otherwise."""
     try:

@@ -99,7 +99,7 @@ class ChatEncoder:
 
 
 def make_encoder(tokenizer: Any, fmt: Any) -> PlainEncoder | ChatEncoder:
-    """The encoder matching the run's :class:`gspo.chat.PromptFormat`."""
+    """The encoder matching the run's :class:`gspo.models.chat.PromptFormat`."""
     if getattr(fmt, "chat", False):
         return ChatEncoder(tokenizer, fmt.end_token_id, fmt.system_prompt)
     return PlainEncoder(tokenizer)

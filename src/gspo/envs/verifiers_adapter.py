@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from gspo.tasks.base import Example, Task
+from gspo.envs.tasks.base import Example, Task
 
 from .base import Step
 
@@ -168,7 +168,7 @@ def verifiers_task(vf_env: Any, name: str, n_test: int | None = None) -> Task:
 def register_verifiers(name: str, load_environment: Callable[[], Any]) -> None:
     """Make ``task=name`` train the env ``load_environment()`` returns (its rows are the data;
     ``n_train``/``n_test`` cap them)."""
-    from gspo.tasks.synthetic import TASKS
+    from gspo.envs.tasks.synthetic import TASKS
 
     from .base import ENVIRONMENTS
 

@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         "train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)", epilog=TRAIN_EVAL_DEFAULTS
     )
     _add_config_flags(p_train, TrainConfig)
-    from .resume import RESUME_FIELDS  # torch-free: gspo.config only
+    from gspo.config.resume import RESUME_FIELDS  # torch-free: gspo.config only
 
     p_train.add_argument(
         "--resume",
@@ -126,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_log_level(p_demo)
 
-    from gspo import algos  # gspo algos
+    from gspo.interface import algos  # gspo algos
 
     algos.add_parser(sub)
     from .compare import add_cli_parsers  # gspo compare, gspo report
@@ -150,12 +150,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_demo(args)
         if args.command == "algos":
-            from gspo.algos import run
+            from gspo.interface.algos import run
 
             return run(args)
         if args.command == "eval":
-            from .evaluate import run_eval_cli
-
             quiet_transformers()
             return run_eval_cli(args, _overrides)
         if args.command in ("compare", "report"):
@@ -178,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, ImportError):
             raise
         from gspo.backend.ray_backend import WorkerLostError
-        from gspo.trainer import NonFiniteTrainingError
+        from gspo.orchestration.loop import NonFiniteTrainingError
 
         if not isinstance(exc, (NonFiniteTrainingError, WorkerLostError)):
             raise
@@ -226,7 +224,7 @@ def _preflight(args: argparse.Namespace) -> None:
 def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) -> str:
     """The output folder the command line asks for (flag > config file > preset > default),
     read without building the config: building it validates fields and imports torch."""
-    from .resume import requested_values
+    from gspo.config.resume import requested_values
 
     requested = requested_values(args.preset, args.config, overrides)
     return str(requested.get("output_dir", cls.output_dir))
@@ -242,7 +240,7 @@ def _train(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     if args.resume:  # the run's saved config, with the safe changes the flags ask for
-        from .resume import requested_values, resume_config
+        from gspo.config.resume import requested_values, resume_config
 
         requested = requested_values(args.preset, args.config, overrides)
         out_dir = requested.get("output_dir", TrainConfig.output_dir)
@@ -250,8 +248,8 @@ def _train(args: argparse.Namespace) -> int:
     else:
         cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
     quiet_transformers()
+    from gspo.compose.train import train
     from gspo.interface.report import curve_table, plot_run
-    from gspo.trainer import train
 
     try:
         result = train(cfg, resume=args.resume)
@@ -277,13 +275,13 @@ def _sft(args: argparse.Namespace) -> int:
     out = _output_dir(args, overrides, SFTConfig)
     claim_output_dir(out, "sft", resume=args.resume, overwrite=args.overwrite)
     if args.resume:  # the saved config, with the changes sft_resume_config allows
-        from .resume import sft_resume_config
+        from gspo.config.resume import sft_resume_config
 
         cfg = sft_resume_config(out, overrides)
     else:
         cfg = build(SFTConfig, preset=args.preset, file=args.config, overrides=overrides)
     quiet_transformers()
-    from gspo.sft import run_sft
+    from gspo.compose.sft import run_sft
 
     try:
         result = run_sft(cfg, resume=args.resume)
@@ -302,6 +300,42 @@ def _sft(args: argparse.Namespace) -> int:
             f"± {result.eval['greedy_accuracy_se']:.3f}, sampled pass@1 {result.eval['pass@1']:.3f}"
         )
     print(f"model: {result.output_dir}")
+    return 0
+
+
+def run_eval_cli(args: Any, overrides: Any) -> int:
+    """``gspo eval``: build the config from the flags, run, print a summary."""
+    from gspo.config import EvalConfig
+
+    cfg = build(
+        EvalConfig, preset=args.preset, file=args.config, overrides=overrides(args, EvalConfig)
+    )
+    from gspo.compose.evaluate import evaluate  # loads torch
+
+    report = evaluate(cfg)
+    m = report["metrics"]
+    print(f"{report['data']}: {int(m['problems'])} problems, model {cfg.model}")
+    rows = [("greedy accuracy", "greedy_accuracy")]
+    if cfg.samples > 0:
+        rows += [
+            (f"avg@{cfg.samples}", f"avg@{cfg.samples}"),
+            (f"pass@{cfg.samples}", f"pass@{cfg.samples}"),
+        ]
+    for label, key in rows:
+        if key in m:
+            print(f"  {label:16s} {m[key]:.3f} ± {m[key + '_se']:.3f}")
+    for label, key in (
+        ("greedy length", "greedy_response_length"),
+        ("sampled length", "response_length"),
+        ("greedy truncated", "greedy_truncated_fraction"),
+        ("sampled truncated", "truncated_fraction"),
+    ):
+        if key in m:
+            print(f"  {label:16s} {m[key]:.3g}")
+    print(
+        f"  time {report['seconds']['total']:.0f} s"
+        + (f"; report: {cfg.output}" if cfg.output else "")
+    )
     return 0
 
 

@@ -6,7 +6,7 @@ data order, sampling and minibatch shuffles from ``seed`` alone, so runs of one 
 same prompts in the same order. The starting model is shared too: with ``sft_steps > 0`` a
 cold-start SFT runs once per seed (``<out>/sft/seed<k>``) and every algorithm of that seed starts
 from it; otherwise ``model`` (a checkpoint directory, or ``tiny`` whose random init follows the
-seed) is used by all. The report (:func:`gspo.report.build_report`) goes to ``<out>/report``.
+seed) is used by all. The report (:func:`gspo.interface.report.build_report`) goes to ``<out>/report``.
 
 Finished runs whose saved config equals the requested one are reused, not rerun, so an
 interrupted comparison continues where it stopped.
@@ -202,9 +202,9 @@ def run_compare(
         sft_steps=sft_steps,
         sft_overrides=sft_overrides,
     )
+    from gspo.compose.sft import run_sft
+    from gspo.compose.train import train
     from gspo.interface.report import build_report
-    from gspo.sft import run_sft
-    from gspo.trainer import train
 
     out.mkdir(parents=True, exist_ok=True)
     sft_dirs: dict[int, Path] = {}
@@ -247,7 +247,7 @@ def run_compare(
 
 
 # --------------------------------------------------------------------------------------------
-# Command line: `gspo compare` and `gspo report` (wired into gspo.cli)
+# Command line: `gspo compare` and `gspo report` (wired into gspo.interface.cli)
 # --------------------------------------------------------------------------------------------
 
 

@@ -73,9 +73,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any]) -> int:
     from gspo.backend.checkpoint import latest_checkpoint
+    from gspo.compose.sft import run_sft
+    from gspo.compose.train import train
     from gspo.interface.report import curve_table, eval_records, plot_run
-    from gspo.sft import run_sft
-    from gspo.trainer import train
 
     t0 = time.perf_counter()
     seed, every = settings["seed"], settings["checkpoint_every"]

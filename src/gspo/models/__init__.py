@@ -134,7 +134,7 @@ def build_tiny_model(
 ) -> PreTrainedModel:
     """A small randomly initialised causal LM with tied embeddings, float32 on CPU: a dense
     Qwen3 (``num_experts=0``) or, with ``num_experts > 0``, an MoE model whose every layer routes
-    each token to ``top_k`` experts (see :func:`gspo.moe.build_tiny_moe_model`).
+    each token to ``top_k`` experts (see :func:`gspo.models.moe.build_tiny_moe_model`).
 
     Weights depend only on the arguments (``seed`` included); the global RNG is left untouched.
     ``intermediate_size`` defaults to 8/3 x hidden rounded to a multiple of 8 (SwiGLU sizing).
@@ -312,7 +312,7 @@ def token_logprobs(
     Values are float32 for half-precision models, else the model's dtype.
 
     ``prompt_index`` [N] (optional) says which rows share a prompt (equal index = the same
-    prompt, e.g. ``Rollout.prompt_index``): for models ``gspo.fast_forward`` supports, each
+    prompt, e.g. ``Rollout.prompt_index``): for models ``gspo.models.fast_forward`` supports, each
     distinct prompt then runs once and its keys/values serve all of its rows (same values and
     gradients up to float rounding, fewer FLOPs); other models ignore it.
     """

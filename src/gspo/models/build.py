@@ -1,6 +1,6 @@
 """Build the policy a config names: device, threads, the model and tokenizer, its prompt format.
 
-Used by the composition root (``gspo.build``, ``gspo.trainer``) and by workers that build their
+Used by the composition root (``gspo.compose.parts``, ``gspo.compose.train``) and by workers that build their
 own copy of the policy (FSDP2 ranks, rollout workers).
 """
 
@@ -94,7 +94,7 @@ def ensure_pad_token(tokenizer) -> None:
 
 
 def build_prompt_format(cfg, tokenizer, model=None):
-    """The run's :class:`gspo.chat.PromptFormat` from ``cfg.chat_template`` and
+    """The run's :class:`gspo.models.chat.PromptFormat` from ``cfg.chat_template`` and
     ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token)."""
     from .chat import prompt_format
 

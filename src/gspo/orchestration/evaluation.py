@@ -1,7 +1,7 @@
 """Held-out evaluation: greedy accuracy, avg@k and pass@k with standard errors.
 
 The same function runs inside training (every ``eval_every`` steps) and from ``gspo eval``
-(:mod:`gspo.interface.evaluate`).
+(:mod:`gspo.compose.evaluate`).
 A sample counts as *correct* when its reward is at least ``CORRECT`` (rewards of the built-in
 tasks are 0 or 1); avg@k is the mean reward over k samples per problem.
 """
@@ -170,7 +170,7 @@ def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
     (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
     if cfg.data:
         from gspo.envs.rewards import get_reward, uses_sandbox
-        from gspo.tasks.files import load_examples
+        from gspo.envs.tasks.files import load_examples
 
         reward = get_reward(cfg.reward)
         examples = load_examples(
@@ -183,7 +183,7 @@ def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
         )
         where = f"file {cfg.data} (reward {cfg.reward})"
     else:
-        from gspo.tasks import make_task
+        from gspo.envs.tasks import make_task
 
         task = make_task(
             cfg.task, n_train=0, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty

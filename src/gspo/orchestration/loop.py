@@ -6,7 +6,7 @@ One step:
             ─► (optional) old log-prob recompute ─► num_minibatches optimizer steps
             ─► weight sync to the engine ─► metrics / eval / checkpoint
 
-The parts (policy backend, engine, task, ...) come from the composition root (``gspo.trainer``);
+The parts (policy backend, engine, task, ...) come from the composition root (``gspo.compose.train``);
 each step is a function in :mod:`gspo.orchestration.steps`. Every random choice of a step (which
 prompts, which samples, which minibatch) comes from a generator seeded by (seed, step), so a run
 resumed from a checkpoint replays exactly what an unbroken run would do.

@@ -46,7 +46,7 @@ class StepState:
 
 @dataclass
 class Parts:
-    """A run's parts, built from the config by the composition root (``gspo.trainer``)."""
+    """A run's parts, built from the config by the composition root (``gspo.compose.train``)."""
 
     cfg: Any
     """The run's :class:`~gspo.config.TrainConfig` (plain data)."""

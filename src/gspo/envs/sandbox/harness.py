@@ -23,7 +23,7 @@ from gspo.envs.sandbox.suite import TestSuite, extract_code
 if TYPE_CHECKING:
     from gspo.envs.tasks.base import Example, RewardFn
 
-logger = logging.getLogger("gspo.sandbox")
+logger = logging.getLogger("gspo.envs.sandbox")
 
 
 @dataclass(frozen=True)
@@ -318,7 +318,7 @@ def code_reward(
     :meth:`TestSuite.from_meta`; HumanEval rows run the example's prompt first when it is
     Python). With ``all_or_nothing``, 1.0 only if every test passes. ``compare`` is the task's
     comparison mode (a row's ``compare`` field wins). No code scores 0.0. Example data without
-    usable tests raises ValueError (a data problem, which :func:`gspo.rewards.score` counts as
+    usable tests raises ValueError (a data problem, which :func:`gspo.envs.rewards.score` counts as
     an error). Select options for a registry with
     ``functools.partial(code_reward, all_or_nothing=True)``.
     """
@@ -340,7 +340,7 @@ def code_reward(
     return (1.0 if report.all_passed else 0.0) if all_or_nothing else report.fraction
 
 
-code_reward.uses_sandbox = True  # type: ignore[attr-defined]  # gspo.rewards.reward_workers
+code_reward.uses_sandbox = True  # type: ignore[attr-defined]  # gspo.envs.rewards.reward_workers
 
 
 def with_code_limits(

@@ -28,7 +28,7 @@ from gspo.envs.sandbox.interpreter import SYSTEM_DIRS
 from gspo.envs.sandbox.interpreter import python_dirs as interpreter_dirs
 from gspo.envs.sandbox.slots import SlotError, UidSlot, clear_keyrings, kill_uid
 
-logger = logging.getLogger("gspo.sandbox")
+logger = logging.getLogger("gspo.envs.sandbox")
 
 
 # How often a run's CPU time and its caller's cancel event are looked at.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gspo.envs.tasks.base import Example, RewardFn
 
-logger = logging.getLogger("gspo.sandbox")
+logger = logging.getLogger("gspo.envs.sandbox")
 
 
 class RewardTimeout(TimeoutError):
@@ -60,7 +60,7 @@ def with_timeout(fn: RewardFn, seconds: float, *, mode: str = "thread") -> Rewar
     ``fn`` and the examples must be picklable (module-level functions, ``functools.partial``
     of them) and ``fn`` cannot see the caller's later changes to global state.
 
-    The result has the reward signature, so ``gspo.rewards.score`` scores a timed-out call 0
+    The result has the reward signature, so ``gspo.envs.rewards.score`` scores a timed-out call 0
     and counts it as an error. Call ``.close()`` on a process-mode reward to stop its worker
     (it also stops when the caller exits).
     """

@@ -69,7 +69,7 @@ SPEC = _Spec(
     name=NAME,
     description=(
         "Write f(x) applying a chain of integer operations, checked by unit tests run in the "
-        "sandbox (gspo.sandbox). Difficulty = number of operations (1..4)."
+        "sandbox (gspo.envs.sandbox). Difficulty = number of operations (1..4)."
     ),
     default=2,
     low=1,

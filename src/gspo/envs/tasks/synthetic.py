@@ -326,6 +326,17 @@ TASKS: dict[str, TaskBuilder] = {
 }
 """Built-in task builders by name: addition, reversal, sorting, countdown, scratchpad."""
 
+
+def register_task(name: str):
+    """Register a task builder under ``name`` (``builder(*, n_train, n_test, seed=0,
+    difficulty=None) -> Task``), for ``--task NAME``; a decorator."""
+
+    def decorator(builder: TaskBuilder) -> TaskBuilder:
+        TASKS[name] = builder
+        return builder
+
+    return decorator
+
 DIFFICULTIES: dict[str, tuple[int, int, int]] = {
     name: (spec.low, spec.default, spec.high) for name, spec in _SPECS.items()
 }

@@ -12,37 +12,30 @@ import json
 import sys
 from pathlib import Path
 
-from . import moe
-from .backend.checkpoint import clean_stale, discard_run
-from .backend.local import LocalBackend
-from .backend.update import lr_lambda  # noqa: F401  (public: gspo.trainer.lr_lambda)
-from .build import (
-    DTYPES,
-    build_policy,
-    build_prompt_format,
+from ..backend.checkpoint import clean_stale, discard_run
+from ..backend.local import LocalBackend
+from ..config import ConfigError, TrainConfig, to_dict
+from ..envs import ENVIRONMENTS, env_for
+from ..envs.loop import make_episodes
+from ..envs.rewards import reward_workers, uses_sandbox
+from ..models import moe
+from ..models.build import DTYPES, build_policy, build_prompt_format, resolve_device, set_threads
+from ..orchestration.async_source import build_source
+from ..orchestration.logging import MetricsLogger, read_metrics
+from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
+from ..orchestration.ray_rewards import use_ray_tasks
+from ..orchestration.state import Parts, StepState
+from ..rollout.base import SamplingParams
+from ..rollout.build import build_engine, check_engine_available, close_engine
+from .parts import (
     build_task,
     build_train_reward,
     context_length,
     count_unknown,
     limit_prompts,
     prompt_token_limit,
-    resolve_device,
-    set_threads,
 )
-from .checkpoint import latest_checkpoint  # noqa: F401  (kept importable from here)
-from .config import ConfigError, TrainConfig, to_dict
-from .core.seeding import prompt_indices, step_generator  # noqa: F401  (public names)
-from .envs import ENVIRONMENTS, env_for
-from .envs.loop import make_episodes
-from .envs.rewards import reward_workers, uses_sandbox
-from .logging import MetricsLogger, read_metrics
-from .orchestration.async_source import build_source
-from .orchestration.loop import NonFiniteTrainingError, RunResult, run
-from .orchestration.ray_rewards import use_ray_tasks
-from .orchestration.state import Parts, StepState
-from .rollout.base import SamplingParams
-from .rollout.build import build_engine, check_engine_available, close_engine
-from .scale_config import check_backend_available
+from .ray_check import check_backend_available
 
 __all__ = ["NonFiniteTrainingError", "RunResult", "ensure_writable", "train"]
 
@@ -71,8 +64,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     out = Path(cfg.output_dir)
     found = None
     last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    if resume:  # before any work: the checkpoint must belong to this run (gspo.resume)
-        from .resume import check_changes, saved_config
+    if resume:  # before any work: the checkpoint must belong to this run (gspo.config.resume)
+        from ..config.resume import check_changes, saved_config
 
         saved, step, found = saved_config(out)
         check_changes(saved, to_dict(cfg), str(found))
@@ -135,7 +128,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     own = None if task.name in ENVIRONMENTS else train_reward
     episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
-        from .envs.sandbox import isolation
+        from ..envs.sandbox import isolation
 
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
@@ -143,7 +136,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     )
     scorer = None
     if cfg.backend == "ray":  # FSDP2 ranks (+ rollout workers) as Ray actors
-        from .orchestration.ray_parts import build_ray_parts, ray_scorer
+        from ..orchestration.ray_parts import build_ray_parts, ray_scorer
 
         tasks = workers if use_ray_tasks(cfg, train_reward) else 0  # rewards in Ray tasks
         backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)

@@ -1,5 +1,5 @@
-"""``gspo eval``: the composition root of an evaluation (model, engine, problems from an
-``EvalConfig``) and its command-line summary; the scoring itself is
+"""``evaluate(cfg)``: the composition root of an evaluation (model, engine and problems from an
+``EvalConfig``), what ``gspo eval`` runs; the scoring itself is
 :mod:`gspo.orchestration.evaluation`."""
 
 from __future__ import annotations
@@ -10,21 +10,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gspo.build import build_policy, build_prompt_format, resolve_device, set_threads
-from gspo.config import EvalConfig, build
 from gspo.core.seeding import step_generator
-from gspo.orchestration.evaluation import eval_examples, evaluate
+from gspo.models.build import build_policy, build_prompt_format, resolve_device, set_threads
+from gspo.orchestration import evaluation
+from gspo.rollout.build import build_engine, check_engine_available, close_engine
 
-from .engines import build_engine, check_engine_available, close_engine
 
-
-def run_eval(cfg: Any) -> dict[str, Any]:
+def evaluate(cfg: Any) -> dict[str, Any]:
     """``gspo eval``: load the model, score the problems, write the JSON report, return it."""
     check_engine_available(cfg)  # e.g. vLLM missing: say so before loading anything
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
-    examples, reward, where = eval_examples(cfg)
+    examples, reward, where = evaluation.eval_examples(cfg)
     if not examples:
         raise ValueError(f"nothing to evaluate: {where} has no problems")
     model, tokenizer = build_policy(cfg, device)
@@ -35,7 +33,7 @@ def run_eval(cfg: Any) -> dict[str, Any]:
     t_load = time.perf_counter() - t0
     details: list[dict[str, Any]] = []
     try:
-        metrics = evaluate(
+        metrics = evaluation.evaluate(
             engine,
             tokenizer,
             examples,
@@ -68,35 +66,3 @@ def run_eval(cfg: Any) -> dict[str, Any]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2))
     return report
-
-
-def run_eval_cli(args: Any, overrides: Any) -> int:
-    """``gspo eval``: build the config from the flags, run, print a summary."""
-    cfg = build(
-        EvalConfig, preset=args.preset, file=args.config, overrides=overrides(args, EvalConfig)
-    )
-    report = run_eval(cfg)
-    m = report["metrics"]
-    print(f"{report['data']}: {int(m['problems'])} problems, model {cfg.model}")
-    rows = [("greedy accuracy", "greedy_accuracy")]
-    if cfg.samples > 0:
-        rows += [
-            (f"avg@{cfg.samples}", f"avg@{cfg.samples}"),
-            (f"pass@{cfg.samples}", f"pass@{cfg.samples}"),
-        ]
-    for label, key in rows:
-        if key in m:
-            print(f"  {label:16s} {m[key]:.3f} ± {m[key + '_se']:.3f}")
-    for label, key in (
-        ("greedy length", "greedy_response_length"),
-        ("sampled length", "response_length"),
-        ("greedy truncated", "greedy_truncated_fraction"),
-        ("sampled truncated", "truncated_fraction"),
-    ):
-        if key in m:
-            print(f"  {label:16s} {m[key]:.3g}")
-    print(
-        f"  time {report['seconds']['total']:.0f} s"
-        + (f"; report: {cfg.output}" if cfg.output else "")
-    )
-    return 0

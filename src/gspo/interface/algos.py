@@ -19,7 +19,7 @@ CLIP_MEANING = {
 
 def describe(name: str) -> dict[str, Any]:
     """One registered loss as a plain dict (what ``gspo algos --json`` prints)."""
-    from .config.names import losses
+    from gspo.config.names import losses
 
     registry = losses()
     if name not in registry:
@@ -43,7 +43,7 @@ def describe(name: str) -> dict[str, Any]:
 
 def table() -> str:
     """A Markdown table of every registered loss (test-only registrations left out)."""
-    from .config.names import losses
+    from gspo.config.names import losses
 
     LOSSES = losses()
     lines = [
@@ -72,7 +72,7 @@ def add_parser(sub: Any) -> None:
 def run(args: Any) -> int:
     import json
 
-    from .config.names import losses
+    from gspo.config.names import losses
 
     LOSSES = losses()
 

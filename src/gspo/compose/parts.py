@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-from .envs.tasks.base import Task
-from .models.build import (  # noqa: F401  (re-exported: the composition root's names)
-    DTYPES,
-    build_policy,
-    build_prompt_format,
-    ensure_pad_token,
-    resolve_device,
-    set_threads,
-)
-from .models.text import decode_completions, encode_prompts  # noqa: F401  (re-exported)
+from ..envs.tasks.base import Task
 
 
 def build_task(cfg) -> Task:
@@ -19,7 +10,7 @@ def build_task(cfg) -> Task:
     code-reward limits (``code_*`` fields) on a reward that runs the sandbox."""
     task = _build_task(cfg)
     if hasattr(cfg, "code_test_timeout_s"):  # TrainConfig (SFT has no rewards to limit)
-        from .envs.sandbox import with_code_limits
+        from ..envs.sandbox import with_code_limits
 
         task.reward = with_code_limits(
             task.reward,
@@ -34,7 +25,7 @@ def build_task(cfg) -> Task:
 
 def _build_task(cfg) -> Task:
     if cfg.task == "file":
-        from .envs.tasks.files import make_file_task
+        from ..envs.tasks.files import make_file_task
 
         return make_file_task(
             cfg.train_file,
@@ -46,7 +37,7 @@ def _build_task(cfg) -> Task:
             answer_format=getattr(cfg, "answer_format", "raw"),
             **({"demo_key": cfg.demo_key} if getattr(cfg, "demo_key", None) else {}),
         )
-    from .envs.tasks import make_task
+    from ..envs.tasks import make_task
 
     return make_task(
         cfg.task, n_train=cfg.n_train, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
@@ -147,6 +138,6 @@ def build_train_reward(cfg, task: Task):
     weight = getattr(cfg, "format_reward_weight", 0.0)
     if not weight:
         return task.reward
-    from .rewards import combine, format_reward
+    from ..envs.rewards import combine, format_reward
 
     return combine((task.reward, 1.0), (format_reward, weight))

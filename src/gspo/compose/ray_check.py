@@ -1,22 +1,18 @@
 """Before any work: is the scale-out backend the config asks for usable on this machine (Ray
 installed, the cluster reachable)? The fields themselves are plain data in
-:mod:`gspo.config.scale` (re-exported here)."""
+:mod:`gspo.config.scale`."""
 
 from __future__ import annotations
 
 import socket
 from typing import Any
 
-from .config.scale import BACKENDS, PLACEMENTS, ScaleFields, scale_problems
-
-__all__ = ["BACKENDS", "PLACEMENTS", "ScaleFields", "check_backend_available", "scale_problems"]
-
 
 def check_backend_available(cfg: Any, timeout_s: float = 3.0) -> None:
     """Before any work: Ray importable (backend='ray') and ``ray_address`` reachable."""
     if getattr(cfg, "backend", "local") != "ray":
         return
-    from .config import ConfigError
+    from ..config import ConfigError
 
     try:
         import ray  # noqa: F401

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import torch
 
-from . import moe
-from .backend import checkpoint as ckpt
-from .build import build_policy, build_prompt_format, build_task, resolve_device, set_threads
-from .config import ConfigError, SFTConfig, to_dict
-from .config.train import SFT_SAFE_ON_RESUME
-from .core.seeding import step_generator
-from .evaluation import evaluate_model
-from .models import save_model, token_logprobs
-from .orchestration.logging import progress_bar
-from .orchestration.signals import StopRequest
-from .trainer import lr_lambda
+from ..backend import checkpoint as ckpt
+from ..backend.update import lr_lambda
+from ..config import ConfigError, SFTConfig, to_dict
+from ..config.train import SFT_SAFE_ON_RESUME
+from ..core.seeding import step_generator
+from ..models import moe, save_model, token_logprobs
+from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
+from ..orchestration.evaluation import evaluate_model
+from ..orchestration.logging import progress_bar
+from ..orchestration.signals import StopRequest
+from .parts import build_task
 
 
 @dataclass
