@@ -9,7 +9,7 @@ and optional extras (vLLM, Ray, TensorBoard, wandb) are imported only by the par
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -59,17 +59,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
 
-
-if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
-    from gspo.compose.evaluate import evaluate
-    from gspo.compose.sft import run_sft
-    from gspo.compose.train import train
-    from gspo.config.evaluation import EvalConfig
-    from gspo.config.train import SFTConfig, TrainConfig
-    from gspo.core.advantages import group_advantages
-    from gspo.core.losses import LossSpec, get_loss, policy_loss, register_loss, sequence_log_ratio
-    from gspo.envs.base import Environment, SingleTurnEnv, Step, register_env
-    from gspo.envs.rewards import register_reward
-    from gspo.envs.tasks.base import Example, Task
-    from gspo.envs.tasks.synthetic import register_task
-    from gspo.rollout.base import Rollout, RolloutEngine, SamplingParams
