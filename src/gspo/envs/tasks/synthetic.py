@@ -337,6 +337,7 @@ def register_task(name: str):
 
     return decorator
 
+
 DIFFICULTIES: dict[str, tuple[int, int, int]] = {
     name: (spec.low, spec.default, spec.high) for name, spec in _SPECS.items()
 }
