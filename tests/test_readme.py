@@ -172,7 +172,7 @@ def test_no_developer_machine_paths_in_docs():
 
 
 def test_train_help_lists_flags_in_the_readme_order():
-    # README: run, model and task (Training), the objective, then async, vLLM and Ray sections;
+    # the docs' order: run, model and task (guide.md), the objective, then async, vLLM and Ray;
     # the dataclass order put the async and Ray fields first
     from gspo.interface.cli import _parser
 
