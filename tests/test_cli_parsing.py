@@ -38,7 +38,7 @@ def test_building_the_parser_imports_no_heavy_module():
 
 def test_help_and_argument_errors_are_quick():
     # Generous bound (importing torch + transformers alone takes about 4 s here); the measured
-    # figure is about 0.2 s, see the README.
+    # figure is about 0.1 s, see docs/results.md ("The command line").
     for args, code in ((["--help"], 0), (["train", "--help"], 0), (["train", "--bogus"], 2)):
         proc, seconds = run_cli(*args)
         assert proc.returncode == code, proc.stderr
