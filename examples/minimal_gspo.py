@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import sys
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ import torch
 
 from gspo.core.advantages import group_advantages
 from gspo.core.seeding import prompt_indices, step_generator
-from gspo.envs.tasks import make_task
+from gspo.envs import ENVIRONMENTS
+from gspo.envs.tasks import TASKS, make_task
 from gspo.models import token_logprobs
 from gspo.models.build import build_policy, build_prompt_format, resolve_device, set_threads
 from gspo.models.text import decode_completions
@@ -302,6 +304,24 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def problem(s: Settings) -> str | None:
+    """What makes ``s`` unusable here, in one line (or None)."""
+    tasks = sorted(set(TASKS) - set(ENVIRONMENTS))  # multi-turn tasks need their environment
+    if s.task not in tasks:
+        close = difflib.get_close_matches(s.task, tasks, n=1)
+        hint = f" — did you mean {close[0]!r}?" if close else ""
+        return (f"--task {s.task!r}: not a single-turn built-in task{hint} (one of "
+                f"{', '.join(tasks)}; multi-turn ones run with `gspo train`)")  # fmt: skip
+    if s.model != "tiny" and not (Path(s.model) / "config.json").is_file():
+        return (f"--model {s.model}: no model checkpoint there (no config.json); run `gspo demo` "
+                "first (its SFT model is runs/demo/sft) or leave --model out")  # fmt: skip
+    n = s.prompts_per_step * s.group_size
+    if min(s.prompts_per_step, s.group_size, s.num_minibatches) < 1 or s.num_minibatches > n:
+        return (f"--prompts-per-step, --group-size and --num-minibatches must be >= 1, with at "
+                f"most prompts x group = {n} minibatches")  # fmt: skip
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(description=__doc__.split("\n\n")[0])
     for f in dataclasses.fields(Settings):
@@ -309,10 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default
         )
     s = Settings(**vars(parser.parse_args(argv)))
-    if s.model != "tiny" and not (Path(s.model) / "config.json").is_file():
-        print(f"minimal_gspo.py: --model {s.model}: no model checkpoint there (no config.json); "
-              "run `gspo demo` first (its SFT model is runs/demo/sft) or leave --model out",
-              file=sys.stderr)  # fmt: skip
+    if (message := problem(s)) is not None:
+        print(f"minimal_gspo.py: {message}", file=sys.stderr)
         return 2
     run(s, log=print_record)
     return 0

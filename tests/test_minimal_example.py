@@ -44,20 +44,23 @@ SMALL = dict(
 )
 
 
-def _library_records(tmp_path: Path, model: dict) -> list[dict]:
+def _library_records(tmp_path: Path, case: dict) -> list[dict]:
     out = tmp_path / "lib"
-    cfg = TrainConfig(**SMALL, **model, output_dir=str(out), checkpoint_every=0, progress=False)
+    cfg = TrainConfig(**{**SMALL, **case}, output_dir=str(out), checkpoint_every=0, progress=False)
     train(cfg)
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
 
 
 @pytest.mark.parametrize(
-    "model",
+    "case",
     [
         # From the cold-start SFT model: rewards vary within groups, so updates are real,
         # ratios leave 1, clipping happens and some minibatches split off zero-advantage rows.
         pytest.param({"model": str(ADDITION_D64)}, id="cold-start"),
+        # Minibatches of 2 rows: some hold only zero-advantage rows after real updates (their
+        # zero gradient still moves the weights, through Adam's moments).
+        pytest.param({"model": str(ADDITION_D64), "num_minibatches": 8}, id="cold-start-8mb"),
         # A random-init tiny model scores 0 everywhere: every advantage is 0, every minibatch
         # is all zero-advantage rows (zero gradients, Adam still steps).
         pytest.param(
@@ -66,10 +69,10 @@ def _library_records(tmp_path: Path, model: dict) -> list[dict]:
         ),
     ],
 )
-def test_example_metrics_equal_gspo_train(tmp_path: Path, model: dict) -> None:
+def test_example_metrics_equal_gspo_train(tmp_path: Path, case: dict) -> None:
     ex = _example()
-    got = ex.run(ex.Settings(**SMALL, **model))
-    library = _library_records(tmp_path, model)
+    got = ex.run(ex.Settings(**{**SMALL, **case}))
+    library = _library_records(tmp_path, case)
     # The library's records at each step (its step 0 also has a data/* record, and a step's
     # metrics and its evaluation are separate lines): merged per step and kind.
     want: dict[tuple[int, bool], dict] = {}
@@ -119,6 +122,10 @@ def test_script_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert ex.main(["--model", str(Path("no") / "such-model")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--model" in err[0] and "gspo demo" in err[0]
+
+    assert ex.main(["--task", "additon"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did you mean 'addition'?" in err[0]
 
     with pytest.raises(SystemExit) as exc:
         ex.main(["--stepz", "3"])
