@@ -11,8 +11,10 @@ the seeding helpers; the loop itself is written out below, top to bottom.
 
 It does exactly what ``gspo train --preset demo`` does (same random streams, same operations in
 the same order), so with the same settings and seed its metrics equal the library's bit for bit
-(tests/test_minimal_example.py checks it). Where it does something for that reason alone (the
-column trimming and the zero-advantage split of the update), a comment says so.
+(tests/test_minimal_example.py checks it, on CPU). Where it does something for that reason
+alone (the column trimming and the zero-advantage split of the update), a comment says so.
+What it leaves out of ``gspo train``: checkpoints, resume, metrics.jsonl, multi-turn tasks,
+KL, other algorithms, vLLM, Ray.
 """
 
 from __future__ import annotations
