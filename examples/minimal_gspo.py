@@ -29,15 +29,20 @@ from pathlib import Path
 
 import torch
 
-from gspo.core.advantages import group_advantages
-from gspo.core.seeding import prompt_indices, step_generator
-from gspo.envs import ENVIRONMENTS
-from gspo.envs.tasks import TASKS, make_task
-from gspo.models import token_logprobs
-from gspo.models.build import build_policy, build_prompt_format, resolve_device, set_threads
-from gspo.models.text import decode_completions
-from gspo.rollout.base import SamplingParams
-from gspo.rollout.torch_engine import TorchEngine
+from gspo import (
+    ENVIRONMENTS,
+    TASKS,
+    SamplingParams,
+    TorchEngine,
+    build_policy,
+    build_prompt_format,
+    decode_completions,
+    group_advantages,
+    make_task,
+    prompt_indices,
+    step_generator,
+    token_logprobs,
+)
 
 
 # ---- the decisions: `gspo train --preset demo`'s settings ------------------------------------
@@ -240,8 +245,10 @@ def run(s: Settings, log=None) -> list[dict]:
         if log is not None:
             log(record)
 
-    set_threads(s.threads)
-    device = resolve_device(s.device)
+    if s.threads > 0:
+        torch.set_num_threads(s.threads)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if s.device == "auto" else s.device)
     model, tokenizer = build_policy(s, device)  # seeded init (tiny) or the checkpoint's weights
     fmt = build_prompt_format(s, tokenizer, model)  # raw prompts or a chat template; stop ids
     task = make_task(s.task, n_train=s.n_train, n_test=s.n_test, seed=s.seed)

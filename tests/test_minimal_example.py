@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from cold_start import ADDITION_D64
 
+from gspo.compose.train import train
 from gspo.config import TrainConfig
-from gspo.trainer import train
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minimal_gspo.py"
 

@@ -22,19 +22,31 @@ _HOMES = {
     "LossSpec": "gspo.core.losses",
     "sequence_log_ratio": "gspo.core.losses",
     "group_advantages": "gspo.core.advantages",
+    # the run's random streams (a loop of your own draws what gspo train draws)
+    "prompt_indices": "gspo.core.seeding",
+    "step_generator": "gspo.core.seeding",
     # tasks, environments and rewards
     "Task": "gspo.envs.tasks.base",
     "Example": "gspo.envs.tasks.base",
     "register_task": "gspo.envs.tasks.synthetic",
+    "make_task": "gspo.envs.tasks.synthetic",
+    "TASKS": "gspo.envs.tasks.synthetic",
     "Environment": "gspo.envs.base",
     "SingleTurnEnv": "gspo.envs.base",
     "Step": "gspo.envs.base",
     "register_env": "gspo.envs.base",
+    "ENVIRONMENTS": "gspo.envs.base",
     "register_reward": "gspo.envs.rewards",
     # the engine protocol
     "RolloutEngine": "gspo.rollout.base",
     "Rollout": "gspo.rollout.base",
     "SamplingParams": "gspo.rollout.base",
+    "TorchEngine": "gspo.rollout.torch_engine",
+    # models: a policy and its prompt format from a config, and log-probs of completions
+    "build_policy": "gspo.models.build",
+    "build_prompt_format": "gspo.models.build",
+    "token_logprobs": "gspo.models",
+    "decode_completions": "gspo.models.text",
     # runs
     "TrainConfig": "gspo.config.train",
     "SFTConfig": "gspo.config.train",
@@ -51,6 +63,8 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'gspo' has no attribute {name!r}")
+    if home.startswith("gspo.envs"):  # the registries hold every built-in task and environment
+        importlib.import_module("gspo.envs.tasks")
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # later lookups skip this function
     return value
