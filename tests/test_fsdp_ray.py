@@ -18,12 +18,14 @@ if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
 # AdamW's first steps move a weight by lr * m / (sqrt(v) + eps) ~ lr * sign(g) when |g| >> eps,
-# whatever the gradient's scale: a planted bug that averaged the two ranks' gradients instead of
-# summing them moved the final weights by 6.8e-11 only. The advantages are therefore scaled so
-# that the whole gradient's norm is below 1e-10, far under AdamW's eps = 1e-8, where the step is
-# lr * g / eps: linear in g, so a wrong gradient is a proportionally wrong update. lr = 1 makes
-# that update ~1e-3, and the test compares the updates (weights after - before) in float64,
-# relative to the largest one (see test_two_ranks_equal_one_process for the measured figures).
+# whatever the gradient's scale: with ordinary advantages, a planted bug that multiplied every
+# rank's loss by the rank count (twice the true gradient) moved the final weights by 6.8e-11
+# only. The advantages are therefore scaled so that the whole gradient's norm is below 1e-10, far
+# under AdamW's eps = 1e-8, where the step is lr * g / eps: linear in g, so a wrong gradient is a
+# proportionally wrong update. lr = 1 makes that update ~4e-4 (gspo), and the test compares the updates
+# (weights after - before) in float64, relative to the largest one. Measured for gspo: 4.4e-15
+# honestly; 1.0 with that planted bug, 0.50 with FSDP2 averaging the ranks' gradients (no divide
+# factor 1), 0.28 with rank 1 doubling one micro-batch's loss.
 ADVANTAGE_SCALE = 1e-11
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which both backends use
 REL_TOLERANCE = 1e-9

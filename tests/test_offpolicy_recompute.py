@@ -68,15 +68,15 @@ def _update(cfg: TrainConfig, model, rollout: Rollout, advantages: torch.Tensor)
 
 
 @pytest.fixture(scope="module")
-def setup():
+def policy():
     cfg = _cfg()
     torch.manual_seed(0)
     model, _ = build_policy(cfg, torch.device("cpu"))
     return cfg, model, _rollout(model)
 
 
-def test_the_mask_compares_with_the_engine_not_the_recomputed_old_logprobs(setup):
-    cfg, model, rollout = setup
+def test_the_mask_compares_with_the_engine_not_the_recomputed_old_logprobs(policy):
+    cfg, model, rollout = policy
     advantages = torch.tensor(ADVANTAGES, dtype=torch.float64)  # [N]
     old, mismatch, metrics, weights = _update(cfg, model, rollout, advantages)
     mask = rollout.completion_mask.bool()
