@@ -30,7 +30,7 @@ def _cfg(**kw) -> TrainConfig:
     values = dict(
         device="cpu", dtype="float64", lr=1e-3, warmup_steps=0, num_minibatches=1,
         micro_batch_size=2, old_logprobs="recompute", off_policy_mask=True,
-        off_policy_mask_delta=DELTA, threads=1,
+        off_policy_mask_delta=DELTA,
     )  # fmt: skip
     return build(TrainConfig, preset="smoke", overrides={**values, **kw})
 

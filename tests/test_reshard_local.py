@@ -38,7 +38,8 @@ JOIN_TIMEOUT_S = 600  # a rank stuck in a collective (its peer died) fails the t
 
 
 def _cfg() -> TrainConfig:
-    values = dict(micro_batch_size=1, device="cpu", lr=1e-3, dtype="float64", threads=1)
+    # threads left at 0: FSDPRank would set torch's thread count for the whole test process.
+    values = dict(micro_batch_size=1, device="cpu", lr=1e-3, dtype="float64")
     return build(TrainConfig, preset="smoke", overrides=values)
 
 
