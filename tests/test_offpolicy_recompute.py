@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from gspo.backend.local import LocalBackend
-from gspo.build import build_policy
 from gspo.config import TrainConfig, build
 from gspo.models import token_logprobs
+from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 # Per row: the advantage and the engine's per-token log-prob offset from the current policy,

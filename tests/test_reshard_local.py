@@ -19,8 +19,8 @@ import torch
 from gspo.backend.checkpoint import write_checkpoint
 from gspo.backend.fsdp import FSDPRank
 from gspo.backend.local import LocalBackend
-from gspo.build import build_policy
 from gspo.config import TrainConfig, build
+from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 # The thread-local process-group world of PyTorch's own multi-threaded distributed tests: each
