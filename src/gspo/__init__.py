@@ -17,10 +17,10 @@ __version__ = "0.1.0"
 _HOMES = {
     # losses and advantages (pure torch functions, registries of objectives)
     "policy_loss": "gspo.core.losses",
-    "register_loss": "gspo.core.losses",
+    "register_loss": "gspo.core.loss_terms",
     "get_loss": "gspo.core.losses",
-    "LossSpec": "gspo.core.losses",
-    "sequence_log_ratio": "gspo.core.losses",
+    "LossSpec": "gspo.core.loss_terms",
+    "sequence_log_ratio": "gspo.core.loss_terms",
     "group_advantages": "gspo.core.advantages",
     # tasks, environments and rewards
     "Task": "gspo.envs.tasks.base",
