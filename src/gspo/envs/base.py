@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # gspo.envs.tasks registers the built-in environments' tasks: no import cycle
+if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
     from gspo.envs.tasks.base import Example, RewardFn, Task
 
 Message = dict[str, str]
@@ -154,8 +154,6 @@ def register_env(name: str):
 def format_bonus_problem(task: str, weight: float) -> str | None:
     """Why ``format_reward_weight`` cannot apply to ``task``, or None: a task with a registered
     environment is scored by that environment alone, so a format bonus would be ignored."""
-    import gspo.envs.tasks  # noqa: F401  registers the built-in environments
-
     return format_bonus_refusal(task, weight) if weight and task in ENVIRONMENTS else None
 
 
