@@ -149,7 +149,8 @@ class FSDPRank:
     def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
         """This rank's share of the update: its raw metric sums (merged by the driver) and
         the learning rate after it (one round trip)."""
-        from .update import _Accumulator, _to_device, update_policy
+        from .accumulator import Accumulator
+        from .update import _to_device, update_policy
 
         # The batch comes from the driver on CPU; a GPU rank works on its own device.
         rollout, old, advantages = (
@@ -158,7 +159,7 @@ class FSDPRank:
             advantages.to(self.device),
         )
         weights = None if weights is None else weights.to(self.device)
-        acc = _Accumulator()
+        acc = Accumulator()
         update_policy(
             self.cfg,
             self.model,

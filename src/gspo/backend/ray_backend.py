@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
+from ..core.checkpoint_paths import latest_checkpoint
 from ..core.mismatch import mismatch_stats
 from ..rollout.base import Rollout
 from .checkpoint import (
-    latest_checkpoint,
     load_state,
     set_rng_state,
     write_checkpoint,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .accumulator import Accumulator
+
 
 def rank_parts(
     mb: torch.Tensor, shard: tuple[int, int], micro: int, pad: torch.Tensor | None = None
@@ -32,12 +34,10 @@ def all_ranks_sum(value: float) -> float:
 
 
 def merge_rank_metrics(states: list[dict[str, dict[str, float]]]) -> dict[str, float]:
-    """One process's metrics from the ranks' raw accumulators (``vars(_Accumulator)``): weighted
+    """One process's metrics from the ranks' raw accumulators (``vars(Accumulator)``): weighted
     sums and their weights added up, extremes min/max over ranks. Scalars (loss, grad_norm,
     skipped updates) are global by construction, the same on every rank: rank 0's."""
-    from .update import _Accumulator  # (update imports this module)
-
-    acc = _Accumulator()
+    acc = Accumulator()
     for state in states:
         for key, value in state["sums"].items():
             acc.sums[key] = acc.sums.get(key, 0.0) + value

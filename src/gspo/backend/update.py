@@ -20,6 +20,7 @@ from gspo.core.seeding import step_generator
 from gspo.models import moe, token_logprobs
 from gspo.rollout.base import Rollout
 
+from .accumulator import Accumulator
 from .shard import all_ranks_sum, rank_parts
 
 
@@ -40,7 +41,7 @@ def update_policy(
     step: int,
     weights: torch.Tensor | None = None,
     shard: tuple[int, int] | None = None,
-    acc: _Accumulator | None = None,
+    acc: Accumulator | None = None,
 ) -> dict[str, float]:
     """Split the rollout batch into ``num_minibatches`` minibatches (``minibatch_rows``), one
     optimizer step each.
@@ -64,7 +65,7 @@ def update_policy(
     micro = cfg.micro_batch_size or n
     # MoE routing records (replay, aux loss) are laid out over the rollout's full width.
     trim = not moe.is_moe(model)
-    acc = _Accumulator() if acc is None else acc
+    acc = Accumulator() if acc is None else acc
     constant = cfg.loss_constant or float(cfg.max_new_tokens)
     # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
     replay = moe.replay_source(cfg.routing_replay, rollout, model)
@@ -353,47 +354,3 @@ def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
     if rollout.versions is not None:
         moved["versions"] = rollout.versions.to(device)
     return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
-
-
-class _Accumulator:
-    """Token-weighted means of micro-batch metrics (min/max for ratio extremes), all and off-policy."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-        self.extremes: dict[str, float] = {}
-        self.totals: dict[str, float] = {}
-
-    def _put(self, key: str, value: float, weight: float) -> None:
-        base = key.removesuffix("_off_policy")  # ratio/min_off_policy is an extreme too
-        if base.endswith("/min"):
-            self.extremes[key] = min(self.extremes.get(key, math.inf), value)
-        elif base.endswith("/max"):
-            self.extremes[key] = max(self.extremes.get(key, -math.inf), value)
-        else:
-            self.sums[key] = self.sums.get(key, 0.0) + value * weight
-            self.weights[key] = self.weights.get(key, 0.0) + weight
-
-    def add(
-        self, metrics: dict[str, float], tokens: int, sequences: int, *, off_policy: bool
-    ) -> None:
-        # Each metric is pooled over what it averages: ratio/mean over its ratios (sequences for
-        # the GSPO family, tokens for GRPO), clip/seq_fraction over sequences, the rest tokens.
-        weights = {"ratio/mean": metrics.pop("ratio/count", tokens), "clip/seq_fraction": sequences}
-        for key, value in metrics.items():
-            weight = weights.get(key, tokens)
-            self._put(key, value, weight)
-            if off_policy and key.startswith(("clip/", "ratio/", "kl/old_new")):
-                self._put(f"{key}_off_policy", value, weight)
-
-    def add_scalar(self, key: str, value: float, reduce: str = "mean") -> None:
-        if reduce == "sum":
-            self.totals[key] = self.totals.get(key, 0.0) + value
-        else:
-            self._put(key, value, 1.0)
-
-    def result(self) -> dict[str, float]:
-        out = {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
-        out.update(self.extremes)
-        out.update(self.totals)
-        return out
