@@ -59,7 +59,7 @@ class FSDPRank:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
         from ..models.build import build_policy
-        from .update import _frozen_copy, lr_lambda
+        from .update import _frozen_copy, build_optimizer
 
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
@@ -100,16 +100,8 @@ class FSDPRank:
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
         self.model = model
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=cfg.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            weight_decay=cfg.weight_decay,
-            fused=True,  # as the local backend (CPU and CUDA): DTensor shards take it too
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.warmup_steps)
-        )
+        # Fused as the local backend (CPU and CUDA): DTensor shards take it too.
+        self.optimizer, self.scheduler = build_optimizer(cfg, model, fused=True)
 
     def pid(self) -> int:
         return os.getpid()

@@ -29,6 +29,20 @@ def lr_lambda(warmup_steps: int):
     return lambda i: min(1.0, (i + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, *, fused: bool | None):
+    """(AdamW, LR schedule) of a backend's policy, from the config's lr, betas, weight decay and
+    warmup (the local backend and every FSDP2 rank build the same one). ``fused``: one fused
+    kernel instead of a dozen foreach ops per step, ~3-4x faster on CPU (None: torch decides)."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        weight_decay=cfg.weight_decay,
+        fused=fused,
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
+
+
 def update_policy(
     cfg: TrainConfig,
     model,

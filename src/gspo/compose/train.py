@@ -19,14 +19,14 @@ from ..envs import ENVIRONMENTS, env_for
 from ..envs.loop import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
 from ..models import moe
-from ..models.build import DTYPES, build_policy, build_prompt_format, resolve_device, set_threads
+from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
 from ..orchestration.async_source import build_source
 from ..orchestration.logging import MetricsLogger, read_metrics
 from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
 from ..orchestration.ray_rewards import use_ray_tasks
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
-from ..rollout.build import build_engine, check_engine_available, close_engine
+from ..rollout.build import check_engine_available, close_engine, policy_engine
 from .parts import (
     build_task,
     build_train_reward,
@@ -145,15 +145,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
             episodes.use_scorer(scorer.each)
     else:
         # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
-        engine = build_engine(
-            cfg,
-            model,
-            tokenizer,
-            pad_id=tokenizer.pad_token_id,
-            eos_id=tokenizer.eos_token_id,
-            dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-            share_weights=cfg.engine_dtype is None,
-        )
+        engine = policy_engine(cfg, model, tokenizer)
         if engine.model is not None:  # an engine copy in float64 needs the eager experts
             moe.fit_experts_kernel(engine.model)
         backend = LocalBackend(cfg, model, device)
