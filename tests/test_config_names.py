@@ -56,7 +56,7 @@ def test_engine_names_equal_the_engine_registry():
     from gspo.config.fields import ROLLOUT_ENGINES
     from gspo.rollout.build import ENGINES
 
-    assert ROLLOUT_ENGINES == tuple(ENGINES)
+    assert tuple(ENGINES) == ROLLOUT_ENGINES
 
 
 def test_turn_credit_message_matches_the_runtime_check():
