@@ -38,7 +38,7 @@ _HOMES = {
     # runs
     "TrainConfig": "gspo.config.train",
     "SFTConfig": "gspo.config.train",
-    "EvalConfig": "gspo.config.evaluation",
+    "EvalConfig": "gspo.config.eval_config",
     "train": "gspo.compose.train",
     "run_sft": "gspo.compose.sft",
     "evaluate": "gspo.compose.evaluate",

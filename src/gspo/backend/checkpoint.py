@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from gspo.core.atomic import replace_dir  # also gspo.backend.checkpoint.replace_dir, as before
 from gspo.core.checkpoint_paths import PREFIX, checkpoint_root, list_checkpoints
@@ -152,7 +153,6 @@ def load_state(path: Path) -> dict[str, Any]:
 
 def restore(path: Path, *, model, optimizer, scheduler) -> dict[str, Any]:
     """Load weights, optimizer, scheduler and RNG states from ``path``; return its state.json."""
-    from safetensors.torch import load_file
 
     weights = load_file(
         str(path / "model.safetensors"), device=str(next(model.parameters()).device)

@@ -6,6 +6,7 @@ Moved verbatim from the training loop; ``LocalBackend`` in a later step wraps it
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -341,7 +342,6 @@ def _ref_logprobs(cfg: TrainConfig, ref_model, rows: _Rows, prompt_index: torch.
 
 
 def _frozen_copy(model):
-    import copy
 
     ref = copy.deepcopy(model)
     ref.requires_grad_(False)

@@ -15,14 +15,17 @@ from pathlib import Path
 from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
+from ..config.resume import check_changes, saved_config
 from ..envs import ENVIRONMENTS, env_for
 from ..envs.loop import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
+from ..envs.sandbox import isolation
 from ..models import moe
 from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
 from ..orchestration.async_source import build_source
 from ..orchestration.logging import MetricsLogger, read_metrics
 from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
+from ..orchestration.ray_parts import build_ray_parts, ray_scorer
 from ..orchestration.ray_rewards import use_ray_tasks
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
@@ -65,8 +68,6 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     found = None
     last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     if resume:  # before any work: the checkpoint must belong to this run (gspo.config.resume)
-        from ..config.resume import check_changes, saved_config
-
         saved, step, found = saved_config(out)
         check_changes(saved, to_dict(cfg), str(found))
         if cfg.stop_after is not None and cfg.stop_after <= step:
@@ -128,16 +129,12 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     own = None if task.name in ENVIRONMENTS else train_reward
     episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
-        from ..envs.sandbox import isolation
-
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
         cfg, task, fmt, tokenizer, model
     )
     scorer = None
     if cfg.backend == "ray":  # FSDP2 ranks (+ rollout workers) as Ray actors
-        from ..orchestration.ray_parts import build_ray_parts, ray_scorer
-
         tasks = workers if use_ray_tasks(cfg, train_reward) else 0  # rewards in Ray tasks
         backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
         scorer = ray_scorer(backend, engine, tasks, (train_reward, task.reward))

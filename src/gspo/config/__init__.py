@@ -13,7 +13,7 @@ Lower layers import the plain-data modules (``gspo.config.train``), not this pac
 """
 
 from .coercion import _base_type, build, coerce, from_dict, load_file
-from .evaluation import EvalConfig
+from .eval_config import EvalConfig
 from .fields import (
     CORRECTIONS,
     DTYPES,

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from .asynchronous import async_problems
-from .evaluation import EvalConfig
+from .eval_config import EvalConfig
 from .fields import (
     CORRECTIONS,
     DTYPES,

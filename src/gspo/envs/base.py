@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from gspo.envs.rewards import score_each
+
 if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
     from gspo.envs.tasks.base import Example, RewardFn, Task
 
@@ -122,7 +124,6 @@ class SingleTurnEnv:
     def step_batch(
         self, states: list[Example], texts: list[str], finished: list[bool]
     ) -> list[Step]:
-        from gspo.envs.rewards import score_each  # rewards imports the task modules
 
         each = self.scorer or score_each
         values = each(self.reward, texts, states, timeout_s=self.timeout_s, workers=self.workers)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -48,8 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from safetensors.torch import save
 
+from gspo.models.lora import has_lora, merged_copy
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay importable here)
     CPU_HEAD_SIZES,
@@ -144,12 +148,9 @@ class VLLMEngine:
             raise
 
     def _start(self, model: torch.nn.Module, on_cpu: bool, seed: int) -> None:
-        from gspo.models.lora import has_lora
 
         served = model
         if has_lora(model):
-            from gspo.models.lora import merged_copy
-
             served = merged_copy(model)
         served.save_pretrained(str(self.workdir), safe_serialization=True)
         opts = self.options
@@ -215,8 +216,6 @@ class VLLMEngine:
             # The head is the embedding: vLLM skips the checkpoint's lm_head of tied models.
             state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}
         if self.options.multiprocess:
-            from safetensors.torch import save
-
             blob = save({k: v.cpu().contiguous() for k, v in state.items()})
             payload: Any = blob
         else:
@@ -374,9 +373,6 @@ def _process_state_kept():
     seeds the global RNGs (torch, numpy, random) with its own seed and replaces
     ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
     and thread settings."""
-    import random
-
-    import numpy as np
 
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
