@@ -46,7 +46,6 @@ class FSDPRank:
     """One training rank (run as a Ray actor): model shard, optimizer, schedule, reference."""
 
     def __init__(self, cfg, rank: int, world: int):
-
         set_threads(cfg.threads)
         self.cfg, self.rank, self.world = cfg, rank, world
         cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
@@ -136,7 +135,6 @@ class FSDPRank:
         return None if ref is None else ref.cpu()  # [N, L]
 
     def kl_penalty(self, rollout: Rollout, old_logprobs: torch.Tensor):
-
         return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
 
     def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
@@ -194,6 +192,5 @@ class FSDPRank:
         self.scheduler.load_state_dict(saved)
 
     def close(self) -> None:
-
         if dist.is_initialized():
             dist.destroy_process_group()

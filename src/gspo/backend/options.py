@@ -31,18 +31,23 @@ def reference_logprobs(cfg: Any, ref_model, rollout) -> torch.Tensor | None:
     """[N, L] log-probs of the frozen reference on the rollout's tokens (None: no reference)."""
     if ref_model is None:
         return None
-
     with torch.no_grad():
-        ref, _ = token_logprobs(
-            ref_model,
-            rollout.prompt_ids,
-            rollout.prompt_mask,
-            rollout.completion_ids,
-            rollout.completion_mask,
-            temperature=cfg.temperature,
-            prompt_index=rollout.prompt_index,
-        )
-    return ref  # [N, L]
+        return rollout_logprobs(ref_model, rollout, cfg.temperature)  # [N, L]
+
+
+def rollout_logprobs(model, rollout, temperature: float) -> torch.Tensor:
+    """[N, L] ``model``'s log-probs of a whole rollout's completion tokens (each group's prompt
+    run once): the reference's, and the recomputed old policy's (``old_logprobs=recompute``)."""
+    logprobs, _ = token_logprobs(
+        model,
+        rollout.prompt_ids,
+        rollout.prompt_mask,
+        rollout.completion_ids,
+        rollout.completion_mask,
+        temperature=temperature,
+        prompt_index=rollout.prompt_index,
+    )
+    return logprobs  # [N, L]
 
 
 def reward_kl_penalty(cfg: Any, ref_model, rollout, old_logprobs: torch.Tensor):

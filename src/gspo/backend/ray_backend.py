@@ -242,7 +242,6 @@ class RayFSDPBackend:
         return state
 
     def export(self, directory: Path, tokenizer: Any) -> None:
-
         self.model.load_state_dict(self.full_state_dict())
         save_model(self.model, tokenizer, directory)
 

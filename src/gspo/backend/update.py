@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gspo.backend.options import loss_kl_coef, loss_options, sequence_weights
+from gspo.backend.options import loss_kl_coef, loss_options, rollout_logprobs, sequence_weights
 from gspo.config.fields import MINIBATCH_GROUPINGS
 from gspo.config.train import TrainConfig
 from gspo.core.losses import policy_loss
@@ -228,15 +228,7 @@ def _old_logprobs(
         return rollout.logprobs, {}
     # MoE: the same pass records the pre-update policy's routing (what R2 replays).
     with torch.no_grad(), moe.capture_routing(model) as routes:
-        recomputed, _ = token_logprobs(
-            model,
-            rollout.prompt_ids,
-            rollout.prompt_mask,
-            rollout.completion_ids,
-            rollout.completion_mask,
-            temperature=cfg.temperature,
-            prompt_index=rollout.prompt_index,
-        )  # [N, L]
+        recomputed = rollout_logprobs(model, rollout, cfg.temperature)  # [N, L]
     if routes is not None:
         length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
         rollout.extras["old_routing"] = routes.routing(rollout.num_samples, length)
@@ -342,7 +334,6 @@ def _ref_logprobs(cfg: TrainConfig, ref_model, rows: _Rows, prompt_index: torch.
 
 
 def _frozen_copy(model):
-
     ref = copy.deepcopy(model)
     ref.requires_grad_(False)
     ref.eval()

@@ -45,7 +45,6 @@ class CodeFeedbackEnv:
         return _State(example)
 
     def step(self, state: _State, text: str, finished: bool) -> Step:
-
         state.attempts += 1
         suite = TestSuite.from_meta(state.example.meta, prompt=state.example.prompt)
         entry_point = state.example.meta.get("entry_point")

@@ -175,7 +175,6 @@ def python_tool(timeout_s: float = 5.0) -> Tool:
     stdout, with stderr's last line when it failed."""
 
     def run(code: str) -> str:
-
         config = dataclasses.replace(DEFAULT_CONFIG, timeout_s=timeout_s)
         result = run_python(code, config=config)
         if result.timed_out:

@@ -71,7 +71,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: Any) -> int:
-
     LOSSES = losses()
 
     if args.json:

@@ -55,6 +55,7 @@ from safetensors.torch import save
 
 from gspo.models.lora import has_lora, merged_copy
 from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.stops import encode_stop
 from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay importable here)
     CPU_HEAD_SIZES,
     _model_config,
@@ -148,7 +149,6 @@ class VLLMEngine:
             raise
 
     def _start(self, model: torch.nn.Module, on_cpu: bool, seed: int) -> None:
-
         served = model
         if has_lora(model):
             served = merged_copy(model)
@@ -241,14 +241,7 @@ class VLLMEngine:
         self.last_wake_s = time.perf_counter() - t0
 
     def _stop_ids(self, text: str) -> list[int]:
-        if text not in self._stop_seqs:
-            if self.tokenizer is None:
-                raise ValueError("stop_strings need a tokenizer: VLLMEngine(..., tokenizer=tok)")
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError(f"stop string {text!r} encodes to no tokens")
-            self._stop_seqs[text] = list(ids)
-        return self._stop_seqs[text]
+        return encode_stop(self.tokenizer, self._stop_seqs, text, "VLLMEngine")
 
     def _check(self, prompts: list[list[int]], n: int, params: SamplingParams) -> None:
         if n < 1:

@@ -88,7 +88,6 @@ class _ThreadTimeout:
         self.fn, self.seconds, self.__name__ = fn, seconds, f"with_timeout({name})"
 
     def __call__(self, completion: str, example: Example) -> float:
-
         box: dict[str, Any] = {}
         done = threading.Event()
         scope = CancelScope()
@@ -184,7 +183,6 @@ _WORKER_START_TIMEOUT_S = 120.0  # importing the reward's module (and its import
 
 class _ProcessTimeout:
     def __init__(self, fn: RewardFn, seconds: float, name: str) -> None:
-
         try:
             self._fn_bytes = pickle.dumps(fn)
         except Exception as exc:
@@ -197,7 +195,6 @@ class _ProcessTimeout:
         self._proc: Any = None
 
     def _start(self) -> None:
-
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _WORKER, pickle.dumps(sys.path).hex()],
             stdin=subprocess.PIPE,
@@ -209,7 +206,6 @@ class _ProcessTimeout:
             raise RewardWorkerError(f"reward worker sent {kind!r} instead of 'ready'")
 
     def _send_raw(self, data: bytes) -> None:
-
         try:
             self._proc.stdin.write(struct.pack("<Q", len(data)) + data)
             self._proc.stdin.flush()
@@ -218,7 +214,6 @@ class _ProcessTimeout:
             raise RewardWorkerError(f"reward worker of {self.__name__} died: {exc}") from None
 
     def _recv(self, timeout: float, *, starting: bool = False) -> tuple[str, Any]:
-
         stdout = self._proc.stdout
         deadline = time.monotonic() + timeout
         data = b""
@@ -249,7 +244,6 @@ class _ProcessTimeout:
                 header_done = True
 
     def _kill(self) -> int | None:
-
         proc, self._proc = self._proc, None
         if proc is None:
             return None
@@ -267,7 +261,6 @@ class _ProcessTimeout:
         return code  # type: ignore[no-any-return]
 
     def __call__(self, completion: str, example: Example) -> float:
-
         with self._lock:
             if self._proc is None:
                 self._start()
