@@ -112,6 +112,29 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         parts.backend.close()
 
 
+def _local_parts(cfg, model, tokenizer, device, out, workers, rewards):
+    """One process: the local backend, and the torch engine (sharing the model unless
+    ``engine_dtype``) or vLLM (its own copy, synced every step); rewards scored in-process."""
+    engine = policy_engine(cfg, model, tokenizer)
+    if engine.model is not None:  # an engine copy in float64 needs the eager experts
+        moe.fit_experts_kernel(engine.model)
+    return LocalBackend(cfg, model, device), engine, None
+
+
+def _ray_parts(cfg, model, tokenizer, device, out, workers, rewards):
+    """FSDP2 ranks (+ rollout workers) as Ray actors; rewards in Ray tasks where they pay."""
+    tasks = workers if use_ray_tasks(cfg, rewards[0]) else 0
+    backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
+    return backend, engine, ray_scorer(backend, engine, tasks, rewards)
+
+
+BACKENDS = {"local": _local_parts, "ray": _ray_parts}
+"""Training backends by ``backend`` name: ``build(cfg, model, tokenizer, device, out,
+reward_workers, (train_reward, task_reward)) -> (backend, engine, scorer or None)`` (a scorer
+scores the episodes' rewards elsewhere than in this process). ``gspo.config.scale.BACKENDS`` is
+its torch-free copy for config checks (tests/test_config_names.py keeps the two equal)."""
+
+
 def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     """The run's parts: policy and its backend, rollout engine, task, rewards, prompts."""
     device = resolve_device(cfg.device)
@@ -133,19 +156,12 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
         cfg, task, fmt, tokenizer, model
     )
-    scorer = None
-    if cfg.backend == "ray":  # FSDP2 ranks (+ rollout workers) as Ray actors
-        tasks = workers if use_ray_tasks(cfg, train_reward) else 0  # rewards in Ray tasks
-        backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
-        scorer = ray_scorer(backend, engine, tasks, (train_reward, task.reward))
-        if scorer is not None:
-            episodes.use_scorer(scorer.each)
-    else:
-        # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
-        engine = policy_engine(cfg, model, tokenizer)
-        if engine.model is not None:  # an engine copy in float64 needs the eager experts
-            moe.fit_experts_kernel(engine.model)
-        backend = LocalBackend(cfg, model, device)
+    build_backend = BACKENDS[cfg.backend]
+    backend, engine, scorer = build_backend(
+        cfg, model, tokenizer, device, out, workers, (train_reward, task.reward)
+    )
+    if scorer is not None:
+        episodes.use_scorer(scorer.each)
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,
