@@ -153,7 +153,6 @@ def load_state(path: Path) -> dict[str, Any]:
 
 def restore(path: Path, *, model, optimizer, scheduler) -> dict[str, Any]:
     """Load weights, optimizer, scheduler and RNG states from ``path``; return its state.json."""
-
     weights = load_file(
         str(path / "model.safetensors"), device=str(next(model.parameters()).device)
     )

@@ -66,7 +66,6 @@ class FSDPRank:
 
     def setup(self, init_method: str, state: dict[str, torch.Tensor]) -> None:
         """Join the process group, build the policy from the driver's weights, shard it."""
-
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
@@ -113,7 +112,6 @@ class FSDPRank:
     def old_logprobs(self, rollout: Rollout) -> torch.Tensor:
         """[n_r, L] recomputed log-probs of this rank's rows ``rank::world`` (one forward on
         every rank: a rank without rows runs one on row 0 and returns none)."""
-
         rollout = _to_device(rollout, self.device)
         rows = torch.arange(rollout.num_samples)[self.rank :: self.world]  # [n_r]
         run = rows if len(rows) else torch.zeros(1, dtype=torch.long)
@@ -130,7 +128,6 @@ class FSDPRank:
 
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
         """[N, L] reference log-probs (the reference is whole: one rank is enough)."""
-
         ref = reference_logprobs(self.cfg, self.ref_model, rollout)
         return None if ref is None else ref.cpu()  # [N, L]
 
@@ -140,7 +137,6 @@ class FSDPRank:
     def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
         """This rank's share of the update: its raw metric sums (merged by the driver) and
         the learning rate after it (one round trip)."""
-
         # The batch comes from the driver on CPU; a GPU rank works on its own device.
         rollout, old, advantages = (
             _to_device(rollout, self.device),
@@ -170,7 +166,6 @@ class FSDPRank:
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The gathered full weights on CPU (rank 0 returns them; every rank must call)."""
-
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.model, options=opts)
         return state if self.rank == 0 else None
@@ -178,7 +173,6 @@ class FSDPRank:
     def save(self, directory: str) -> None:
         """Sharded weights and optimizer state with torch.distributed.checkpoint (every rank
         writes its own shard under ``directory/dcp``); rank 0 adds the LR schedule."""
-
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=f"{directory}/dcp")
         if self.rank == 0:
@@ -186,7 +180,6 @@ class FSDPRank:
 
     def load(self, directory: str) -> None:
         """Restore what :meth:`save` wrote, with any number of ranks (DCP reshards)."""
-
         load_dcp_into(self.model, self.optimizer, Path(directory) / "dcp")
         saved = torch.load(Path(directory) / "scheduler.pt", weights_only=False)
         self.scheduler.load_state_dict(saved)

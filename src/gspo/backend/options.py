@@ -17,7 +17,6 @@ from gspo.models import token_logprobs
 
 def loss_options(cfg: Any) -> dict[str, float | None]:
     """The ``options`` of ``policy_loss`` for ``cfg.algo`` (only those the loss declares)."""
-
     values = {"dual_clip": cfg.dual_clip, "tau_pos": cfg.sapo_tau_pos, "tau_neg": cfg.sapo_tau_neg}
     return {k: values[k] for k, _ in get_loss(cfg.algo).options if k in values}
 

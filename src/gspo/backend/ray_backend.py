@@ -38,7 +38,6 @@ class WorkerLostError(RuntimeError):
 
 def refuse_unsupported(cfg: Any, model: torch.nn.Module) -> None:
     """What the FSDP2 ranks cannot do yet, refused before any work."""
-
     if is_moe(model) or cfg.routing_replay not in (None, "none"):
         raise ValueError(
             "backend='ray' does not support MoE models or routing_replay yet (routing records "
@@ -219,7 +218,6 @@ class RayFSDPBackend:
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore a checkpoint of any number of ranks (DCP reads each rank's pieces of the
         saved tensors) or of the local backend (converted to DCP form first, beside it)."""
-
         path = Path(path)
         state = load_state(path)
         source, tmp = path, None

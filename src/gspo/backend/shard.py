@@ -4,6 +4,7 @@ and the ranks' metrics merged into one process's."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from .accumulator import Accumulator
 
@@ -25,7 +26,6 @@ def rank_parts(
 
 
 def all_ranks_sum(value: float) -> float:
-    import torch.distributed as dist
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors
     total = torch.tensor([value], dtype=torch.float64, device=device)  # [1]

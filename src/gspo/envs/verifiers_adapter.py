@@ -169,7 +169,6 @@ def verifiers_task(vf_env: Any, name: str, n_test: int | None = None) -> Task:
 def register_verifiers(name: str, load_environment: Callable[[], Any]) -> None:
     """Make ``task=name`` train the env ``load_environment()`` returns (its rows are the data;
     ``n_train``/``n_test`` cap them)."""
-
     vf_env = load_environment()
 
     def build(*, n_train: int, n_test: int, seed: int = 0, difficulty: int | None = None) -> Task:

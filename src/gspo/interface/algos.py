@@ -22,7 +22,6 @@ CLIP_MEANING = {
 
 def describe(name: str) -> dict[str, Any]:
     """One registered loss as a plain dict (what ``gspo algos --json`` prints)."""
-
     registry = losses()
     if name not in registry:
         raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(registry))}")
@@ -45,7 +44,6 @@ def describe(name: str) -> dict[str, Any]:
 
 def table() -> str:
     """A Markdown table of every registered loss (test-only registrations left out)."""
-
     LOSSES = losses()
     lines = [
         "| algo | objective (one line) | default clip | aggregation | options | source |",

@@ -32,7 +32,6 @@ def _help_order(cls: type) -> list:
     """The fields of ``cls`` in the README's order: run, model and task first (SharedFields),
     then the class's own, then the other mixins (engine, Ray, async) in their declared order.
     The dataclass order is the reverse: a TrainConfig's async and Ray fields came first."""
-
     bases = [b for b in cls.__mro__[1:] if "__dataclass_fields__" in vars(b)]
     shared = [b for b in bases if b is SharedFields]
     owners = [*shared, cls, *(b for b in bases if b is not SharedFields)]
@@ -189,7 +188,6 @@ def _preflight(args: argparse.Namespace) -> None:
     such mistake is reported at once, before the command's slow imports and work. The command
     builds its config again when it runs; ``--resume`` configs come from the run folder and are
     checked there."""
-
     if args.command in ("train", "sft", "eval"):
         if getattr(args, "resume", False):
             return
@@ -217,7 +215,6 @@ def _preflight(args: argparse.Namespace) -> None:
 def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) -> str:
     """The output folder the command line asks for (flag > config file > preset > default),
     read without building the config: building it validates fields and imports torch."""
-
     requested = requested_values(args.preset, args.config, overrides)
     return str(requested.get("output_dir", cls.output_dir))
 
@@ -294,7 +291,6 @@ def _sft(args: argparse.Namespace) -> int:
 
 def run_eval_cli(args: Any, overrides: Any) -> int:
     """``gspo eval``: build the config from the flags, run, print a summary."""
-
     cfg = build(
         EvalConfig, preset=args.preset, file=args.config, overrides=overrides(args, EvalConfig)
     )

@@ -93,7 +93,6 @@ def add_log_level(parser: argparse.ArgumentParser) -> None:
 
 def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
     """Add ``gspo eval`` to the ``gspo`` parser's subparsers (its flags are EvalConfig's)."""
-
     p = sub.add_parser(
         "eval",
         help="score a model: greedy accuracy, avg@k and pass@k with standard errors, JSON report",

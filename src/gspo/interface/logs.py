@@ -14,7 +14,6 @@ def set_log_level(level: str) -> None:
     at the default, error, vLLM's INFO lines and warnings (with the traceback it logs when it
     skips a warm-up) and datasets' "Generating train split" bars stay hidden; --log-level
     warning, info or debug shows them. The default leaves variables the user set alone."""
-
     quiet = level == "error"
     values = {
         "VLLM_LOGGING_LEVEL": level.upper(),

@@ -126,7 +126,6 @@ def interrupted(
     """A second Ctrl-C (or one before the loop started): one line, no traceback.
     ``run_dirs``: the folders whose checkpoints resume the command (default: ``output_dir``);
     ``resumable``: a resume continues even without a checkpoint (a demo whose SFT is done)."""
-
     signum = getattr(exc, "signum", signal.SIGINT)
     found = None
     for folder in run_dirs or [Path(output_dir)]:

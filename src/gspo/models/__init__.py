@@ -189,6 +189,7 @@ def build_tiny_model(
             router_aux_loss_coef=0.0,
             output_router_logits=False,
         )
+        # Each MoE class loads its transformers modeling module: only for tiny MoE models.
         if shared_expert:
             from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
@@ -245,7 +246,6 @@ def save_model(
     A model with LoRA adapters is saved merged (a plain Hugging Face model that
     ``transformers`` loads without peft), with the adapter itself in ``path/adapter``.
     """
-
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed into place: a kill mid-save never leaves a torn

@@ -96,7 +96,6 @@ def ensure_pad_token(tokenizer) -> None:
 def build_prompt_format(cfg, tokenizer, model=None):
     """The run's :class:`gspo.models.chat.PromptFormat` from ``cfg.chat_template`` and
     ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token)."""
-
     return prompt_format(
         tokenizer,
         mode=getattr(cfg, "chat_template", "auto"),

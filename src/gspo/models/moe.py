@@ -125,7 +125,6 @@ def build_tiny_moe_model(
 
     Weights depend only on the arguments (``seed`` included); the global RNG is left untouched.
     """
-
     if num_experts < 1:  # 0 would build the dense model
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, {num_experts}")
     return build_tiny_model(
@@ -264,7 +263,6 @@ def step_metrics(model: nn.Module, rollout) -> dict[str, float]:
     - ``moe/load_max_share``, ``moe/load_cv``: :func:`load_stats` of the pre-update routing.
     Empty for a dense model or a rollout without routing records.
     """
-
     old = old_routing(rollout)
     if old is None or not is_moe(model):
         return {}

@@ -178,7 +178,6 @@ def evaluate_model(
     """:func:`evaluate` of a model in hand: the held-out score after SFT, of a starting
     checkpoint, or of ``gspo eval``'s model (one rollout engine over ``model``, no copy).
     ``kwargs`` are :func:`evaluate`'s (samples, temperature, generator, greedy, ...)."""
-
     eos = tokenizer.eos_token_id
     if eos is None and prompt_format is not None and prompt_format.stop_token_ids:
         eos = prompt_format.stop_token_ids[0]

@@ -115,7 +115,6 @@ def eta_s(elapsed_s: float, done: int, total: int) -> float | None:
 
 def progress_bar(total: int, desc: str, unit: str = "step", **kwargs: Any):
     """A tqdm bar whose ETA is :func:`eta_s` (smoothing=0 is tqdm's average-rate mode)."""
-
     average_rate = 0  # tqdm's smoothing: 0 = the average since the start (eta_s)
     return tqdm(
         total=total, desc=desc, unit=unit, dynamic_ncols=True, smoothing=average_rate, **kwargs

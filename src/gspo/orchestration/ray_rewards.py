@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 def use_ray_tasks(cfg: Any, reward_fn: Any) -> bool:
     """Whether ``reward_placement`` (with ``auto`` resolved) sends rewards to Ray tasks."""
-
     if cfg.backend != "ray" or cfg.reward_placement == "driver":
         return False
     return cfg.reward_placement == "ray" or uses_sandbox(reward_fn)
@@ -49,7 +48,6 @@ def _score_chunk(
     reward_fn: Any, completions: list[str], examples: list[Any], timeout_s: float | None
 ) -> list[float | None]:
     """(Ray task) :func:`gspo.envs.rewards.score_each` of one chunk, one call after another."""
-
     return score_each(reward_fn, completions, examples, timeout_s=timeout_s)
 
 

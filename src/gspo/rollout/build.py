@@ -1,6 +1,6 @@
 """Turn a config's engine fields into its rollout engine: the registry of engines (``ENGINES``:
-the torch engine, or vLLM imported when used, an optional extra) and the call that builds a
-training run's engine (``policy_engine``).
+the torch engine, or vLLM, whose package is imported only when its engine starts) and the call
+that builds a training run's engine (``policy_engine``).
 
 The engine's config fields are plain data in ``gspo.config.fields`` (``EngineFields``) and their
 checks are in ``gspo.config.validation`` (``validate_engine``).
@@ -16,12 +16,11 @@ import torch
 
 from gspo.models.build import DTYPES
 from gspo.rollout.torch_engine import TorchEngine
+from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions, require_vllm
 
 
 def vllm_options(cfg: Any):
     """The :class:`gspo.rollout.vllm_engine.VLLMOptions` of a config."""
-    from gspo.rollout.vllm_engine import VLLMOptions
-
     return VLLMOptions(
         dtype=cfg.vllm_dtype,
         max_model_len=cfg.vllm_max_model_len,
@@ -54,8 +53,7 @@ def _torch_engine(cfg: Any, model: Any, tokenizer: Any, *, pad_id: int, eos_id: 
 
 
 def _vllm_engine(cfg: Any, model: Any, tokenizer: Any, *, pad_id: int, eos_id: int, **_torch_kw):
-    from gspo.rollout.vllm_engine import VLLMEngine  # optional extra (vllm)
-
+    # vllm_engine imports the vllm package only when an engine starts (an optional extra).
     return VLLMEngine(
         model,
         pad_id=pad_id,
@@ -65,12 +63,6 @@ def _vllm_engine(cfg: Any, model: Any, tokenizer: Any, *, pad_id: int, eos_id: i
         seed=cfg.seed,
         logprobs=hasattr(cfg, "old_logprobs"),
     )
-
-
-def _require_vllm() -> None:
-    from gspo.rollout.vllm_engine import require_vllm  # optional extra (vllm)
-
-    require_vllm()
 
 
 @dataclass(frozen=True)
@@ -87,7 +79,7 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {
     "torch": EngineSpec(_torch_engine),
-    "vllm": EngineSpec(_vllm_engine, require=_require_vllm, own_memory=True),
+    "vllm": EngineSpec(_vllm_engine, require=require_vllm, own_memory=True),
 }
 """Rollout engines by ``rollout_engine`` name (``gspo.config.fields.ROLLOUT_ENGINES`` is its
 torch-free copy for config checks; tests/test_config_names.py keeps the two equal)."""

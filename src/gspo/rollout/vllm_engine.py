@@ -366,7 +366,6 @@ def _process_state_kept():
     seeds the global RNGs (torch, numpy, random) with its own seed and replaces
     ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
     and thread settings."""
-
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
     try:

@@ -63,7 +63,6 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
 def trainer_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights the engine should serve: LoRA folded into the base weights (plain Hugging
     Face names), detached, on CPU."""
-
     if has_lora(model):
         model = merged_copy(model)
     return {k: v.detach() for k, v in model.state_dict().items()}

@@ -235,7 +235,6 @@ def run_tests(
     cannot report its results and then keep running (spinning in ``atexit``, leaving
     processes behind) at the expense of the runs beside it.
     """
-
     if not (math.isfinite(test_timeout_s) and test_timeout_s > 0):
         raise ValueError(f"test_timeout_s must be positive, got {test_timeout_s!r}")
     n = len(suite)
@@ -357,7 +356,6 @@ def with_code_limits(
     of it (whose own keywords win: a task's choice stays; the memory limits go into its own
     ``config`` when it has one), else ``reward_fn`` unchanged. Used by the trainer for the
     run's ``code_*`` config fields."""
-
     if reward_fn is code_reward:
         args: tuple = ()
         keywords: dict = {}

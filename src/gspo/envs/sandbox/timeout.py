@@ -38,7 +38,6 @@ _abandoned_lock = None
 
 def _count_abandoned(thread: Any) -> int:
     """Remember a timed-out reward thread; return how many of those are still running."""
-
     global _abandoned_lock
     if _abandoned_lock is None:
         _abandoned_lock = threading.Lock()
