@@ -56,6 +56,7 @@ from safetensors.torch import save
 from gspo.models.lora import has_lora, merged_copy
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.stops import encode_stop
+from gspo.rollout.torch_engine import check_request
 from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay importable here)
     CPU_HEAD_SIZES,
     _model_config,
@@ -244,14 +245,7 @@ class VLLMEngine:
         return encode_stop(self.tokenizer, self._stop_seqs, text, "VLLMEngine")
 
     def _check(self, prompts: list[list[int]], n: int, params: SamplingParams) -> None:
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-        if not 0.0 < params.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        check_request(prompts, n, params)  # what no engine can serve; then vLLM's own limits
         if params.top_p < 1.0 and self.strict_logprobs:
             raise ValueError(
                 f"top_p={params.top_p} with the vLLM engine: vLLM reports log-probs after top-p "
