@@ -19,7 +19,6 @@ from gspo.config.machine import machine_problems
 from gspo.config.resume import RESUME_FIELDS, requested_values, resume_config, sft_resume_config
 from gspo.config.validation import config_error
 from gspo.interface import algos
-from gspo.interface.report import curve_table, plot_run
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
 from .compare import add_cli_parsers, run_cli
@@ -237,6 +236,7 @@ def _train(args: argparse.Namespace) -> int:
     quiet_transformers()
     # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.train import train
+    from gspo.interface.report import curve_table, plot_run  # as train, only for a run
 
     try:
         result = train(cfg, resume=args.resume)

@@ -29,7 +29,6 @@ from typing import Any
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build, to_dict
 from gspo.config.names import did_you_mean, losses
 from gspo.interface.logs import quiet_transformers
-from gspo.interface.report import build_report
 
 NOT_SHARED_WITH_SFT = frozenset(
     {"output_dir", "steps", "lr", "warmup_steps", "model", "checkpoint_every"}
@@ -202,6 +201,7 @@ def run_compare(
     # Both load torch: the CLI stays torch-free until a run starts (every config is checked first).
     from gspo.compose.sft import run_sft
     from gspo.compose.train import train
+    from gspo.interface.report import build_report  # it loads tqdm and the metric sinks
 
     out.mkdir(parents=True, exist_ok=True)
     sft_dirs: dict[int, Path] = {}
@@ -304,6 +304,8 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
 def run_cli(args: Any, overrides_of: Any) -> int:
     """Run ``gspo compare`` or ``gspo report`` from parsed arguments; returns the exit code."""
     if args.command == "report":
+        from gspo.interface.report import build_report  # it loads tqdm and the metric sinks
+
         report = build_report(
             args.run_dirs,
             args.output_dir,
