@@ -41,8 +41,8 @@ def child(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     import gspo.compose.train as trainer_module
-    from gspo.backend import checkpoint as ckpt
     from gspo.config import TrainConfig, build
+    from gspo.core.checkpoint_paths import latest_checkpoint
 
     hf_logging.disable_progress_bar()
     real_build_task = trainer_module.build_task
@@ -67,7 +67,7 @@ def child(args: argparse.Namespace) -> int:
             progress=False,
         ),
     )
-    trainer_module.train(cfg, resume=ckpt.latest_checkpoint(args.run_dir) is not None)
+    trainer_module.train(cfg, resume=latest_checkpoint(args.run_dir) is not None)
     return 0
 
 

@@ -10,9 +10,9 @@ import torch
 from async_support import hold_updates_until_the_producer_blocks, new_weights_inside_each_generation
 
 import gspo.compose.train as trainer_module
-from gspo.backend import checkpoint as ckpt
 from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
+from gspo.core.checkpoint_paths import latest_checkpoint
 from gspo.envs.tasks.base import Example, Task
 from gspo.orchestration.async_source import AsyncSource
 from gspo.orchestration.logging import read_metrics
@@ -95,7 +95,7 @@ def test_async_resume_trains_every_step_once(tmp_path):
     common = {"steps": 4, "max_staleness": 2, "eval_every": 0}
     first = train(make_cfg(tmp_path, stop_after=2, **common))
     assert [r["step"] for r in train_records(first.history)] == [1, 2]
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    assert latest_checkpoint(tmp_path).name == "step_000002"
     rest = train(make_cfg(tmp_path, **common), resume=True)
     assert [r["step"] for r in train_records(rest.history)] == [3, 4]
     # The resumed thread starts from the checkpoint's weights: its first batch is fresh.

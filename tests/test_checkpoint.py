@@ -11,6 +11,7 @@ import torch
 
 from gspo.backend import checkpoint as ckpt
 from gspo.backend.update import lr_lambda
+from gspo.core.checkpoint_paths import latest_checkpoint, list_checkpoints
 from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
 
 
@@ -141,11 +142,11 @@ def test_leftover_temporary_folder_is_ignored(tmp_path):
     (root / "step_000005").mkdir()
     (root / "step_000005" / "model.safetensors").write_bytes(b"")
 
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000002"]
-    assert ckpt.latest_checkpoint(tmp_path) == root / "step_000002"
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002"]
+    assert latest_checkpoint(tmp_path) == root / "step_000002"
     # A later save still works and becomes the latest.
     save(tmp_path, 6, model, tok, opt, sched)
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_000006"
+    assert latest_checkpoint(tmp_path).name == "step_000006"
 
 
 def test_a_failed_write_leaves_no_half_checkpoint(tmp_path, monkeypatch):
@@ -164,7 +165,7 @@ def test_a_failed_write_leaves_no_half_checkpoint(tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002"]
     assert (root / "latest").read_text() == "step_000002\n"
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    assert latest_checkpoint(tmp_path).name == "step_000002"
 
 
 def test_rotation_keeps_the_newest_and_latest_points_at_it(tmp_path):
@@ -172,13 +173,13 @@ def test_rotation_keeps_the_newest_and_latest_points_at_it(tmp_path):
     for step in (1, 2, 3, 10, 11):
         save(tmp_path, step, model, tok, opt, sched, keep=2)
         assert (tmp_path / "checkpoints" / "latest").read_text() == f"step_{step:06d}\n"
-    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["step_000010", "step_000011"]  # numeric order, not just string order
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000010", "step_000011"]
 
     save(tmp_path, 12, model, tok, opt, sched, keep=3)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
         "step_000010",
         "step_000011",
         "step_000012",
@@ -193,9 +194,9 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
     model2, _, opt2, sched2 = make_parts(seed=5)
     ckpt.restore(path, model=model2, optimizer=opt2, scheduler=sched2)
     assert_nested_equal(model.state_dict(), model2.state_dict())
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000003"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000003"]
 
 
 def test_no_checkpoint_yet(tmp_path):
-    assert ckpt.list_checkpoints(tmp_path) == []
-    assert ckpt.latest_checkpoint(tmp_path) is None
+    assert list_checkpoints(tmp_path) == []
+    assert latest_checkpoint(tmp_path) is None

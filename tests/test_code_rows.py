@@ -260,8 +260,8 @@ def test_answer_is_optional_for_rows_scored_by_tests(tmp_path) -> None:
     assert task.train[0].meta["test_list"] == MBPP_ROW["test_list"]
     with pytest.raises(ValueError, match="missing column 'answer'"):
         make_file_task(path, None, "exact_match", prompt_key="text")
+    from gspo.compose.evaluate import eval_examples
     from gspo.config import EvalConfig
-    from gspo.orchestration.evaluation import eval_examples
 
     cfg = build(EvalConfig, overrides={"data": str(path), "reward": "code", "prompt_key": "text"})
     assert [e.answer for e in eval_examples(cfg)[0]] == ["", ""]  # gspo eval too

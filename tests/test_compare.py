@@ -54,6 +54,21 @@ def test_plan_shares_everything_but_algo_and_seed(tmp_path: Path) -> None:
         plan(["gspo"], [0], tmp_path, overrides={"steps": 0})
 
 
+def test_mixed_clip_levels_warn_from_the_registry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A clip range shared by token-clip and sequence-clip losses warns; the registry's
+    ``token_clip`` decides which is which (gmpo clips token log-ratios, gspo_token does not)."""
+    clip = {"clip_low": 0.2, "clip_high": 0.2}
+    for algos, warns in (
+        (["gspo", "gmpo"], True),
+        (["grpo", "cispo"], False),
+        (["gspo", "gspo_token"], False),
+    ):
+        plan(algos, [0], tmp_path, preset="smoke", overrides=clip)
+        assert ("need ranges orders of magnitude apart" in capsys.readouterr().err) == warns, algos
+
+
 def test_compare_two_algos_from_one_cold_start(tmp_path: Path, monkeypatch) -> None:
     """Both algorithms of a seed start from the same SFT checkpoint and see the same first
     rollout (same data order, init and sampling), then the report covers every run."""

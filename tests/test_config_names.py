@@ -52,6 +52,13 @@ def test_name_tuples_equal_their_registries():
     assert COMPARE_MODES == SANDBOX_COMPARE
 
 
+def test_engine_names_equal_the_engine_registry():
+    from gspo.config.fields import ROLLOUT_ENGINES
+    from gspo.rollout.build import ENGINES
+
+    assert tuple(ENGINES) == ROLLOUT_ENGINES
+
+
 def test_turn_credit_message_matches_the_runtime_check():
     from gspo.envs.credit import credit_problem
 

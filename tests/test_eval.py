@@ -8,13 +8,14 @@ import math
 import pytest
 import torch
 
+from gspo.compose.evaluate import eval_examples
 from gspo.config import EvalConfig, build
 from gspo.envs.rewards import exact_match
 from gspo.envs.tasks.base import Example
 from gspo.interface.cli import main
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.chat import PromptFormat
-from gspo.orchestration.evaluation import eval_examples, evaluate, pass_at_k, summarize
+from gspo.orchestration.evaluation import evaluate, pass_at_k, summarize
 from gspo.rollout.base import Rollout, SamplingParams
 
 

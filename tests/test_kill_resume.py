@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from gspo.backend import checkpoint as ckpt
 from gspo.compose.sft import run_sft
 from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig, build
+from gspo.core.checkpoint_paths import checkpoint_root, list_checkpoints
 from gspo.orchestration.logging import read_metrics
 
 TIMING = ("time/", "throughput/")
@@ -60,7 +60,7 @@ def comparable(records: list[dict]) -> list[dict]:
 
 
 def assert_checkpoints_intact(out: Path) -> None:
-    for path in ckpt.list_checkpoints(out):
+    for path in list_checkpoints(out):
         state = json.loads((path / "state.json").read_text())
         assert state["step"] == int(path.name.removeprefix("step_"))
         load_file(str(path / "model.safetensors"))  # raises on a torn file
@@ -127,12 +127,12 @@ def test_sigkill_anywhere_then_resume_equals_unbroken_run(tmp_path):
         stdout=subprocess.DEVNULL,
     )
     deadline = time.time() + 120
-    root = ckpt.checkpoint_root(out)
+    root = checkpoint_root(out)
     while time.time() < deadline and proc.poll() is None:
         if (
             root.is_dir()
             and any(p.name.startswith(".tmp-") for p in root.iterdir())
-            and ckpt.list_checkpoints(out)
+            and list_checkpoints(out)
         ):
             break
         time.sleep(0.02)
@@ -167,7 +167,7 @@ def test_sigkill_anywhere_then_resume_equals_unbroken_run(tmp_path):
     assert kills >= 1
     assert any(r.get("reward/std", 0) > 0 for r in read_metrics(unbroken / "metrics.jsonl"))
     assert_checkpoints_intact(out)
-    assert len(ckpt.list_checkpoints(out)) <= 2  # rotation kept only the newest
+    assert len(list_checkpoints(out)) <= 2  # rotation kept only the newest
     got = comparable([r for r in read_metrics(out / "metrics.jsonl")])
     want = comparable([r for r in read_metrics(unbroken / "metrics.jsonl")])
     assert [r["step"] for r in got] == [r["step"] for r in want]

@@ -10,15 +10,8 @@ import math
 import pytest
 import torch
 
-from gspo.core.losses import (
-    LOG_RATIO_CLAMP,
-    LOSSES,
-    LossTerms,
-    aggregate,
-    k3_kl,
-    policy_loss,
-    register_loss,
-)
+from gspo.core.loss_terms import LOG_RATIO_CLAMP, LossTerms, register_loss
+from gspo.core.losses import LOSSES, aggregate, k3_kl, policy_loss
 
 F64 = torch.float64
 

@@ -12,17 +12,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gspo.core.losses import (
+from gspo.core.loss_terms import (
     AGGREGATIONS,
     LOG_RATIO_CLAMP,
-    LOSSES,
     LossTerms,
-    aggregate,
-    get_loss,
-    policy_loss,
     register_loss,
     sequence_log_ratio,
 )
+from gspo.core.losses import LOSSES, aggregate, get_loss, policy_loss
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)
@@ -97,6 +94,39 @@ def test_register_new_variant_through_registry():
             )(reinforce_terms)
     finally:
         del LOSSES[name]
+
+
+def test_a_registered_sequence_loss_gets_one_advantage_per_sequence():
+    """``sequence_advantages`` on the spec, not the loss's name, decides the advantages' shape."""
+    shapes = {}
+
+    def terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
+        shapes[name] = tuple(advantages.shape)
+        never = torch.zeros_like(mask)
+        return LossTerms(
+            objective=advantages.reshape(mask.shape[0], -1) * mask * logprobs,
+            clipped_low=never,
+            clipped_high=never,
+            ratio=torch.ones(mask.shape[0], dtype=logprobs.dtype),
+            ratio_mask=mask.any(dim=1),
+        )
+
+    for name, per_sequence in (("test_seq_adv", True), ("test_col_adv", False)):
+        register_loss(
+            name,
+            clip_low=0.0,
+            clip_high=0.0,
+            aggregations=("token_mean",),
+            token_advantages=False,
+            sequence_advantages=per_sequence,
+        )(terms)
+    try:
+        for name in ("test_seq_adv", "test_col_adv"):
+            policy_loss(name, OLD.clone(), OLD, ADV, MASK)
+    finally:
+        del LOSSES["test_seq_adv"], LOSSES["test_col_adv"]
+    assert shapes == {"test_seq_adv": (2,), "test_col_adv": (2, 1)}
+    assert [n for n, s in LOSSES.items() if s.sequence_advantages] == ["gspo", "luspo"]
 
 
 def test_unsupported_aggregation_is_rejected():

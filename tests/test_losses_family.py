@@ -17,7 +17,8 @@ import math
 import pytest
 import torch
 
-from gspo.core.losses import LOSSES, policy_loss, sequence_log_ratio
+from gspo.core.loss_terms import sequence_log_ratio
+from gspo.core.losses import LOSSES, policy_loss
 from gspo.core.losses_family import sapo_gate
 
 F64 = torch.float64

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gspo.backend import checkpoint as ckpt
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
+from gspo.core.checkpoint_paths import checkpoint_root, latest_checkpoint, list_checkpoints
 from gspo.interface.cli import main
 from gspo.orchestration.logging import read_metrics
 from gspo.orchestration.loop import _progress
@@ -62,7 +62,7 @@ def test_overwrite_moves_the_earlier_run_aside(tmp_path, capsys):
     assert (aside / "metrics.jsonl").read_text() == before  # kept whole, never deleted
     assert (aside / "checkpoints" / "step_000009" / "state.json").is_file()
     # The new folder holds only the new run.
-    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_000001"]
+    assert [p.name for p in list_checkpoints(out)] == ["step_000001"]
     assert {r["step"] for r in read_metrics(out / "metrics.jsonl")} <= {0, 1}
     # A second --overwrite picks the next free name.
     assert main(["train", *RUN, "--steps", "1", "--output-dir", str(out), "--overwrite"]) == 0
@@ -81,8 +81,8 @@ def test_a_new_library_run_never_keeps_an_earlier_runs_checkpoints(tmp_path):
     fake_run(tmp_path)
     cfg = build(TrainConfig, preset="smoke", overrides=dict(device="cpu", output_dir=str(tmp_path)))
     train(cfg)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000002"]
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000002"]
+    assert latest_checkpoint(tmp_path).name == "step_000002"
 
 
 def test_resumed_run_reads_as_one_run_from_step_1(tmp_path, capsys):
@@ -120,21 +120,21 @@ def test_stop_after_is_the_global_step(tmp_path, capsys):
     assert main(["train", *RUN, "--steps", "5", "--stop-after", "2", "--output-dir", out]) == 0
     # --stop-after 3 on resume stops at step 3 (not 2 + 3 = 5).
     assert main(["train", "--output-dir", out, "--resume", "--stop-after", "3"]) == 0
-    assert ckpt.latest_checkpoint(out).name == "step_000003"
+    assert latest_checkpoint(out).name == "step_000003"
     assert not (tmp_path / "run" / "final").exists()
     # A stop at or before the checkpoint is refused in one line.
     assert main(["train", "--output-dir", out, "--resume", "--stop-after", "3"]) == 2
     assert "stop_after=3 is not past the checkpoint's step 3" in capsys.readouterr().err
     # Without --stop-after a resume runs to `steps` (the saved stop is not kept).
     assert main(["train", "--output-dir", out, "--resume"]) == 0
-    assert ckpt.latest_checkpoint(out).name == "step_000005"
+    assert latest_checkpoint(out).name == "step_000005"
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
 def test_resume_removes_what_interrupted_writes_left(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *RUN, "--steps", "3", "--stop-after", "1", "--output-dir", str(out)]) == 0
-    root = ckpt.checkpoint_root(out)
+    root = checkpoint_root(out)
     # What a kill leaves: a checkpoint folder mid-write, a half-written `latest`, a model export.
     (root / ".tmp-step_000002-abc").mkdir()
     (root / ".latest.xyz").write_text("step_0")
@@ -176,7 +176,7 @@ def test_sft_stops_on_sigint_and_resumes_exactly(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err
         assert f"resume with: gspo sft --output-dir {out} --resume" in err
         assert "stopped by SIGINT after step 2" in err
-        assert ckpt.latest_checkpoint(out).name == "step_000002"
+        assert latest_checkpoint(out).name == "step_000002"
         monkeypatch.setattr(gspo.compose.sft, "_sft_step", step)
         assert main(["sft", "--output-dir", str(out), "--resume", "--lr", "1"]) == 2
         assert "lr would make a different run" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from cold_start import ADDITION_D64
 
-from gspo.backend import checkpoint as ckpt
+from gspo.core.checkpoint_paths import checkpoint_root, latest_checkpoint, list_checkpoints
 from gspo.interface.cli import main
 from gspo.orchestration.logging import read_metrics
 
@@ -107,11 +107,11 @@ def test_sigint_checkpoints_then_resume_equals_unbroken_run(tmp_path):
     assert code == 0
 
     train = ["train", *TINY, "--steps", str(STEPS), "--output-dir", str(out)]
-    rc, text = interrupt_mid_write(train, ckpt.checkpoint_root(out))
+    rc, text = interrupt_mid_write(train, checkpoint_root(out))
     assert rc == 128 + signal.SIGINT and "Traceback" not in text
     stopped = [line for line in text.splitlines() if "stopped by SIGINT" in line]
     assert len(stopped) == 1, text
-    step = ckpt.latest_checkpoint(out)
+    step = latest_checkpoint(out)
     assert f"checkpoint {step}" in stopped[0]
     assert stopped[0].endswith(f"resume with: gspo train --output-dir {out} --resume")
     assert 1 <= int(step.name.removeprefix("step_")) < STEPS
@@ -131,15 +131,15 @@ def test_sigint_checkpoints_then_resume_equals_unbroken_run(tmp_path):
 def test_sigterm_stops_the_same_way(tmp_path):
     out = tmp_path / "run"
     train = ["train", *TINY, "--steps", str(STEPS), "--output-dir", str(out)]
-    rc, text = interrupt_mid_write(train, ckpt.checkpoint_root(out), signal.SIGTERM)
+    rc, text = interrupt_mid_write(train, checkpoint_root(out), signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM and "Traceback" not in text
     assert "stopped by SIGTERM" in text and f"gspo train --output-dir {out} --resume" in text
-    assert ckpt.latest_checkpoint(out) is not None
+    assert latest_checkpoint(out) is not None
 
 
 def test_second_sigint_quits_at_once_without_traceback(tmp_path):
     out = tmp_path / "run"
-    root = ckpt.checkpoint_root(out)
+    root = checkpoint_root(out)
     proc = gspo(
         "train",
         *TINY,
@@ -161,7 +161,7 @@ def test_second_sigint_quits_at_once_without_traceback(tmp_path):
     assert proc.returncode == 128 + signal.SIGINT
     assert "Traceback" not in err
     assert "gspo train: interrupted (SIGINT)" in err and "no checkpoint was written" in err
-    assert ckpt.list_checkpoints(out) == []  # the interrupted write left nothing half done
+    assert list_checkpoints(out) == []  # the interrupted write left nothing half done
     assert_no_temporaries(out)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import pytest
 
@@ -30,6 +32,23 @@ def split_key(example: Example) -> str:
 @functools.cache
 def build(name: str, difficulty: int | None, seed: int = 0) -> Task:
     return make_task(name, n_train=200, n_test=30, seed=seed, difficulty=difficulty)
+
+
+@pytest.mark.parametrize(
+    "module", ["gspo.envs.tasks.synthetic", "gspo.envs.base", "gspo.envs.rewards", "gspo.envs"]
+)
+def test_environment_tasks_register_whatever_is_imported_first(module: str) -> None:
+    """A built-in environment registers with its task from ``gspo.envs``: importing any envs
+    module alone (a fresh interpreter) leaves both registries complete."""
+    code = (
+        f"import {module}\n"
+        "from gspo.envs.base import ENVIRONMENTS\n"
+        "print(sorted(ENVIRONMENTS))\n"  # before anything else is imported
+        "from gspo.envs.tasks.synthetic import TASKS\n"
+        "print(sorted(set(ENVIRONMENTS) - set(TASKS)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["['calculator', 'code_feedback', 'guess']", "[]"]
 
 
 def test_registry_names() -> None:

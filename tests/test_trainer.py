@@ -19,6 +19,7 @@ import gspo.compose.train as trainer_module
 from gspo.backend import checkpoint as ckpt
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
+from gspo.core.checkpoint_paths import latest_checkpoint
 from gspo.envs.tasks.base import Example, Task
 from gspo.models.build import build_policy
 from gspo.orchestration.logging import read_metrics
@@ -119,7 +120,7 @@ def test_resume_replays_an_unbroken_run_exactly(tmp_path):
     first = train(cfg_b)
     assert [r["step"] for r in train_records(first.history)] == [1, 2]
     assert not (tmp_path / "b" / "final").exists()
-    assert ckpt.latest_checkpoint(tmp_path / "b").name == "step_000002"
+    assert latest_checkpoint(tmp_path / "b").name == "step_000002"
 
     cfg_b_rest = make_cfg(tmp_path / "b", **common)
     rest = train(cfg_b_rest, resume=True)
@@ -202,7 +203,7 @@ def test_kl_penalty_logs_kl_to_reference(tmp_path):
 
 def test_stop_after_leaves_a_checkpoint(tmp_path):
     train(make_cfg(tmp_path, steps=5, stop_after=1))
-    found = ckpt.latest_checkpoint(tmp_path)
+    found = latest_checkpoint(tmp_path)
     assert found is not None and found.name == "step_000001"
     assert ckpt.load_state(found)["step"] == 1
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000001"
@@ -228,7 +229,7 @@ def test_metrics_jsonl_and_truncation_on_resume(tmp_path):
     import shutil
 
     shutil.rmtree(tmp_path / "checkpoints" / "step_000003")
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_000002"
+    assert latest_checkpoint(tmp_path).name == "step_000002"
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 3, "stale": True}) + "\n")
     train(make_cfg(tmp_path, steps=4, checkpoint_every=2, keep_checkpoints=3), resume=True)

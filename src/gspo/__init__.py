@@ -17,10 +17,10 @@ __version__ = "0.1.0"
 _HOMES = {
     # losses and advantages (pure torch functions, registries of objectives)
     "policy_loss": "gspo.core.losses",
-    "register_loss": "gspo.core.losses",
+    "register_loss": "gspo.core.loss_terms",
     "get_loss": "gspo.core.losses",
-    "LossSpec": "gspo.core.losses",
-    "sequence_log_ratio": "gspo.core.losses",
+    "LossSpec": "gspo.core.loss_terms",
+    "sequence_log_ratio": "gspo.core.loss_terms",
     "group_advantages": "gspo.core.advantages",
     # the run's random streams (a loop of your own draws what gspo train draws)
     "prompt_indices": "gspo.core.seeding",
@@ -50,7 +50,7 @@ _HOMES = {
     # runs
     "TrainConfig": "gspo.config.train",
     "SFTConfig": "gspo.config.train",
-    "EvalConfig": "gspo.config.evaluation",
+    "EvalConfig": "gspo.config.eval_config",
     "train": "gspo.compose.train",
     "run_sft": "gspo.compose.sft",
     "evaluate": "gspo.compose.evaluate",

@@ -21,17 +21,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from gspo.core.atomic import replace_dir  # also gspo.backend.checkpoint.replace_dir, as before
+from gspo.core.checkpoint_paths import PREFIX, checkpoint_root, list_checkpoints
 
-PREFIX = "step_"
 FAULT_DELAY_S = float(os.environ.get("GSPO_FAULT_CHECKPOINT_DELAY_S", "0"))
 """Seconds to pause inside every checkpoint write, before it is renamed into place. Only for
 fault-injection tests (a SIGKILL during a write must never corrupt the last good checkpoint)."""
-
-
-def checkpoint_root(output_dir: str | Path) -> Path:
-    return Path(output_dir) / "checkpoints"
 
 
 def rng_state() -> dict[str, Any]:
@@ -150,32 +147,12 @@ def discard_run(output_dir: str | Path) -> None:
             shutil.rmtree(out / name)
 
 
-def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary folders of interrupted writes are ignored)."""
-    root = checkpoint_root(output_dir)
-    if not root.is_dir():
-        return []
-    done = [
-        p
-        for p in root.iterdir()
-        if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()
-    ]
-    return sorted(done, key=lambda p: int(p.name[len(PREFIX) :]))
-
-
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    found = list_checkpoints(output_dir)
-    return found[-1] if found else None
-
-
 def load_state(path: Path) -> dict[str, Any]:
     return json.loads((path / "state.json").read_text())
 
 
 def restore(path: Path, *, model, optimizer, scheduler) -> dict[str, Any]:
     """Load weights, optimizer, scheduler and RNG states from ``path``; return its state.json."""
-    from safetensors.torch import load_file
-
     weights = load_file(
         str(path / "model.safetensors"), device=str(next(model.parameters()).device)
     )

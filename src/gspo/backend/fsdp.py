@@ -19,8 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed import TCPStore
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from ..models import token_logprobs
+from ..models.build import build_policy, set_threads
 from ..rollout.base import Rollout
+from .accumulator import Accumulator
+from .options import reference_logprobs, reward_kl_penalty
+from .reshard import load_dcp_into
+from .update import _frozen_copy, _to_device, build_optimizer, update_policy
 
 COLLECTIVE_TIMEOUT_S = 300
 """A rank waiting on a dead peer gives up after this long (gloo's default is 30 minutes); the
@@ -31,8 +46,6 @@ class FSDPRank:
     """One training rank (run as a Ray actor): model shard, optimizer, schedule, reference."""
 
     def __init__(self, cfg, rank: int, world: int):
-        from ..models.build import set_threads
-
         set_threads(cfg.threads)
         self.cfg, self.rank, self.world = cfg, rank, world
         cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
@@ -43,7 +56,6 @@ class FSDPRank:
         listening on a port the OS picked (no window in which another process can take a
         port found free), on the node's address so that ranks on other nodes reach it."""
         import ray
-        from torch.distributed import TCPStore
 
         ip = ray.util.get_node_ip_address()
         self._store = TCPStore(
@@ -54,13 +66,6 @@ class FSDPRank:
 
     def setup(self, init_method: str, state: dict[str, torch.Tensor]) -> None:
         """Join the process group, build the policy from the driver's weights, shard it."""
-        import torch.distributed as dist
-        from torch.distributed import TCPStore
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
-        from ..models.build import build_policy
-        from .update import _frozen_copy, lr_lambda
-
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
@@ -85,8 +90,6 @@ class FSDPRank:
             )
         shard_kw = {}
         if cfg.fsdp_param_dtype is not None:  # compute in bf16/fp16, reduce in fp32
-            from torch.distributed.fsdp import MixedPrecisionPolicy
-
             shard_kw["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=getattr(torch, cfg.fsdp_param_dtype), reduce_dtype=torch.float32
             )
@@ -100,16 +103,8 @@ class FSDPRank:
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
         self.model = model
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=cfg.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            weight_decay=cfg.weight_decay,
-            fused=True,  # as the local backend (CPU and CUDA): DTensor shards take it too
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.warmup_steps)
-        )
+        # Fused as the local backend (CPU and CUDA): DTensor shards take it too.
+        self.optimizer, self.scheduler = build_optimizer(cfg, model, fused=True)
 
     def pid(self) -> int:
         return os.getpid()
@@ -117,9 +112,6 @@ class FSDPRank:
     def old_logprobs(self, rollout: Rollout) -> torch.Tensor:
         """[n_r, L] recomputed log-probs of this rank's rows ``rank::world`` (one forward on
         every rank: a rank without rows runs one on row 0 and returns none)."""
-        from ..models import token_logprobs
-        from .update import _to_device
-
         rollout = _to_device(rollout, self.device)
         rows = torch.arange(rollout.num_samples)[self.rank :: self.world]  # [n_r]
         run = rows if len(rows) else torch.zeros(1, dtype=torch.long)
@@ -136,21 +128,15 @@ class FSDPRank:
 
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
         """[N, L] reference log-probs (the reference is whole: one rank is enough)."""
-        from .options import reference_logprobs
-
         ref = reference_logprobs(self.cfg, self.ref_model, rollout)
         return None if ref is None else ref.cpu()  # [N, L]
 
     def kl_penalty(self, rollout: Rollout, old_logprobs: torch.Tensor):
-        from .options import reward_kl_penalty
-
         return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
 
     def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
         """This rank's share of the update: its raw metric sums (merged by the driver) and
         the learning rate after it (one round trip)."""
-        from .update import _Accumulator, _to_device, update_policy
-
         # The batch comes from the driver on CPU; a GPU rank works on its own device.
         rollout, old, advantages = (
             _to_device(rollout, self.device),
@@ -158,7 +144,7 @@ class FSDPRank:
             advantages.to(self.device),
         )
         weights = None if weights is None else weights.to(self.device)
-        acc = _Accumulator()
+        acc = Accumulator()
         update_policy(
             self.cfg,
             self.model,
@@ -180,8 +166,6 @@ class FSDPRank:
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The gathered full weights on CPU (rank 0 returns them; every rank must call)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(self.model, options=opts)
         return state if self.rank == 0 else None
@@ -189,9 +173,6 @@ class FSDPRank:
     def save(self, directory: str) -> None:
         """Sharded weights and optimizer state with torch.distributed.checkpoint (every rank
         writes its own shard under ``directory/dcp``); rank 0 adds the LR schedule."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=f"{directory}/dcp")
         if self.rank == 0:
@@ -199,14 +180,10 @@ class FSDPRank:
 
     def load(self, directory: str) -> None:
         """Restore what :meth:`save` wrote, with any number of ranks (DCP reshards)."""
-        from .reshard import load_dcp_into
-
         load_dcp_into(self.model, self.optimizer, Path(directory) / "dcp")
         saved = torch.load(Path(directory) / "scheduler.pt", weights_only=False)
         self.scheduler.load_state_dict(saved)
 
     def close(self) -> None:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -10,13 +10,13 @@ from typing import Any
 import torch
 
 from gspo.core.kl import sequence_kl_penalty
+from gspo.core.losses import get_loss
 from gspo.core.offpolicy import mask_metrics, off_policy_sequence_mask
+from gspo.models import token_logprobs
 
 
 def loss_options(cfg: Any) -> dict[str, float | None]:
     """The ``options`` of ``policy_loss`` for ``cfg.algo`` (only those the loss declares)."""
-    from gspo.core.losses import get_loss
-
     values = {"dual_clip": cfg.dual_clip, "tau_pos": cfg.sapo_tau_pos, "tau_neg": cfg.sapo_tau_neg}
     return {k: values[k] for k, _ in get_loss(cfg.algo).options if k in values}
 
@@ -30,19 +30,23 @@ def reference_logprobs(cfg: Any, ref_model, rollout) -> torch.Tensor | None:
     """[N, L] log-probs of the frozen reference on the rollout's tokens (None: no reference)."""
     if ref_model is None:
         return None
-    from gspo.models import token_logprobs
-
     with torch.no_grad():
-        ref, _ = token_logprobs(
-            ref_model,
-            rollout.prompt_ids,
-            rollout.prompt_mask,
-            rollout.completion_ids,
-            rollout.completion_mask,
-            temperature=cfg.temperature,
-            prompt_index=rollout.prompt_index,
-        )
-    return ref  # [N, L]
+        return rollout_logprobs(ref_model, rollout, cfg.temperature)  # [N, L]
+
+
+def rollout_logprobs(model, rollout, temperature: float) -> torch.Tensor:
+    """[N, L] ``model``'s log-probs of a whole rollout's completion tokens (each group's prompt
+    run once): the reference's, and the recomputed old policy's (``old_logprobs=recompute``)."""
+    logprobs, _ = token_logprobs(
+        model,
+        rollout.prompt_ids,
+        rollout.prompt_mask,
+        rollout.completion_ids,
+        rollout.completion_mask,
+        temperature=temperature,
+        prompt_index=rollout.prompt_index,
+    )
+    return logprobs  # [N, L]
 
 
 def reward_kl_penalty(cfg: Any, ref_model, rollout, old_logprobs: torch.Tensor):

@@ -9,20 +9,26 @@ ends the call with :class:`WorkerLostError` naming it and the last good checkpoi
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..core.checkpoint_paths import latest_checkpoint
 from ..core.mismatch import mismatch_stats
+from ..models import save_model
+from ..models.moe import is_moe
 from ..rollout.base import Rollout
 from .checkpoint import (
-    latest_checkpoint,
     load_state,
     set_rng_state,
     write_checkpoint,
 )
-from .ray_cluster import stop_ray
+from .fsdp import FSDPRank
+from .ray_cluster import import_ray, start_ray, stop_ray
+from .reshard import is_sharded, local_to_dcp
 from .shard import merge_rank_metrics
 
 
@@ -32,8 +38,6 @@ class WorkerLostError(RuntimeError):
 
 def refuse_unsupported(cfg: Any, model: torch.nn.Module) -> None:
     """What the FSDP2 ranks cannot do yet, refused before any work."""
-    from ..models.moe import is_moe
-
     if is_moe(model) or cfg.routing_replay not in (None, "none"):
         raise ValueError(
             "backend='ray' does not support MoE models or routing_replay yet (routing records "
@@ -100,8 +104,6 @@ class RayFSDPBackend:
         output_dir: str | None = None,
         temp_dir: str | None = None,
     ):
-        from .fsdp import FSDPRank
-        from .ray_cluster import import_ray, start_ray
 
         refuse_unsupported(cfg, model)
         self.cfg, self.model, self.output_dir = cfg, model, output_dir
@@ -216,11 +218,6 @@ class RayFSDPBackend:
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore a checkpoint of any number of ranks (DCP reads each rank's pieces of the
         saved tensors) or of the local backend (converted to DCP form first, beside it)."""
-        import shutil
-        import tempfile
-
-        from .reshard import is_sharded, local_to_dcp
-
         path = Path(path)
         state = load_state(path)
         source, tmp = path, None
@@ -243,8 +240,6 @@ class RayFSDPBackend:
         return state
 
     def export(self, directory: Path, tokenizer: Any) -> None:
-        from ..models import save_model
-
         self.model.load_state_dict(self.full_state_dict())
         save_model(self.model, tokenizer, directory)
 

@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from .checkpoint import load_state, set_rng_state
 
 
 def is_sharded(path: Path) -> bool:
@@ -27,9 +32,6 @@ def is_sharded(path: Path) -> bool:
 def load_dcp_into(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dcp_dir: Path) -> None:
     """Weights and optimizer state of a DCP folder into ``model`` / ``optimizer`` (plain or
     FSDP2-sharded: each reads the pieces of its own layout)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     # get_state_dict also creates the optimizer's state (zeros) so that DCP has tensors to fill.
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
@@ -44,8 +46,6 @@ def load_dcp_into(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dcp_
 def restore_sharded(path: Path, *, model, optimizer, scheduler) -> dict[str, Any]:
     """The local backend's :func:`gspo.backend.checkpoint.restore` for a Ray checkpoint:
     weights, optimizer, schedule and RNG state; returns its state.json."""
-    from .checkpoint import load_state, set_rng_state
-
     path = Path(path)
     load_dcp_into(model, optimizer, path / "dcp")
     if getattr(model.config, "tie_word_embeddings", False):
@@ -59,10 +59,6 @@ def local_to_dcp(path: Path, model: torch.nn.Module, cfg: Any, into: Path) -> No
     """Write a local checkpoint's weights and optimizer state under ``into/dcp`` (and its
     schedule as ``into/scheduler.pt``), the layout :meth:`FSDPRank.load` reads. ``model``: a
     plain policy of the run's architecture (its weights are replaced by the checkpoint's)."""
-    import torch.distributed.checkpoint as dcp
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     path = Path(path)
     if not (path / "model.safetensors").is_file() or not (path / "optimizer.pt").is_file():
         raise ValueError(

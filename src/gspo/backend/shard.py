@@ -4,6 +4,9 @@ and the ranks' metrics merged into one process's."""
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+
+from .accumulator import Accumulator
 
 
 def rank_parts(
@@ -23,7 +26,6 @@ def rank_parts(
 
 
 def all_ranks_sum(value: float) -> float:
-    import torch.distributed as dist
 
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # NCCL reduces GPU tensors
     total = torch.tensor([value], dtype=torch.float64, device=device)  # [1]
@@ -32,12 +34,10 @@ def all_ranks_sum(value: float) -> float:
 
 
 def merge_rank_metrics(states: list[dict[str, dict[str, float]]]) -> dict[str, float]:
-    """One process's metrics from the ranks' raw accumulators (``vars(_Accumulator)``): weighted
+    """One process's metrics from the ranks' raw accumulators (``vars(Accumulator)``): weighted
     sums and their weights added up, extremes min/max over ranks. Scalars (loss, grad_norm,
     skipped updates) are global by construction, the same on every rank: rank 0's."""
-    from .update import _Accumulator  # (update imports this module)
-
-    acc = _Accumulator()
+    acc = Accumulator()
     for state in states:
         for key, value in state["sums"].items():
             acc.sums[key] = acc.sums.get(key, 0.0) + value

@@ -1,6 +1,6 @@
 """``evaluate(cfg)``: the composition root of an evaluation (model, engine and problems from an
-``EvalConfig``), what ``gspo eval`` runs; the scoring itself is
-:mod:`gspo.orchestration.evaluation`."""
+``EvalConfig``), what ``gspo eval`` runs; the held-out scoring itself (also run inside training)
+is :mod:`gspo.orchestration.evaluation`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,37 @@ from pathlib import Path
 from typing import Any
 
 from gspo.core.seeding import step_generator
+from gspo.envs.rewards import get_reward, uses_sandbox
+from gspo.envs.tasks import make_task
+from gspo.envs.tasks.base import Example, RewardFn
+from gspo.envs.tasks.files import load_examples
 from gspo.models.build import build_policy, build_prompt_format, resolve_device, set_threads
 from gspo.orchestration import evaluation
 from gspo.rollout.build import build_engine, check_engine_available, close_engine
+
+
+def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
+    """(problems, reward, description) that ``gspo eval`` scores: a data file's rows
+    (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
+    if cfg.data:
+        reward = get_reward(cfg.reward)
+        examples = load_examples(
+            cfg.data,
+            prompt_key=cfg.prompt_key,
+            answer_key=cfg.answer_key,
+            answer_format=cfg.answer_format,
+            split="test",
+            answer_optional=uses_sandbox(reward),  # rows scored by their tests
+        )
+        where = f"file {cfg.data} (reward {cfg.reward})"
+    else:
+        task = make_task(
+            cfg.task, n_train=0, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
+        )
+        examples, reward, where = task.test, task.reward, f"task {task.description}, test split"
+    if cfg.limit > 0:
+        examples = examples[: cfg.limit]
+    return list(examples), reward, where
 
 
 def evaluate(cfg: Any) -> dict[str, Any]:
@@ -22,7 +50,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
-    examples, reward, where = evaluation.eval_examples(cfg)
+    examples, reward, where = eval_examples(cfg)
     if not examples:
         raise ValueError(f"nothing to evaluate: {where} has no problems")
     model, tokenizer = build_policy(cfg, device)

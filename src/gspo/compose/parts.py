@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from ..envs.rewards import combine, format_reward
+from ..envs.sandbox import with_code_limits
+from ..envs.tasks import make_task
 from ..envs.tasks.base import Task
+from ..envs.tasks.files import make_file_task
 
 
 def build_task(cfg) -> Task:
@@ -10,8 +14,6 @@ def build_task(cfg) -> Task:
     code-reward limits (``code_*`` fields) on a reward that runs the sandbox."""
     task = _build_task(cfg)
     if hasattr(cfg, "code_test_timeout_s"):  # TrainConfig (SFT has no rewards to limit)
-        from ..envs.sandbox import with_code_limits
-
         task.reward = with_code_limits(
             task.reward,
             test_timeout_s=cfg.code_test_timeout_s,
@@ -25,8 +27,6 @@ def build_task(cfg) -> Task:
 
 def _build_task(cfg) -> Task:
     if cfg.task == "file":
-        from ..envs.tasks.files import make_file_task
-
         return make_file_task(
             cfg.train_file,
             cfg.test_file,
@@ -37,7 +37,6 @@ def _build_task(cfg) -> Task:
             answer_format=getattr(cfg, "answer_format", "raw"),
             **({"demo_key": cfg.demo_key} if getattr(cfg, "demo_key", None) else {}),
         )
-    from ..envs.tasks import make_task
 
     return make_task(
         cfg.task, n_train=cfg.n_train, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
@@ -138,6 +137,5 @@ def build_train_reward(cfg, task: Task):
     weight = getattr(cfg, "format_reward_weight", 0.0)
     if not weight:
         return task.reward
-    from ..envs.rewards import combine, format_reward
 
     return combine((task.reward, 1.0), (format_reward, weight))

@@ -7,12 +7,13 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from ..config import ConfigError
+
 
 def check_backend_available(cfg: Any, timeout_s: float = 3.0) -> None:
     """Before any work: Ray importable (backend='ray') and ``ray_address`` reachable."""
     if getattr(cfg, "backend", "local") != "ray":
         return
-    from ..config import ConfigError
 
     try:
         import ray  # noqa: F401

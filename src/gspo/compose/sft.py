@@ -15,6 +15,7 @@ from ..backend import checkpoint as ckpt
 from ..backend.update import lr_lambda
 from ..config import ConfigError, SFTConfig, to_dict
 from ..config.train import SFT_SAFE_ON_RESUME
+from ..core.checkpoint_paths import checkpoint_root, latest_checkpoint
 from ..core.seeding import step_generator
 from ..models import moe, save_model, token_logprobs
 from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
@@ -67,9 +68,9 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
     out = Path(cfg.output_dir)
-    found = ckpt.latest_checkpoint(out) if resume else None
+    found = latest_checkpoint(out) if resume else None
     if resume and found is None:
-        raise FileNotFoundError(f"--resume: no SFT checkpoint under {ckpt.checkpoint_root(out)}")
+        raise FileNotFoundError(f"--resume: no SFT checkpoint under {checkpoint_root(out)}")
     if found is not None:  # the checkpoint must be this SFT's
         saved_cfg = ckpt.load_state(found)["config"]
         now = json.loads(json.dumps(to_dict(cfg)))  # as saved: JSON types

@@ -15,18 +15,21 @@ from pathlib import Path
 from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
+from ..config.resume import check_changes, saved_config
 from ..envs import ENVIRONMENTS, env_for
 from ..envs.loop import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
+from ..envs.sandbox import isolation
 from ..models import moe
-from ..models.build import DTYPES, build_policy, build_prompt_format, resolve_device, set_threads
+from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
 from ..orchestration.async_source import build_source
 from ..orchestration.logging import MetricsLogger, read_metrics
 from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
+from ..orchestration.ray_parts import build_ray_parts, ray_scorer
 from ..orchestration.ray_rewards import use_ray_tasks
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
-from ..rollout.build import build_engine, check_engine_available, close_engine
+from ..rollout.build import check_engine_available, close_engine, policy_engine
 from .parts import (
     build_task,
     build_train_reward,
@@ -65,8 +68,6 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     found = None
     last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
     if resume:  # before any work: the checkpoint must belong to this run (gspo.config.resume)
-        from ..config.resume import check_changes, saved_config
-
         saved, step, found = saved_config(out)
         check_changes(saved, to_dict(cfg), str(found))
         if cfg.stop_after is not None and cfg.stop_after <= step:
@@ -111,6 +112,29 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         parts.backend.close()
 
 
+def _local_parts(cfg, model, tokenizer, device, out, workers, rewards):
+    """One process: the local backend, and the torch engine (sharing the model unless
+    ``engine_dtype``) or vLLM (its own copy, synced every step); rewards scored in-process."""
+    engine = policy_engine(cfg, model, tokenizer)
+    if engine.model is not None:  # an engine copy in float64 needs the eager experts
+        moe.fit_experts_kernel(engine.model)
+    return LocalBackend(cfg, model, device), engine, None
+
+
+def _ray_parts(cfg, model, tokenizer, device, out, workers, rewards):
+    """FSDP2 ranks (+ rollout workers) as Ray actors; rewards in Ray tasks where they pay."""
+    tasks = workers if use_ray_tasks(cfg, rewards[0]) else 0
+    backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
+    return backend, engine, ray_scorer(backend, engine, tasks, rewards)
+
+
+BACKENDS = {"local": _local_parts, "ray": _ray_parts}
+"""Training backends by ``backend`` name: ``build(cfg, model, tokenizer, device, out,
+reward_workers, (train_reward, task_reward)) -> (backend, engine, scorer or None)`` (a scorer
+scores the episodes' rewards elsewhere than in this process). ``gspo.config.scale.BACKENDS`` is
+its torch-free copy for config checks (tests/test_config_names.py keeps the two equal)."""
+
+
 def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     """The run's parts: policy and its backend, rollout engine, task, rewards, prompts."""
     device = resolve_device(cfg.device)
@@ -128,35 +152,16 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     own = None if task.name in ENVIRONMENTS else train_reward
     episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
-        from ..envs.sandbox import isolation
-
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
         cfg, task, fmt, tokenizer, model
     )
-    scorer = None
-    if cfg.backend == "ray":  # FSDP2 ranks (+ rollout workers) as Ray actors
-        from ..orchestration.ray_parts import build_ray_parts, ray_scorer
-
-        tasks = workers if use_ray_tasks(cfg, train_reward) else 0  # rewards in Ray tasks
-        backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
-        scorer = ray_scorer(backend, engine, tasks, (train_reward, task.reward))
-        if scorer is not None:
-            episodes.use_scorer(scorer.each)
-    else:
-        # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
-        engine = build_engine(
-            cfg,
-            model,
-            tokenizer,
-            pad_id=tokenizer.pad_token_id,
-            eos_id=tokenizer.eos_token_id,
-            dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-            share_weights=cfg.engine_dtype is None,
-        )
-        if engine.model is not None:  # an engine copy in float64 needs the eager experts
-            moe.fit_experts_kernel(engine.model)
-        backend = LocalBackend(cfg, model, device)
+    build_backend = BACKENDS[cfg.backend]
+    backend, engine, scorer = build_backend(
+        cfg, model, tokenizer, device, out, workers, (train_reward, task.reward)
+    )
+    if scorer is not None:
+        episodes.use_scorer(scorer.each)
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,

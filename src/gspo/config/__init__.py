@@ -13,9 +13,8 @@ Lower layers import the plain-data modules (``gspo.config.train``), not this pac
 """
 
 from .coercion import _base_type, build, coerce, from_dict, load_file
-from .evaluation import EvalConfig
+from .eval_config import EvalConfig
 from .fields import (
-    ALGOS,
     CORRECTIONS,
     DTYPES,
     MINIBATCH_GROUPINGS,
@@ -42,7 +41,6 @@ from .validation import (
 )
 
 __all__ = [
-    "ALGOS",
     "CORRECTIONS",
     "DTYPES",
     "MINIBATCH_GROUPINGS",

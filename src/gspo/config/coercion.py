@@ -80,7 +80,7 @@ def load_file(path: str | Path) -> dict[str, Any]:
         if p.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
+            import yaml  # on use: only YAML config files need it (not a declared dependency)
 
             data = yaml.safe_load(text)
     except Exception as exc:  # parse errors of either format

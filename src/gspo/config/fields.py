@@ -15,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
 OLD_LOGPROBS = ("engine", "recompute")
 MINIBATCH_GROUPINGS = ("shuffled", "groups")
 DTYPES = ("float32", "bfloat16", "float16", "float64")

@@ -5,7 +5,7 @@ Their registries live in modules that import torch (``gspo.core.losses``, ``gspo
 ...), about 2 to 6 s on a small machine; a config mistake must be reported well before that. So
 the built-in entries are copied here as plain data, and ``tests/test_config_names.py`` keeps the
 copies equal to the registries. Losses can also be registered at run time
-(``gspo.core.losses.register_loss``): :func:`losses` then reads the real registry, which is
+(``gspo.core.loss_terms.register_loss``): :func:`losses` then reads the real registry, which is
 loaded by then.
 
 Plain data: this module imports nothing else of gspo.
@@ -42,6 +42,8 @@ class LossInfo:
     source: str
     clip_meaning: str = "ratio"
     options: tuple[tuple[str, float | None], ...] = ()
+    sequence_advantages: bool = False
+    token_clip: bool = False
 
     @property
     def default_aggregation(self) -> str:
@@ -63,6 +65,7 @@ BUILTIN_LOSSES: dict[str, LossInfo] = {
             "DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
             "c: Ye et al. arXiv 1912.09729)",
             options=(("dual_clip", None),),
+            token_clip=True,
         ),
         LossInfo(
             "gspo",
@@ -72,6 +75,7 @@ BUILTIN_LOSSES: dict[str, LossInfo] = {
             False,
             "(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
             "GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
+            sequence_advantages=True,
         ),
         LossInfo(
             "luspo",
@@ -81,6 +85,7 @@ BUILTIN_LOSSES: dict[str, LossInfo] = {
             False,
             "(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
             "LUSPO arXiv 2602.05261",
+            sequence_advantages=True,
         ),
         LossInfo(
             "gspo_token",
@@ -100,6 +105,7 @@ BUILTIN_LOSSES: dict[str, LossInfo] = {
             "sg(clip(r, 1-ε_l, 1+ε_h)) A log π per token, token mean; IS-weight cap 1+ε_h = 5",
             "MiniMax-M1, arXiv 2506.13585 (Eq. 4); ε_l=1, ε_h=4 as SkyRL/AReaL (TRL cap 5.0)",
             clip_meaning="weight",
+            token_clip=True,
         ),
         LossInfo(
             "sapo",
@@ -133,6 +139,7 @@ BUILTIN_LOSSES: dict[str, LossInfo] = {
             "(1/G) Σ_i A_i exp(mean_t signclip(log r_t)), log r clipped to [-ε_l, ε_h] = ±0.4",
             "GMPO, Zhao et al. arXiv 2507.20673 (ε = 0.4 in log space)",
             clip_meaning="log-ratio",
+            token_clip=True,
         ),
     )
 }

@@ -16,6 +16,7 @@ from typing import Any
 
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, coerce, load_file
 from gspo.config.train import SFT_SAFE_ON_RESUME
+from gspo.core.checkpoint_paths import checkpoint_root, latest_checkpoint
 
 SAFE_ON_RESUME = frozenset(
     {
@@ -76,8 +77,6 @@ def requested_values(
 
 def saved_config(output_dir: str | Path) -> tuple[dict[str, Any], int, Path]:
     """(config dict, step, checkpoint folder) of the latest checkpoint under ``output_dir``."""
-    from gspo.backend.checkpoint import checkpoint_root, latest_checkpoint
-
     found = latest_checkpoint(output_dir)
     if found is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {checkpoint_root(output_dir)}")
@@ -153,8 +152,6 @@ def sft_resume_config(
 ) -> SFTConfig:
     """The config of the unfinished SFT in ``output_dir`` with the safe ``requested`` changes;
     ConfigError naming any other change."""
-    from gspo.backend.checkpoint import checkpoint_root, latest_checkpoint
-
     found = latest_checkpoint(output_dir)
     if found is None:
         raise FileNotFoundError(

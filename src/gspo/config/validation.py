@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from .asynchronous import async_problems
-from .evaluation import EvalConfig
+from .eval_config import EvalConfig
 from .fields import (
     CORRECTIONS,
     DTYPES,
@@ -117,7 +117,7 @@ def config_problems(cfg: Any) -> list[str]:
         need(cfg.num_heads % cfg.num_kv_heads == 0, "num_heads must be divisible by num_kv_heads")
     if cfg.task == "file":
         need(cfg.train_file is not None, "task='file' needs train_file")
-        from gspo.envs.rewards import REWARDS  # torch-free, as in _check_names
+        from gspo.envs.rewards import REWARDS  # on use: see _validate_task
 
         need(cfg.reward is not None, f"task='file' needs reward, one of {', '.join(REWARDS)}")
     _validate_moe(cfg, need)
@@ -140,6 +140,8 @@ def _bad_device(device: str) -> str:
 
 def _validate_task(cfg: Any, need: Any) -> None:
     """The task and reward names, against their registries (torch-free modules)."""
+    # Imported on use, here and below: any import of a gspo.config module runs this package,
+    # and every layer imports one; the registries live in gspo.envs, above most of them.
     from gspo.envs.rewards import REWARDS
     from gspo.envs.tasks import TASKS
 
@@ -177,7 +179,7 @@ def _validate_moe(cfg: Any, need: Any) -> None:
 
 def _validate_model_fields(cfg: Any, need: Any) -> None:
     """Prompt formatting, LoRA and answer-format fields shared by the train, SFT and eval configs."""
-    from gspo.envs.tasks.files import ANSWER_FORMATS  # torch-free
+    from gspo.envs.tasks.files import ANSWER_FORMATS  # on use: see _validate_task
 
     need(cfg.chat_template in CHAT_MODES, one_of("chat_template", cfg.chat_template, CHAT_MODES))
     need(
@@ -278,7 +280,7 @@ def _validate_train(cfg: TrainConfig, need: Any) -> None:
         f"format_reward_weight must be finite, got {cfg.format_reward_weight}",
     )
     if cfg.format_reward_weight:  # a task with its own environment: the env gives the rewards
-        from gspo.envs.base import format_bonus_problem
+        from gspo.envs.base import format_bonus_problem  # on use: see _validate_task
 
         problem = format_bonus_problem(cfg.task, cfg.format_reward_weight)
         need(problem is None, problem or "")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo.core.losses import LOG_RATIO_CLAMP, masked_log_ratio
+from gspo.core.loss_terms import LOG_RATIO_CLAMP, masked_log_ratio
 
 LEVELS = ("token", "sequence", "geometric")
 MODES = ("truncate", "mask")

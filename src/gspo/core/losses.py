@@ -1,7 +1,9 @@
 """Policy losses: GRPO, GSPO, GSPO-token and LUSPO, as pure functions of tensors.
 
-(The term functions register from ``gspo.core.objectives`` (GRPO, GSPO, LUSPO, GSPO-token) and
-``gspo.core.losses_family`` (CISPO, SAPO, GMPO); KL estimators live in ``gspo.core.kl``.)
+(The term functions live in ``gspo.core.objectives`` (GRPO, GSPO, LUSPO, GSPO-token) and
+``gspo.core.losses_family`` (CISPO, SAPO, GMPO) and register in ``gspo.core.loss_terms``, which
+also holds their shared building blocks; importing this module loads them, so ``LOSSES`` and
+``get_loss`` read from here are complete. KL estimators live in ``gspo.core.kl``.)
 
 Every loss has two separate parts, so that neither silently changes the other:
 
@@ -29,101 +31,24 @@ The loss returned is the negated objective, -J: minimizing it maximizes J.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
+# The built-in term functions register on import, in this order (the registry's order): GRPO,
+# GSPO, LUSPO and GSPO-token, then the rest of the family.
+# isort: off
+from gspo.core import objectives as _objectives  # noqa: F401
+from gspo.core import losses_family as _losses_family  # noqa: F401
+
+# isort: on
 from gspo.core.kl import KL_ESTIMATORS, kl_estimate
-
-LOG_RATIO_CLAMP = 20.0
-"""Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, so a ratio is at most
-e^20 ≈ 4.9e8: large enough never to bind for sane runs, small enough that exp never overflows into
-inf and 0·inf never turns a gradient into NaN."""
-
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
-
-
-@dataclass
-class LossTerms:
-    """What a term function returns: the per-token objective and the data for clip metrics."""
-
-    objective: torch.Tensor  # [B, T] per-token contribution to J, 0 where mask is 0
-    clipped_low: torch.Tensor  # [B, T] bool: gradient zeroed by the lower clip bound
-    clipped_high: torch.Tensor  # [B, T] bool: gradient zeroed by the upper clip bound
-    ratio: torch.Tensor  # [B] sequence ratios (GSPO family) or [B, T] token ratios (GRPO), detached
-    ratio_mask: torch.Tensor  # same shape as ratio: which entries are real
-
-
-TermFn = Callable[..., LossTerms]
-
-
-@dataclass(frozen=True)
-class LossSpec:
-    """A registered policy loss and its paper defaults."""
-
-    name: str
-    terms: TermFn
-    clip_low: float
-    clip_high: float
-    default_aggregation: str
-    aggregations: tuple[str, ...]
-    token_advantages: bool
-    """Whether [B, T] per-token advantages are meaningful for this loss."""
-    doc: str
-    formula: str = ""
-    """One line, for ``gspo algos``."""
-    source: str = ""
-    """The paper (and arXiv id) the formula and defaults come from."""
-    clip_meaning: str = "ratio"
-    """What clip_low/clip_high bound: 'ratio' (r in [1-ε_low, 1+ε_high]), 'log-ratio'
-    (log r in [-ε_low, ε_high]), 'weight' (a detached IS weight truncated to that band) or
-    'unused' (the loss has no clip; setting one is an error)."""
-    options: tuple[tuple[str, float | None], ...] = ()
-    """Extra keyword options of the term function and their paper defaults (None: off)."""
-
-
-LOSSES: dict[str, LossSpec] = {}
-
-
-def register_loss(
-    name: str,
-    *,
-    clip_low: float,
-    clip_high: float,
-    aggregations: tuple[str, ...],
-    token_advantages: bool,
-    formula: str = "",
-    source: str = "",
-    clip_meaning: str = "ratio",
-    options: dict[str, float | None] | None = None,
-) -> Callable[[TermFn], TermFn]:
-    """Register a term function under ``name``; the first aggregation listed is the default."""
-    for agg in aggregations:
-        if agg not in AGGREGATIONS:
-            raise ValueError(f"unknown aggregation {agg!r}; valid: {', '.join(AGGREGATIONS)}")
-
-    def decorator(fn: TermFn) -> TermFn:
-        if name in LOSSES:
-            raise ValueError(f"loss {name!r} is already registered")
-        LOSSES[name] = LossSpec(
-            name=name,
-            terms=fn,
-            clip_low=clip_low,
-            clip_high=clip_high,
-            default_aggregation=aggregations[0],
-            aggregations=aggregations,
-            token_advantages=token_advantages,
-            doc=(fn.__doc__ or "").strip(),
-            formula=formula,
-            source=source,
-            clip_meaning=clip_meaning,
-            options=tuple((options or {}).items()),
-        )
-        return fn
-
-    return decorator
+from gspo.core.loss_terms import (
+    AGGREGATIONS,
+    LOG_RATIO_CLAMP,
+    LOSSES,
+    LossSpec,
+    LossTerms,
+    masked_log_ratio,
+)
 
 
 def get_loss(name: str) -> LossSpec:
@@ -134,48 +59,6 @@ def get_loss(name: str) -> LossSpec:
         raise ValueError(
             f"unknown policy loss {name!r}; valid: {', '.join(sorted(LOSSES))}"
         ) from None
-
-
-# --------------------------------------------------------------------------------------------
-# Building blocks
-# --------------------------------------------------------------------------------------------
-
-
-def masked_log_ratio(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """l - o on response tokens, exactly 0 elsewhere (padding may hold any value, even inf/NaN)."""
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    return torch.where(mask, logprobs - old_logprobs, zero)  # [B, T]
-
-
-def sequence_log_ratio(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """GSPO's length-normalized log-ratio: log s_i = (1/|y_i|) Σ_t (l - o), clamped.
-
-    This is the log of the *geometric mean* of token ratios (GSPO Eq. 7), not the full-product
-    sequence ratio used by mismatch corrections (see ``gspo.core.correction``). Empty rows give 0.
-    """
-    lengths = mask.sum(dim=1).clamp(min=1)  # [B]
-    mean = masked_log_ratio(logprobs, old_logprobs, mask).sum(dim=1) / lengths  # [B]
-    return mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B]
-
-
-def clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO's pessimistic term min(r A, clip(r, 1-ε_low, 1+ε_high) A) and where it is clipped.
-
-    A term is *clipped* when the min picks the clipped branch with a constant value, i.e. its
-    gradient is zero: r > 1+ε_high with A > 0, or r < 1-ε_low with A < 0.
-    """
-    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    term = torch.minimum(ratio * advantages, clipped_ratio * advantages)
-    r = ratio.detach()
-    high = (r > 1.0 + clip_high) & (advantages > 0)
-    low = (r < 1.0 - clip_low) & (advantages < 0)
-    return term, low, high
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,7 +147,7 @@ def _validate(
         raise ValueError(
             f"advantages must be [B]={shape[0]} or [B, T]={shape}, got {tuple(advantages.shape)}"
         )
-    if spec.name in ("gspo", "luspo"):
+    if spec.sequence_advantages:
         advantages = advantages[:, 0]  # [B]: sequence-level terms work on per-sequence values
     return mask, advantages.to(logprobs.dtype)
 
@@ -404,15 +287,3 @@ def _metrics(
             "ratio/count": float(ratios.numel()),  # what ratio/mean averages over, for pooling
             "kl/old_new": float(kl.sum()) / n_tok,
         }
-
-
-# The objectives register themselves on import, in this order (their own modules, for size):
-# GRPO, GSPO, LUSPO and GSPO-token, then the rest of the family.
-for _module in ("gspo.core.objectives", "gspo.core.losses_family"):
-    importlib.import_module(_module)
-from gspo.core.objectives import (  # noqa: E402, F401  (re-exported)
-    grpo_terms,
-    gspo_terms,
-    gspo_token_terms,
-    luspo_terms,
-)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo.core.losses import (
+from gspo.core.loss_terms import (
     LOG_RATIO_CLAMP,
     LossTerms,
     masked_log_ratio,
@@ -40,6 +40,7 @@ def _per_sequence(advantages: torch.Tensor) -> torch.Tensor:
     clip_high=4.0,
     aggregations=("token_mean", "seq_mean_token_mean"),
     token_advantages=True,
+    token_clip=True,
     formula="sg(clip(r, 1-ε_l, 1+ε_h)) A log π per token, token mean; IS-weight cap 1+ε_h = 5",
     source="MiniMax-M1, arXiv 2506.13585 (Eq. 4); ε_l=1, ε_h=4 as SkyRL/AReaL (TRL cap 5.0)",
     clip_meaning="weight",
@@ -199,6 +200,7 @@ def sapo_seq_terms(
     clip_high=0.4,
     aggregations=("seq_mean_token_mean",),
     token_advantages=False,
+    token_clip=True,
     formula="(1/G) Σ_i A_i exp(mean_t signclip(log r_t)), log r clipped to [-ε_l, ε_h] = ±0.4",
     source="GMPO, Zhao et al. arXiv 2507.20673 (ε = 0.4 in log space)",
     clip_meaning="log-ratio",

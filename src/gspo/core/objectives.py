@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo.core.losses import (
+from gspo.core.loss_terms import (
     LOG_RATIO_CLAMP,
     LossTerms,
     clipped_surrogate,
@@ -25,6 +25,7 @@ from gspo.core.losses import (
     clip_high=0.28,
     aggregations=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
     token_advantages=True,
+    token_clip=True,
     formula="min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
     source="DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
     "c: Ye et al. arXiv 1912.09729)",
@@ -93,6 +94,7 @@ def _gspo_sequence_terms(
     clip_high=4e-4,
     aggregations=("seq_mean_token_mean",),
     token_advantages=False,
+    sequence_advantages=True,
     formula="(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
     source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
 )
@@ -118,6 +120,7 @@ def gspo_terms(
     clip_high=2.5e-3,
     aggregations=("seq_mean_token_sum",),
     token_advantages=False,
+    sequence_advantages=True,
     formula="(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
     source="LUSPO arXiv 2602.05261",
 )

@@ -148,14 +148,14 @@ def _math_verify_timeout() -> int | None:
 
 def _timeout_exception() -> type[BaseException]:
     try:
-        from math_verify.errors import TimeoutException
+        from math_verify.errors import TimeoutException  # on use: math_verify loads sympy (~1 s)
     except ImportError:  # pragma: no cover - older math-verify layouts
         return Exception
     return TimeoutException
 
 
 def _parse_math(text: str, timeout: int | None) -> list[Any]:
-    from math_verify import parse
+    from math_verify import parse  # on use: it loads sympy, about a second
 
     if "$" in text or "\\boxed" in text:
         return parse(text, parsing_timeout=timeout)  # type: ignore[arg-type]
@@ -179,7 +179,7 @@ def math_verify_match(completion: str, example: Example) -> float:
         return 0.0
     timeout = _math_verify_timeout()
     try:
-        from math_verify import verify
+        from math_verify import verify  # on use, as parse
 
         # A GSM8K-style reference solution ("... #### 72") is reduced to its final answer.
         gold = _parse_math(extract_hashes(example.answer) or example.answer, timeout)

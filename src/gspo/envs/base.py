@@ -29,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # gspo.envs.tasks registers the built-in environments' tasks: no import cycle
+from gspo.envs.rewards import score_each
+
+if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
     from gspo.envs.tasks.base import Example, RewardFn, Task
 
 Message = dict[str, str]
@@ -122,7 +124,6 @@ class SingleTurnEnv:
     def step_batch(
         self, states: list[Example], texts: list[str], finished: list[bool]
     ) -> list[Step]:
-        from gspo.envs.rewards import score_each  # rewards imports the task modules
 
         each = self.scorer or score_each
         values = each(self.reward, texts, states, timeout_s=self.timeout_s, workers=self.workers)
@@ -154,8 +155,6 @@ def register_env(name: str):
 def format_bonus_problem(task: str, weight: float) -> str | None:
     """Why ``format_reward_weight`` cannot apply to ``task``, or None: a task with a registered
     environment is scored by that environment alone, so a format bonus would be ignored."""
-    import gspo.envs.tasks  # noqa: F401  registers the built-in environments
-
     return format_bonus_refusal(task, weight) if weight and task in ENVIRONMENTS else None
 
 

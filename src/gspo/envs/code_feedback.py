@@ -14,6 +14,7 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
+from gspo.envs.sandbox import TestSuite, extract_code, run_tests
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.code import SPEC as CODE_SPEC
 from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, _build
@@ -44,8 +45,6 @@ class CodeFeedbackEnv:
         return _State(example)
 
     def step(self, state: _State, text: str, finished: bool) -> Step:
-        from gspo.envs.sandbox import TestSuite, extract_code, run_tests
-
         state.attempts += 1
         suite = TestSuite.from_meta(state.example.meta, prompt=state.example.prompt)
         entry_point = state.example.meta.get("entry_point")

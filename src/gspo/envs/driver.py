@@ -12,7 +12,7 @@ Limits: ``max_turns`` policy turns, ``max_tokens_per_turn`` per turn, ``max_tota
 after the prompt (policy + environment tokens; the turn that crosses it is cut), and
 ``env_timeout_s`` per environment call (a call that hangs or raises fails the episode, which
 is counted in ``episode/failed``; the run goes on). An environment with ``step_batch`` answers
-each round's turns at once (:func:`step_round`) and bounds its own calls.
+each round's turns at once (:func:`gspo.envs.env_round.step_round`) and bounds its own calls.
 
 Engines: anything with the rollout protocol's ``generate(prompts, n, params, generator)``, the
 torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
@@ -33,7 +33,6 @@ engine has no such hook (async runs on the local backend need the torch engine).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,6 +43,8 @@ from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 
 from .base import Environment, Step
+from .env_round import step_round
+from .one_turn import run_one_turn
 from .trajectory import Trajectory, to_rollout
 
 
@@ -59,24 +60,6 @@ class Limits:
     """Policy + environment tokens after the prompt; the episode ends at this budget."""
     env_timeout_s: float = 10.0
     """Seconds one ``env.step`` call may take (0: no limit); past it the episode fails."""
-
-
-def _step(env: Environment, state: Any, text: str, finished: bool, timeout_s: float) -> Step:
-    """``env.step`` with a timeout; a hang or an exception is a failed step with reward 0."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["step"] = env.step(state, text, finished)
-        except BaseException as exc:  # the environment failing fails the episode
-            box["err"] = exc
-
-    thread = threading.Thread(target=target, daemon=True, name="gspo-env-step")
-    thread.start()
-    thread.join(timeout_s if timeout_s > 0 else None)
-    if thread.is_alive() or "err" in box:
-        return Step(done=True, failed=True, tool_errors=1)
-    return box["step"]
 
 
 def run_episodes(
@@ -102,8 +85,6 @@ def run_episodes(
     encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
     the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
     if not env.multi_turn:
-        from .one_turn import run_one_turn  # it imports step_round from here
-
         return run_one_turn(
             engine, env, encoder, examples, n, params, limits, generator, prompts, generate=generate
         )
@@ -151,21 +132,6 @@ def run_episodes(
 def _pad_id(tokenizer) -> int:
     pad = tokenizer.pad_token_id
     return int(pad if pad is not None else tokenizer.eos_token_id)
-
-
-def step_round(
-    env: Environment, states: list, texts: list[str], finished: list[bool], timeout_s: float
-) -> list[Step]:
-    """The environment's answers to a round of turns: its ``step_batch`` when it has one (the
-    whole round at once: parallel reward workers), else ``step`` per episode, each bounded by
-    ``timeout_s`` (a hang or a raise fails that episode)."""
-    batched = getattr(env, "step_batch", None)
-    if batched is None:
-        return [_step(env, *a, timeout_s) for a in zip(states, texts, finished, strict=True)]
-    steps = list(batched(states, texts, finished))
-    if len(steps) != len(states):
-        raise ValueError(f"{env.name}: step_batch answered {len(steps)} steps for {len(states)}")
-    return steps
 
 
 def _take_turn(

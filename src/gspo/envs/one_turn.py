@@ -25,7 +25,7 @@ from gspo.models.text import decode_completions
 from gspo.rollout.base import Rollout, SamplingParams
 
 from .base import Environment
-from .driver import step_round
+from .env_round import step_round
 from .trajectory import Trajectory
 
 

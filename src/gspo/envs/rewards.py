@@ -15,6 +15,7 @@ import numbers
 import os
 import re
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gspo.envs.sandbox import code_reward, with_timeout
@@ -195,8 +196,6 @@ def score_each(
 
     pairs = list(zip(completions, examples, strict=True))
     if workers > 1 and len(pairs) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(min(workers, len(pairs)), thread_name_prefix="reward") as pool:
             return list(pool.map(one, pairs))
     return [one(pair) for pair in pairs]

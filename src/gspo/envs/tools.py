@@ -17,12 +17,15 @@ fails the episode (:class:`ToolFailure`).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import operator
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from gspo.envs.sandbox import DEFAULT_CONFIG, run_python
 
 QWEN_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 PLAIN_CALL = re.compile(r"\[\[(\w+):(.*?)\]\]", re.DOTALL)
@@ -172,10 +175,6 @@ def python_tool(timeout_s: float = 5.0) -> Tool:
     stdout, with stderr's last line when it failed."""
 
     def run(code: str) -> str:
-        import dataclasses
-
-        from gspo.envs.sandbox import DEFAULT_CONFIG, run_python
-
         config = dataclasses.replace(DEFAULT_CONFIG, timeout_s=timeout_s)
         result = run_python(code, config=config)
         if result.timed_out:

@@ -30,8 +30,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gspo.envs.tasks.base import Example, Task
+from gspo.envs.tasks.synthetic import TASKS
 
-from .base import Step
+from .base import ENVIRONMENTS, Step
 
 INSTALL = 'pip install "verifiers>=0.3.1,<0.4"'
 
@@ -168,10 +169,6 @@ def verifiers_task(vf_env: Any, name: str, n_test: int | None = None) -> Task:
 def register_verifiers(name: str, load_environment: Callable[[], Any]) -> None:
     """Make ``task=name`` train the env ``load_environment()`` returns (its rows are the data;
     ``n_train``/``n_test`` cap them)."""
-    from gspo.envs.tasks.synthetic import TASKS
-
-    from .base import ENVIRONMENTS
-
     vf_env = load_environment()
 
     def build(*, n_train: int, n_test: int, seed: int = 0, difficulty: int | None = None) -> Task:

@@ -7,7 +7,10 @@ loaded."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from gspo.config.names import losses
 
 CLIP_MEANING = {
     "ratio": "r in [{a:g}, {b:g}] (ε_l={lo:g}, ε_h={hi:g})",
@@ -19,8 +22,6 @@ CLIP_MEANING = {
 
 def describe(name: str) -> dict[str, Any]:
     """One registered loss as a plain dict (what ``gspo algos --json`` prints)."""
-    from gspo.config.names import losses
-
     registry = losses()
     if name not in registry:
         raise ValueError(f"unknown policy loss {name!r}; valid: {', '.join(sorted(registry))}")
@@ -43,8 +44,6 @@ def describe(name: str) -> dict[str, Any]:
 
 def table() -> str:
     """A Markdown table of every registered loss (test-only registrations left out)."""
-    from gspo.config.names import losses
-
     LOSSES = losses()
     lines = [
         "| algo | objective (one line) | default clip | aggregation | options | source |",
@@ -70,10 +69,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: Any) -> int:
-    import json
-
-    from gspo.config.names import losses
-
     LOSSES = losses()
 
     if args.json:

@@ -13,9 +13,16 @@ import sys
 from dataclasses import fields
 from typing import Any
 
-from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, field_docs
+from gspo.config import PRESETS, ConfigError, EvalConfig, SFTConfig, TrainConfig, build, field_docs
+from gspo.config.fields import SharedFields
+from gspo.config.machine import machine_problems
+from gspo.config.resume import RESUME_FIELDS, requested_values, resume_config, sft_resume_config
+from gspo.config.validation import config_error
+from gspo.interface import algos
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
+from .compare import add_cli_parsers, run_cli
+from .demo import DEMO_DEFAULTS, run_demo
 from .logs import quiet_transformers, set_log_level
 from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
 
@@ -24,8 +31,6 @@ def _help_order(cls: type) -> list:
     """The fields of ``cls`` in the README's order: run, model and task first (SharedFields),
     then the class's own, then the other mixins (engine, Ray, async) in their declared order.
     The dataclass order is the reverse: a TrainConfig's async and Ray fields came first."""
-    from gspo.config.fields import SharedFields
-
     bases = [b for b in cls.__mro__[1:] if "__dataclass_fields__" in vars(b)]
     shared = [b for b in bases if b is SharedFields]
     owners = [*shared, cls, *(b for b in bases if b is not SharedFields)]
@@ -71,7 +76,6 @@ def _parser() -> argparse.ArgumentParser:
         "train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)", epilog=TRAIN_EVAL_DEFAULTS
     )
     _add_config_flags(p_train, TrainConfig)
-    from gspo.config.resume import RESUME_FIELDS  # torch-free: gspo.config only
 
     p_train.add_argument(
         "--resume",
@@ -126,10 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_log_level(p_demo)
 
-    from gspo.interface import algos  # gspo algos
-
     algos.add_parser(sub)
-    from .compare import add_cli_parsers  # gspo compare, gspo report
 
     add_cli_parsers(sub, _add_config_flags)
     add_eval_parser(sub, _add_config_flags)  # gspo eval
@@ -146,19 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sft":
             return _sft(args)
         if args.command == "demo":
-            from .demo import run_demo
-
             return run_demo(args)
         if args.command == "algos":
-            from gspo.interface.algos import run
-
-            return run(args)
+            return algos.run(args)
         if args.command == "eval":
             quiet_transformers()
             return run_eval_cli(args, _overrides)
         if args.command in ("compare", "report"):
-            from .compare import run_cli
-
             return run_cli(args, _overrides)
     except ConfigError as exc:
         print(f"gspo {args.command}: {exc}", file=sys.stderr)
@@ -175,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if isinstance(exc, ImportError):
             raise
+        # Both load torch (the CLI is torch-free until a run starts): only after a failed run.
         from gspo.backend.ray_backend import WorkerLostError
         from gspo.orchestration.loop import NonFiniteTrainingError
 
@@ -191,18 +187,12 @@ def _preflight(args: argparse.Namespace) -> None:
     such mistake is reported at once, before the command's slow imports and work. The command
     builds its config again when it runs; ``--resume`` configs come from the run folder and are
     checked there."""
-    from gspo.config import EvalConfig
-    from gspo.config.machine import machine_problems
-    from gspo.config.validation import config_error
-
     if args.command in ("train", "sft", "eval"):
         if getattr(args, "resume", False):
             return
         cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
         cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
     elif args.command == "demo":  # its RL config must be valid before the 300-step SFT runs
-        from .demo import DEMO_DEFAULTS
-
         given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
         demo = {**DEMO_DEFAULTS, **given}  # a resumed demo's own settings are checked on resume
         common = dict(seed=demo["seed"], threads=args.threads, device="cpu", task="addition")
@@ -224,8 +214,6 @@ def _preflight(args: argparse.Namespace) -> None:
 def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) -> str:
     """The output folder the command line asks for (flag > config file > preset > default),
     read without building the config: building it validates fields and imports torch."""
-    from gspo.config.resume import requested_values
-
     requested = requested_values(args.preset, args.config, overrides)
     return str(requested.get("output_dir", cls.output_dir))
 
@@ -240,16 +228,15 @@ def _train(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     if args.resume:  # the run's saved config, with the safe changes the flags ask for
-        from gspo.config.resume import requested_values, resume_config
-
         requested = requested_values(args.preset, args.config, overrides)
         out_dir = requested.get("output_dir", TrainConfig.output_dir)
         cfg = resume_config(out_dir, requested)
     else:
         cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
     quiet_transformers()
+    # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.train import train
-    from gspo.interface.report import curve_table, plot_run
+    from gspo.interface.report import curve_table, plot_run  # as train, only for a run
 
     try:
         result = train(cfg, resume=args.resume)
@@ -275,12 +262,11 @@ def _sft(args: argparse.Namespace) -> int:
     out = _output_dir(args, overrides, SFTConfig)
     claim_output_dir(out, "sft", resume=args.resume, overwrite=args.overwrite)
     if args.resume:  # the saved config, with the changes sft_resume_config allows
-        from gspo.config.resume import sft_resume_config
-
         cfg = sft_resume_config(out, overrides)
     else:
         cfg = build(SFTConfig, preset=args.preset, file=args.config, overrides=overrides)
     quiet_transformers()
+    # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.sft import run_sft
 
     try:
@@ -305,12 +291,11 @@ def _sft(args: argparse.Namespace) -> int:
 
 def run_eval_cli(args: Any, overrides: Any) -> int:
     """``gspo eval``: build the config from the flags, run, print a summary."""
-    from gspo.config import EvalConfig
-
     cfg = build(
         EvalConfig, preset=args.preset, file=args.config, overrides=overrides(args, EvalConfig)
     )
-    from gspo.compose.evaluate import evaluate  # loads torch
+    # Loads torch: the CLI stays torch-free until a run starts.
+    from gspo.compose.evaluate import evaluate
 
     report = evaluate(cfg)
     m = report["metrics"]

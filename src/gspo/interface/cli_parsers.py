@@ -11,6 +11,7 @@ import argparse
 import re
 from typing import Any, NoReturn
 
+from gspo.config import EvalConfig
 from gspo.config.names import did_you_mean
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -92,8 +93,6 @@ def add_log_level(parser: argparse.ArgumentParser) -> None:
 
 def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
     """Add ``gspo eval`` to the ``gspo`` parser's subparsers (its flags are EvalConfig's)."""
-    from gspo.config import EvalConfig
-
     p = sub.add_parser(
         "eval",
         help="score a model: greedy accuracy, avg@k and pass@k with standard errors, JSON report",

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build, to_dict
+from gspo.config.names import did_you_mean, losses
 from gspo.interface.logs import quiet_transformers
 
 NOT_SHARED_WITH_SFT = frozenset(
@@ -35,10 +36,6 @@ NOT_SHARED_WITH_SFT = frozenset(
 """Fields the per-seed cold start does not copy from the RL config; it copies every other field
 the two configs share (task, data, model shape, seed, device ...), so SFT sees the RL run's task
 and model."""
-
-TOKEN_LEVEL = frozenset({"grpo", "cispo", "gmpo"})
-"""Algorithms whose clip range applies to token ratios or log-ratios (the rest clip sequence
-ratios; SAPO has none and refuses one)."""
 
 
 @dataclass
@@ -52,8 +49,6 @@ class CompareResult:
 
 def parse_algos(text: str | Sequence[str]) -> list[str]:
     """``"grpo,gspo"`` or a list -> validated, de-duplicated algorithm names."""
-    from gspo.config.names import did_you_mean, losses  # torch-free: checked before any import
-
     LOSSES = losses()
     names = [a.strip() for a in (text.split(",") if isinstance(text, str) else text)]
     names = [a for a in names if a]
@@ -163,7 +158,8 @@ def plan(
                     shared, **(sft_overrides or {}), steps=sft_steps, output_dir=str(sft_dir)
                 ),
             )
-    levels = {a in TOKEN_LEVEL for a in algos}
+    registry = losses()  # each loss says whether its clip bounds token or sequence quantities
+    levels = {registry[a].token_clip for a in algos}
     clip_set = any(getattr(c, k) is not None for c in cfgs for k in ("clip_low", "clip_high"))
     if clip_set and len(levels) > 1:
         print(
@@ -202,9 +198,10 @@ def run_compare(
         sft_steps=sft_steps,
         sft_overrides=sft_overrides,
     )
+    # Both load torch: the CLI stays torch-free until a run starts (every config is checked first).
     from gspo.compose.sft import run_sft
     from gspo.compose.train import train
-    from gspo.interface.report import build_report
+    from gspo.interface.report import build_report  # it loads tqdm and the metric sinks
 
     out.mkdir(parents=True, exist_ok=True)
     sft_dirs: dict[int, Path] = {}
@@ -307,7 +304,7 @@ def add_cli_parsers(sub: Any, add_config_flags: Any) -> None:
 def run_cli(args: Any, overrides_of: Any) -> int:
     """Run ``gspo compare`` or ``gspo report`` from parsed arguments; returns the exit code."""
     if args.command == "report":
-        from gspo.interface.report import build_report
+        from gspo.interface.report import build_report  # it loads tqdm and the metric sinks
 
         report = build_report(
             args.run_dirs,

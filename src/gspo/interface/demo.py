@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build
+from gspo.core.checkpoint_paths import latest_checkpoint
 
 from .logs import quiet_transformers
 from .rundir import claim_output_dir, exit_code, interrupted, stopped_line
@@ -72,10 +73,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any]) -> int:
-    from gspo.backend.checkpoint import latest_checkpoint
+    # Both load torch: the CLI stays torch-free until a run starts (every config is checked first).
     from gspo.compose.sft import run_sft
     from gspo.compose.train import train
-    from gspo.interface.report import curve_table, eval_records, plot_run
+    from gspo.interface.report import curve_table, eval_records, plot_run  # loads tqdm
 
     t0 = time.perf_counter()
     seed, every = settings["seed"], settings["checkpoint_every"]

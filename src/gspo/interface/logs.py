@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import warnings
 
@@ -13,8 +14,6 @@ def set_log_level(level: str) -> None:
     at the default, error, vLLM's INFO lines and warnings (with the traceback it logs when it
     skips a warm-up) and datasets' "Generating train split" bars stay hidden; --log-level
     warning, info or debug shows them. The default leaves variables the user set alone."""
-    import logging
-
     quiet = level == "error"
     values = {
         "VLLM_LOGGING_LEVEL": level.upper(),
@@ -41,7 +40,7 @@ def quiet_transformers() -> None:
     """transformers' warnings and progress bars off, unless --log-level asks for them."""
     if os.environ.get("TRANSFORMERS_VERBOSITY") in ("warning", "info", "debug"):
         return  # transformers read that level when it was imported
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy (seconds): only when a run starts
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gspo.config import ConfigError
+from gspo.core.checkpoint_paths import latest_checkpoint
 
 RUN_FILES = (
     "metrics.jsonl",
@@ -125,8 +126,6 @@ def interrupted(
     """A second Ctrl-C (or one before the loop started): one line, no traceback.
     ``run_dirs``: the folders whose checkpoints resume the command (default: ``output_dir``);
     ``resumable``: a resume continues even without a checkpoint (a demo whose SFT is done)."""
-    from gspo.backend.checkpoint import latest_checkpoint
-
     signum = getattr(exc, "signum", signal.SIGINT)
     found = None
     for folder in run_dirs or [Path(output_dir)]:

@@ -8,6 +8,8 @@ tokenizer from the ``tokenizers`` library; checkpoints are loaded with ``local_f
 from __future__ import annotations
 
 import inspect
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,6 +24,11 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+
+from gspo.core.atomic import replace_dir
+
+from .fast_forward import completion_logits, supports
+from .lora import has_lora, merged_copy, save_lora
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -182,6 +189,7 @@ def build_tiny_model(
             router_aux_loss_coef=0.0,
             output_router_logits=False,
         )
+        # Each MoE class loads its transformers modeling module: only for tiny MoE models.
         if shared_expert:
             from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
 
@@ -238,11 +246,6 @@ def save_model(
     A model with LoRA adapters is saved merged (a plain Hugging Face model that
     ``transformers`` loads without peft), with the adapter itself in ``path/adapter``.
     """
-    import shutil
-    import tempfile
-
-    from .lora import has_lora
-
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     # Written beside the target and renamed into place: a kill mid-save never leaves a torn
@@ -250,14 +253,11 @@ def save_model(
     tmp = Path(tempfile.mkdtemp(dir=p.parent, prefix=f".tmp-{p.name}-"))
     try:
         if has_lora(model):
-            from .lora import merged_copy, save_lora
-
             save_lora(model, tmp / "adapter")
             model = merged_copy(model)
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-        from gspo.core.atomic import replace_dir
 
         replace_dir(tmp, p)
     except BaseException:
@@ -323,7 +323,6 @@ def token_logprobs(
         return empty, (empty.clone() if with_entropy else None)
     if p == 0:
         raise ValueError("token_logprobs needs at least one prompt token to condition on")
-    from .fast_forward import completion_logits, supports
 
     if prompt_index is not None and supports(model):
         logits = completion_logits(

@@ -9,6 +9,10 @@ from __future__ import annotations
 import torch
 
 from . import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+from .chat import prompt_format
+from .lora import apply_lora
+from .moe import fit_experts_kernel
+from .pretrained import resolve_model_path
 
 DTYPES = {
     "float32": torch.float32,
@@ -56,19 +60,15 @@ def build_policy(cfg, device: torch.device):
     else:
         # A named model (e.g. smollm2-135m-instruct, materialized once into the cache) or a
         # local Hugging Face checkpoint directory.
-        from .pretrained import resolve_model_path
 
         path = resolve_model_path(cfg.model)
         tokenizer = load_tokenizer(path)
         model = load_model(path, dtype=cfg.dtype)
     ensure_pad_token(tokenizer)
     model = model.to(device=device, dtype=DTYPES[cfg.dtype])
-    from .moe import fit_experts_kernel
 
     fit_experts_kernel(model)  # MoE: grouped_mm has no float64 kernel (no-op for dense models)
     if getattr(cfg, "lora_rank", 0) > 0:
-        from .lora import apply_lora
-
         model = apply_lora(
             model,
             rank=cfg.lora_rank,
@@ -96,8 +96,6 @@ def ensure_pad_token(tokenizer) -> None:
 def build_prompt_format(cfg, tokenizer, model=None):
     """The run's :class:`gspo.models.chat.PromptFormat` from ``cfg.chat_template`` and
     ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token)."""
-    from .chat import prompt_format
-
     return prompt_format(
         tokenizer,
         mode=getattr(cfg, "chat_template", "auto"),

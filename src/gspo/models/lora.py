@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
 __all__ = ["apply_lora", "has_lora", "merged_copy", "save_lora"]
 
@@ -118,7 +119,6 @@ def save_lora(model: torch.nn.Module, path: str | Path) -> Path:
     ``adapter_model.safetensors``. ``base_model_name_or_path`` is left as the model's own
     ``name_or_path`` (the folder it was loaded from)."""
     peft = _peft()
-    from safetensors.torch import save_file
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)

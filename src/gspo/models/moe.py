@@ -42,6 +42,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from gspo.models import build_tiny_model, token_logprobs
+
 from .moe_metrics import _load_balancing_fn, aux_loss, load_stats, routing_change, scored_positions
 from .moe_routing import (
     ROUTER_CLASS_SUFFIX,
@@ -123,8 +125,6 @@ def build_tiny_moe_model(
 
     Weights depend only on the arguments (``seed`` included); the global RNG is left untouched.
     """
-    from gspo.models import build_tiny_model
-
     if num_experts < 1:  # 0 would build the dense model
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, {num_experts}")
     return build_tiny_model(
@@ -263,8 +263,6 @@ def step_metrics(model: nn.Module, rollout) -> dict[str, float]:
     - ``moe/load_max_share``, ``moe/load_cv``: :func:`load_stats` of the pre-update routing.
     Empty for a dense model or a rollout without routing records.
     """
-    from gspo.models import token_logprobs
-
     old = old_routing(rollout)
     if old is None or not is_moe(model):
         return {}

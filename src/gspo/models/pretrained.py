@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
 __all__ = [
     "NAMED_MODELS",
     "NamedModel",
@@ -123,7 +125,6 @@ def materialize(name: str, cache: str | Path | None = None) -> Path:
             f"model {name!r} is a GGUF file; reading it needs the 'gguf' package: "
             f'pip install -e ".[smollm2]" (or pip install gguf)'
         ) from None
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": source.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), **kw)

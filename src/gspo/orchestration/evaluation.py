@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
 from gspo.envs.base import Environment, SingleTurnEnv
@@ -23,6 +24,7 @@ from gspo.envs.trajectory import PlainEncoder
 from gspo.models.chat import PromptFormat
 from gspo.models.chat import prompt_format as prompt_format_for
 from gspo.rollout.base import SamplingParams
+from gspo.rollout.torch_engine import TorchEngine
 
 ENV_TIMEOUT_S = 10.0
 """Seconds one ``step`` of an environment without ``step_batch`` may take in an evaluation."""
@@ -104,8 +106,6 @@ def evaluate(
     stops = tuple(fmt.stop_token_ids)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         total = len(examples) * (int(greedy) + samples)
         bar = tqdm(total=total, desc="eval", unit="completion", dynamic_ncols=True)
     out: dict[str, float] = {"problems": float(len(examples))}
@@ -165,35 +165,6 @@ def evaluate(
     return out
 
 
-def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
-    """(problems, reward, description) that ``gspo eval`` scores: a data file's rows
-    (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
-    if cfg.data:
-        from gspo.envs.rewards import get_reward, uses_sandbox
-        from gspo.envs.tasks.files import load_examples
-
-        reward = get_reward(cfg.reward)
-        examples = load_examples(
-            cfg.data,
-            prompt_key=cfg.prompt_key,
-            answer_key=cfg.answer_key,
-            answer_format=cfg.answer_format,
-            split="test",
-            answer_optional=uses_sandbox(reward),  # rows scored by their tests
-        )
-        where = f"file {cfg.data} (reward {cfg.reward})"
-    else:
-        from gspo.envs.tasks import make_task
-
-        task = make_task(
-            cfg.task, n_train=0, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
-        )
-        examples, reward, where = task.test, task.reward, f"task {task.description}, test split"
-    if cfg.limit > 0:
-        examples = examples[: cfg.limit]
-    return list(examples), reward, where
-
-
 def evaluate_model(
     model,
     tokenizer,
@@ -207,8 +178,6 @@ def evaluate_model(
     """:func:`evaluate` of a model in hand: the held-out score after SFT, of a starting
     checkpoint, or of ``gspo eval``'s model (one rollout engine over ``model``, no copy).
     ``kwargs`` are :func:`evaluate`'s (samples, temperature, generator, greedy, ...)."""
-    from gspo.rollout.torch_engine import TorchEngine
-
     eos = tokenizer.eos_token_id
     if eos is None and prompt_format is not None and prompt_format.stop_token_ids:
         eos = prompt_format.stop_token_ids[0]

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 PROGRESS_KEYS = (
     ("reward/mean", "reward"),
     ("response_length/mean", "len"),
@@ -113,8 +115,6 @@ def eta_s(elapsed_s: float, done: int, total: int) -> float | None:
 
 def progress_bar(total: int, desc: str, unit: str = "step", **kwargs: Any):
     """A tqdm bar whose ETA is :func:`eta_s` (smoothing=0 is tqdm's average-rate mode)."""
-    from tqdm.auto import tqdm
-
     average_rate = 0  # tqdm's smoothing: 0 = the average since the start (eta_s)
     return tqdm(
         total=total, desc=desc, unit=unit, dynamic_ncols=True, smoothing=average_rate, **kwargs

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backend.checkpoint import latest_checkpoint
+from ..core.checkpoint_paths import latest_checkpoint
 from . import steps
 from .logging import MetricsLogger, progress_bar, progress_postfix
 from .signals import SignalWatch, StopRequest

@@ -22,7 +22,7 @@ import torch
 
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
 from ..backend.ray_cluster import import_ray, start_ray, stop_ray
-from ..rollout.build import colocated_sleep
+from ..rollout.build import close_engine, colocated_sleep, policy_engine
 from .ray_rewards import RayScorer
 from .ray_rollout import RolloutPool
 
@@ -97,18 +97,7 @@ def build_ray_parts(
             )
             engine: Any = pool
         else:
-            from ..models.build import DTYPES
-            from ..rollout.build import build_engine
-
-            engine = build_engine(
-                cfg,
-                model,
-                tokenizer,
-                pad_id=tokenizer.pad_token_id,
-                eos_id=tokenizer.eos_token_id,
-                dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-                share_weights=cfg.engine_dtype is None,
-            )
+            engine = policy_engine(cfg, model, tokenizer)
         backend = RayFSDPBackend(cfg, model, n, actor_options=trainer_opts, output_dir=out)
     except BaseException:
         if pool is not None:
@@ -137,8 +126,6 @@ def ray_scorer(
     try:
         return RayScorer(backend.ray, tasks, reward_fns)
     except BaseException:
-        from ..rollout.build import close_engine
-
         try:
             close_engine(engine)
         finally:

@@ -20,13 +20,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..envs.rewards import score_each, uses_sandbox
+
 logger = logging.getLogger(__name__)
 
 
 def use_ray_tasks(cfg: Any, reward_fn: Any) -> bool:
     """Whether ``reward_placement`` (with ``auto`` resolved) sends rewards to Ray tasks."""
-    from ..envs.rewards import uses_sandbox
-
     if cfg.backend != "ray" or cfg.reward_placement == "driver":
         return False
     return cfg.reward_placement == "ray" or uses_sandbox(reward_fn)
@@ -48,8 +48,6 @@ def _score_chunk(
     reward_fn: Any, completions: list[str], examples: list[Any], timeout_s: float | None
 ) -> list[float | None]:
     """(Ray task) :func:`gspo.envs.rewards.score_each` of one chunk, one call after another."""
-    from ..envs.rewards import score_each
-
     return score_each(reward_fn, completions, examples, timeout_s=timeout_s)
 
 

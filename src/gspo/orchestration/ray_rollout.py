@@ -18,16 +18,16 @@ from typing import Any
 import torch
 
 from ..backend.ray_backend import gather
+from ..models import token_logprobs
+from ..models.build import build_policy, set_threads
 from ..rollout.base import Rollout, SamplingParams
+from ..rollout.build import close_engine, policy_engine
 
 
 class RolloutWorker:
     """One rollout engine (run as a Ray actor) with its own copy of the policy."""
 
     def __init__(self, cfg: Any, state: dict[str, torch.Tensor]) -> None:
-        from ..models.build import DTYPES, build_policy, set_threads
-        from ..rollout.build import build_engine
-
         set_threads(cfg.threads)
         self.cfg = cfg
         model, tokenizer = build_policy(cfg, torch.device("cpu"))
@@ -35,15 +35,7 @@ class RolloutWorker:
         model.requires_grad_(False)
         model.eval()
         self.model = model
-        self.engine = build_engine(
-            cfg,
-            model,
-            tokenizer,
-            pad_id=tokenizer.pad_token_id,
-            eos_id=tokenizer.eos_token_id,
-            dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-            share_weights=cfg.engine_dtype is None,
-        )
+        self.engine = policy_engine(cfg, model, tokenizer)
 
     def pid(self) -> int:
         return os.getpid()
@@ -70,8 +62,6 @@ class RolloutWorker:
 
     def logprobs(self, rollout: Rollout) -> torch.Tensor:
         """[N, L] this worker's policy log-probs of a rollout's completions (for checks)."""
-        from ..models import token_logprobs
-
         with torch.no_grad():
             out, _ = token_logprobs(
                 self.model,
@@ -84,8 +74,6 @@ class RolloutWorker:
         return out
 
     def close(self) -> None:
-        from ..rollout.build import close_engine
-
         close_engine(self.engine)
 
 

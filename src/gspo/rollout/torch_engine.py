@@ -17,6 +17,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from gspo.models import forward_kwargs_support, positions_from_mask
 from gspo.models.fast_forward import FastDecoder, has_forward_hooks
 from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.stops import encode_stop
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -184,14 +185,7 @@ class TorchEngine:
         self.model.load_state_dict(model.state_dict())
 
     def _stop_ids(self, text: str) -> list[int]:
-        if text not in self._stop_seqs:
-            if self.tokenizer is None:
-                raise ValueError("stop_strings need a tokenizer: TorchEngine(..., tokenizer=tok)")
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError(f"stop string {text!r} encodes to no tokens")
-            self._stop_seqs[text] = list(ids)
-        return self._stop_seqs[text]
+        return encode_stop(self.tokenizer, self._stop_seqs, text, "TorchEngine")
 
     def _forward(self, kw: dict, **inputs: torch.Tensor) -> torch.Tensor:
         """Last-position logits [N, V] of one cached forward, in at least float32."""

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -48,9 +49,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from safetensors.torch import save
 
+from gspo.models.lora import has_lora, merged_copy
 from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.stops import encode_stop
+from gspo.rollout.torch_engine import check_request
 from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay importable here)
     CPU_HEAD_SIZES,
     _model_config,
@@ -144,12 +150,8 @@ class VLLMEngine:
             raise
 
     def _start(self, model: torch.nn.Module, on_cpu: bool, seed: int) -> None:
-        from gspo.models.lora import has_lora
-
         served = model
         if has_lora(model):
-            from gspo.models.lora import merged_copy
-
             served = merged_copy(model)
         served.save_pretrained(str(self.workdir), safe_serialization=True)
         opts = self.options
@@ -215,8 +217,6 @@ class VLLMEngine:
             # The head is the embedding: vLLM skips the checkpoint's lm_head of tied models.
             state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}
         if self.options.multiprocess:
-            from safetensors.torch import save
-
             blob = save({k: v.cpu().contiguous() for k, v in state.items()})
             payload: Any = blob
         else:
@@ -242,24 +242,10 @@ class VLLMEngine:
         self.last_wake_s = time.perf_counter() - t0
 
     def _stop_ids(self, text: str) -> list[int]:
-        if text not in self._stop_seqs:
-            if self.tokenizer is None:
-                raise ValueError("stop_strings need a tokenizer: VLLMEngine(..., tokenizer=tok)")
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError(f"stop string {text!r} encodes to no tokens")
-            self._stop_seqs[text] = list(ids)
-        return self._stop_seqs[text]
+        return encode_stop(self.tokenizer, self._stop_seqs, text, "VLLMEngine")
 
     def _check(self, prompts: list[list[int]], n: int, params: SamplingParams) -> None:
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-        if params.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-        if not 0.0 < params.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        check_request(prompts, n, params)  # what no engine can serve; then vLLM's own limits
         if params.top_p < 1.0 and self.strict_logprobs:
             raise ValueError(
                 f"top_p={params.top_p} with the vLLM engine: vLLM reports log-probs after top-p "
@@ -374,10 +360,6 @@ def _process_state_kept():
     seeds the global RNGs (torch, numpy, random) with its own seed and replaces
     ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
     and thread settings."""
-    import random
-
-    import numpy as np
-
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
     try:

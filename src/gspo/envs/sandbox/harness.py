@@ -3,9 +3,12 @@ one sandboxed process (:func:`run_tests`), and the reward built on it (:func:`co
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 import math
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -232,9 +235,6 @@ def run_tests(
     cannot report its results and then keep running (spinning in ``atexit``, leaving
     processes behind) at the expense of the runs beside it.
     """
-    import dataclasses
-    import secrets
-
     if not (math.isfinite(test_timeout_s) and test_timeout_s > 0):
         raise ValueError(f"test_timeout_s must be positive, got {test_timeout_s!r}")
     n = len(suite)
@@ -356,9 +356,6 @@ def with_code_limits(
     of it (whose own keywords win: a task's choice stays; the memory limits go into its own
     ``config`` when it has one), else ``reward_fn`` unchanged. Used by the trainer for the
     run's ``code_*`` config fields."""
-    import dataclasses
-    import functools
-
     if reward_fn is code_reward:
         args: tuple = ()
         keywords: dict = {}

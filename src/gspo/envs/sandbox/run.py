@@ -10,7 +10,13 @@ import json
 import logging
 import math
 import os
+import selectors
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -142,12 +148,6 @@ def _run(
     is_root: bool,
     cancel: CancelScope | None,
 ) -> RunResult:
-    import selectors
-    import shutil
-    import signal
-    import subprocess
-    import tempfile
-    import time
 
     try:
         slot = UidSlot(config.base_uid, config.uid_slots) if is_root else None

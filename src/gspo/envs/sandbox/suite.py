@@ -5,8 +5,13 @@ LiveCodeBench-style functional cases)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
+import io
 import json
+import pickle
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +48,6 @@ def _unpickle_string(text: str, field_name: str) -> str:
     They are base64(zlib(pickle(json_string))). An unpickler that resolves no global at all
     can only build plain values, so a hostile data file cannot execute code through it.
     """
-    import base64
-    import binascii
-    import io
-    import pickle
-    import zlib
 
     class _NoGlobals(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:

@@ -8,8 +8,16 @@ import contextlib
 import logging
 import math
 import os
+import pickle
+import select
+import struct
+import subprocess
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
+
+from gspo.envs.sandbox.cancel import CANCEL, CancelScope
 
 if TYPE_CHECKING:
     from gspo.envs.tasks.base import Example, RewardFn
@@ -30,8 +38,6 @@ _abandoned_lock = None
 
 def _count_abandoned(thread: Any) -> int:
     """Remember a timed-out reward thread; return how many of those are still running."""
-    import threading
-
     global _abandoned_lock
     if _abandoned_lock is None:
         _abandoned_lock = threading.Lock()
@@ -81,10 +87,6 @@ class _ThreadTimeout:
         self.fn, self.seconds, self.__name__ = fn, seconds, f"with_timeout({name})"
 
     def __call__(self, completion: str, example: Example) -> float:
-        import threading
-
-        from gspo.envs.sandbox.cancel import CANCEL, CancelScope
-
         box: dict[str, Any] = {}
         done = threading.Event()
         scope = CancelScope()
@@ -180,9 +182,6 @@ _WORKER_START_TIMEOUT_S = 120.0  # importing the reward's module (and its import
 
 class _ProcessTimeout:
     def __init__(self, fn: RewardFn, seconds: float, name: str) -> None:
-        import pickle
-        import threading
-
         try:
             self._fn_bytes = pickle.dumps(fn)
         except Exception as exc:
@@ -195,9 +194,6 @@ class _ProcessTimeout:
         self._proc: Any = None
 
     def _start(self) -> None:
-        import pickle
-        import subprocess
-
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _WORKER, pickle.dumps(sys.path).hex()],
             stdin=subprocess.PIPE,
@@ -209,8 +205,6 @@ class _ProcessTimeout:
             raise RewardWorkerError(f"reward worker sent {kind!r} instead of 'ready'")
 
     def _send_raw(self, data: bytes) -> None:
-        import struct
-
         try:
             self._proc.stdin.write(struct.pack("<Q", len(data)) + data)
             self._proc.stdin.flush()
@@ -219,11 +213,6 @@ class _ProcessTimeout:
             raise RewardWorkerError(f"reward worker of {self.__name__} died: {exc}") from None
 
     def _recv(self, timeout: float, *, starting: bool = False) -> tuple[str, Any]:
-        import pickle
-        import select
-        import struct
-        import time
-
         stdout = self._proc.stdout
         deadline = time.monotonic() + timeout
         data = b""
@@ -254,8 +243,6 @@ class _ProcessTimeout:
                 header_done = True
 
     def _kill(self) -> int | None:
-        import subprocess
-
         proc, self._proc = self._proc, None
         if proc is None:
             return None
@@ -273,8 +260,6 @@ class _ProcessTimeout:
         return code  # type: ignore[no-any-return]
 
     def __call__(self, completion: str, example: Example) -> float:
-        import pickle
-
         with self._lock:
             if self._proc is None:
                 self._start()

@@ -2,11 +2,10 @@
 
 Built-in synthetic tasks come from :func:`make_task`; user data files from
 :func:`load_examples` / :func:`make_file_task` (which import ``datasets`` only when called).
+The tasks of the built-in environments (calculator, multiply, code_feedback, guess) register
+with their environments, which ``gspo.envs`` loads (as any import of ``gspo.envs.tasks`` does).
 """
 
-from gspo.envs import calculator as _calculator  # noqa: F401  registers "calculator"
-from gspo.envs import code_feedback as _code_feedback  # noqa: F401  registers "code_feedback"
-from gspo.envs import guess as _guess  # noqa: F401  registers "guess"
 from gspo.envs.tasks.base import Example, RewardFn, Task
 from gspo.envs.tasks.code import sample_code_problem  # registers "code" (sandboxed unit tests)
 from gspo.envs.tasks.files import DataError, load_examples, make_file_task

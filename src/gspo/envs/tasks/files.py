@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gspo.envs.rewards import get_reward, uses_sandbox
+from gspo.envs.rewards import extract_boxed, extract_hashes, get_reward, uses_sandbox
 from gspo.envs.tasks.base import Example, Task
 
 __all__ = ["ANSWER_FORMATS", "EXTENSIONS", "DataError", "load_examples", "make_file_task"]
@@ -160,7 +160,6 @@ def _final_answer(text: str, answer_format: str, field: str, where: str) -> str:
     """The final answer inside an answer field written in ``answer_format``."""
     if answer_format == "raw":
         return text
-    from gspo.envs.rewards import extract_boxed, extract_hashes
 
     if answer_format == "gsm8k":
         found = extract_hashes(text)

@@ -1,0 +1,19 @@
+"""Stop strings as token ids, shared by the rollout engines (torch and vLLM): each engine
+encodes a stop string once and keeps it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def encode_stop(tokenizer: Any, cache: dict[str, list[int]], text: str, engine: str) -> list[int]:
+    """The token ids of the stop string ``text`` (cached in ``cache``); ``engine`` names the
+    engine class in the error when it was built without a tokenizer."""
+    if text not in cache:
+        if tokenizer is None:
+            raise ValueError(f"stop_strings need a tokenizer: {engine}(..., tokenizer=tok)")
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"stop string {text!r} encodes to no tokens")
+        cache[text] = list(ids)
+    return cache[text]
