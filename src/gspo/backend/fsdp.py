@@ -118,9 +118,8 @@ class FSDPRank:
         """[n_r, L] recomputed log-probs of this rank's rows ``rank::world`` (one forward on
         every rank: a rank without rows runs one on row 0 and returns none)."""
         from ..models import token_logprobs
-        from .update import _to_device
 
-        rollout = _to_device(rollout, self.device)
+        rollout = rollout.to(self.device)
         rows = torch.arange(rollout.num_samples)[self.rank :: self.world]  # [n_r]
         run = rows if len(rows) else torch.zeros(1, dtype=torch.long)
         with torch.no_grad():
@@ -149,11 +148,11 @@ class FSDPRank:
     def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
         """This rank's share of the update: its raw metric sums (merged by the driver) and
         the learning rate after it (one round trip)."""
-        from .update import _Accumulator, _to_device, update_policy
+        from .update import _Accumulator, update_policy
 
         # The batch comes from the driver on CPU; a GPU rank works on its own device.
         rollout, old, advantages = (
-            _to_device(rollout, self.device),
+            rollout.to(self.device),
             old.to(self.device),
             advantages.to(self.device),
         )

@@ -334,27 +334,6 @@ def _frozen_copy(model):
     return ref
 
 
-def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
-    if rollout.completion_ids.device == device:
-        return rollout
-    moved = {
-        k: getattr(rollout, k).to(device)
-        for k in (
-            "prompt_ids",
-            "prompt_mask",
-            "completion_ids",
-            "completion_mask",
-            "logprobs",
-            "prompt_index",
-        )
-    }
-    if rollout.loss_mask is not None:
-        moved["loss_mask"] = rollout.loss_mask.to(device)
-    if rollout.versions is not None:
-        moved["versions"] = rollout.versions.to(device)
-    return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)
-
-
 class _Accumulator:
     """Token-weighted means of micro-batch metrics (min/max for ratio extremes), all and off-policy."""
 

@@ -16,7 +16,7 @@ from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
 from ..envs import ENVIRONMENTS, env_for
-from ..envs.loop import make_episodes
+from ..envs.episodes import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
 from ..models import moe
 from ..models.build import DTYPES, build_policy, build_prompt_format, resolve_device, set_threads
