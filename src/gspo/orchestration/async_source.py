@@ -1,6 +1,6 @@
 """The async alternative to ``steps.collect``: scored batches from the rollout thread.
 
-``AsyncSource.collect(parts, state)`` returns the same :class:`RolloutBatch` as ``steps.collect``
+``AsyncSource.collect(parts, state)`` returns the same ``RolloutBatch`` as ``steps.collect``
 (rollout with engine log-probs, rewards, reward metrics) plus ``async/*`` metrics, but the
 batch was generated ahead of time by :class:`~.async_rollout.RolloutThread` with weights at
 most ``max_staleness`` versions old. After each update the loop calls ``publish``.

@@ -3,8 +3,9 @@
     collect (rollout + score) ─► old_logprobs ─► advantages ─► update ─► sync
         ─► step_metrics ─► evaluate ─► checkpoint
 
-Each takes the run's :class:`Parts` and the step's :class:`RolloutBatch` and can be opened and tested
-alone. The algorithm enters only through the backend's update (the loss registry).
+Each takes the run's :class:`Parts` and the step's :class:`~gspo.rollout.batch.RolloutBatch`
+(one object from the rollout through the update) and can be opened and tested alone. The
+algorithm enters only through the backend's update (the loss registry).
 """
 
 from __future__ import annotations

@@ -97,9 +97,8 @@ class Rollout:
         included. Engine extras that are not laid out by row (MoE routing) cannot be split."""
         other = set(self.extras) - set(ROW_EXTRAS)
         if other:
-            raise ValueError(
-                f"cannot select rows of a rollout carrying engine extras ({', '.join(sorted(other))})"
-            )
+            names = ", ".join(sorted(other))
+            raise ValueError(f"cannot select rows of a rollout carrying engine extras ({names})")
         idx = rows.to(self.completion_ids.device)
         return Rollout(
             prompt_ids=self.prompt_ids[idx],
