@@ -23,7 +23,7 @@ from gspo.compose.sft import run_sft
 from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig
 from gspo.envs import env_for
-from gspo.envs.loop import Episodes
+from gspo.envs.episodes import Episodes
 from gspo.models import load_model, load_tokenizer
 from gspo.models.build import build_prompt_format
 from gspo.rollout.torch_engine import TorchEngine

@@ -14,21 +14,21 @@ from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
 from gspo.envs.tasks.base import Example, Task
 from gspo.orchestration.dynamic_sampling import (
-    Sampled,
     concat,
     fill_batch,
     informative_groups,
     round_prompts,
 )
 from gspo.rollout.base import Rollout
+from gspo.rollout.batch import RolloutBatch
 
 G = 2
 
 
-def fake_round(rewards: list[float], width: int, tag: int) -> Sampled:
+def fake_round(rewards: list[float], width: int, tag: int) -> RolloutBatch:
     """A round of len(rewards) rows (groups of G), completions of ``width`` tokens holding ``tag``."""
     n = len(rewards)
-    return Sampled(
+    return RolloutBatch(
         rollout=Rollout(
             prompt_ids=torch.full((n, 1), tag),
             prompt_mask=torch.ones(n, 1, dtype=torch.long),

@@ -16,7 +16,7 @@ from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig
 from gspo.envs import env_for
 from gspo.envs.calculator import final_answer_reward
-from gspo.envs.loop import Episodes
+from gspo.envs.episodes import Episodes
 from gspo.models import load_model, load_tokenizer
 from gspo.models.build import build_prompt_format
 from gspo.orchestration.evaluation import evaluate

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gspo.compose.train as trainer_module
-import gspo.envs.loop as loop_module
+import gspo.envs.episodes as episodes_module
 from gspo.config import ConfigError, TrainConfig, build
 from gspo.core.seeding import prompt_indices
 from gspo.envs import ENVIRONMENTS, SingleTurnEnv, Step
@@ -69,13 +69,13 @@ def test_single_turn_collect_goes_through_the_driver_and_keeps_the_engine_rollou
 ):
     parts = trainer_module.build_parts(make_cfg(tmp_path), Path(tmp_path))
     calls = []
-    inner = loop_module.run_episodes
+    inner = episodes_module.run_episodes
 
     def spy(engine, env, *args, **kwargs):
         calls.append(env)
         return inner(engine, env, *args, **kwargs)
 
-    monkeypatch.setattr(loop_module, "run_episodes", spy)
+    monkeypatch.setattr(episodes_module, "run_episodes", spy)
     state = StepState(seed=parts.cfg.seed, step=3)
     batch = steps.collect(parts, state)
     assert len(calls) == 1 and isinstance(calls[0], SingleTurnEnv)
@@ -98,7 +98,7 @@ def test_single_turn_collect_goes_through_the_driver_and_keeps_the_engine_rollou
     assert got.loss_mask is None and got.versions is None  # the engine's layout, not repacked
     assert torch.equal(batch.rewards, torch.tensor(rewards, dtype=torch.float64))
     assert batch.reward_errors == errors == 0 and batch.advantages is None
-    assert not any(k.startswith("episode/") for k in batch.reward_metrics)
+    assert not any(k.startswith("episode/") for k in batch.metrics)
 
 
 def _run(tmp_path: Path, **overrides) -> list[dict]:
@@ -151,10 +151,11 @@ def test_single_turn_env_scores_a_round_at_once_with_the_task_reward_beside():
 
 
 def test_dynamic_sampling_rounds_of_episodes_keep_their_masks_and_turns():
-    from gspo.orchestration.dynamic_sampling import Sampled, concat, select_groups
+    from gspo.orchestration.dynamic_sampling import concat, select_groups
     from gspo.rollout.base import Rollout
+    from gspo.rollout.batch import RolloutBatch
 
-    def episodes(width: int, version: int) -> Sampled:
+    def episodes(width: int, version: int) -> RolloutBatch:
         n = 4  # 2 groups of 2
         ids = torch.arange(n * width).view(n, width)  # [N, L]
         loss = (ids % 3 != 0).long()  # [N, L] environment tokens at every third column
@@ -172,7 +173,9 @@ def test_dynamic_sampling_rounds_of_episodes_keep_their_masks_and_turns():
             },
             loss_mask=loss,
         )
-        return Sampled(rollout, torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64), 0, None)
+        return RolloutBatch(
+            rollout, torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64), 0, None
+        )
 
     a = select_groups(episodes(3, 7), torch.tensor([1]), 2)
     assert torch.equal(a.rollout.loss_mask, episodes(3, 7).rollout.loss_mask[2:])

@@ -72,7 +72,7 @@ def test_steps_of_one_rl_step(parts):
     assert any(not torch.equal(x, y) for x, y in zip(before, after, strict=True))
     record = steps.step_metrics(parts, batch, metrics, {})
     assert record["reward/mean"] == pytest.approx(float(batch.rewards.mean()))
-    assert set(batch.times) == {"recompute", "update", "sync"}
+    assert set(batch.times) == {"rollout", "recompute", "update", "sync"}
 
 
 def test_eval_and_checkpoint_cadence(parts, tmp_path):

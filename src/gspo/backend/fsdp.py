@@ -35,7 +35,7 @@ from ..rollout.base import Rollout
 from .accumulator import Accumulator
 from .options import reference_logprobs, reward_kl_penalty
 from .reshard import load_dcp_into
-from .update import _frozen_copy, _to_device, build_optimizer, update_policy
+from .update import _frozen_copy, build_optimizer, update_policy
 
 COLLECTIVE_TIMEOUT_S = 300
 """A rank waiting on a dead peer gives up after this long (gloo's default is 30 minutes); the
@@ -112,7 +112,7 @@ class FSDPRank:
     def old_logprobs(self, rollout: Rollout) -> torch.Tensor:
         """[n_r, L] recomputed log-probs of this rank's rows ``rank::world`` (one forward on
         every rank: a rank without rows runs one on row 0 and returns none)."""
-        rollout = _to_device(rollout, self.device)
+        rollout = rollout.to(self.device)
         rows = torch.arange(rollout.num_samples)[self.rank :: self.world]  # [n_r]
         run = rows if len(rows) else torch.zeros(1, dtype=torch.long)
         with torch.no_grad():
@@ -139,7 +139,7 @@ class FSDPRank:
         the learning rate after it (one round trip)."""
         # The batch comes from the driver on CPU; a GPU rank works on its own device.
         rollout, old, advantages = (
-            _to_device(rollout, self.device),
+            rollout.to(self.device),
             old.to(self.device),
             advantages.to(self.device),
         )

@@ -338,24 +338,3 @@ def _frozen_copy(model):
     ref.requires_grad_(False)
     ref.eval()
     return ref
-
-
-def _to_device(rollout: Rollout, device: torch.device) -> Rollout:
-    if rollout.completion_ids.device == device:
-        return rollout
-    moved = {
-        k: getattr(rollout, k).to(device)
-        for k in (
-            "prompt_ids",
-            "prompt_mask",
-            "completion_ids",
-            "completion_mask",
-            "logprobs",
-            "prompt_index",
-        )
-    }
-    if rollout.loss_mask is not None:
-        moved["loss_mask"] = rollout.loss_mask.to(device)
-    if rollout.versions is not None:
-        moved["versions"] = rollout.versions.to(device)
-    return Rollout(finish_reasons=rollout.finish_reasons, extras=rollout.extras, **moved)

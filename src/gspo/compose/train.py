@@ -17,7 +17,7 @@ from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
 from ..config.resume import check_changes, saved_config
 from ..envs import ENVIRONMENTS, env_for
-from ..envs.loop import make_episodes
+from ..envs.episodes import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
 from ..envs.sandbox import isolation
 from ..models import moe

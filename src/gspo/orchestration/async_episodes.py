@@ -39,34 +39,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..core.seeding import prompt_indices, step_generator
 from ..rollout.base import Rollout, SamplingParams
+from ..rollout.batch import RolloutBatch
 from ..rollout.partial import ResumableGeneration, sample_versions
 from ..rollout.torch_engine import TorchEngine
 from .async_rollout import Produced, WeightSync
-from .async_source import AsyncSource, mask_older_tokens, select_rows
-from .state import Batch, Parts, StepState
-from .steps import _to_device
+from .async_source import AsyncSource, mask_older_tokens
+from .state import Parts, StepState
 
 
 class Restart(Exception):
     """New weights arrived after the step's episodes started ('restart' mode)."""
-
-
-@dataclass
-class EpisodeBatch:
-    """The producer's payload for one step (rows group after group)."""
-
-    rollout: Rollout
-    returns: torch.Tensor  # [N] float64 episode returns (the batch's rewards)
-    advantages: torch.Tensor | None  # [N, L] with credit='turn' (None: from the returns)
-    metrics: dict[str, float]
-    counts: dict[str, float] = field(default_factory=dict)
 
 
 def turn_boundary(weights: WeightSync, mode: str, rounds: list[int], counts: dict) -> None:
@@ -148,19 +136,21 @@ class EpisodeProducer:
             except Restart:  # every episode of the step again, under the newest weights
                 weights.sync()
                 counts["async/restarts"] += 1
-        rollout, returns, advantages = got.rollout, got.returns, got.advantages
-        metrics = parts.episodes.report(got.trajectories)
+        rollout = got.rollout
         if self.mode == "mask":
             rollout = mask_older_tokens(rollout)
         oldest, newest = sample_versions(rollout)  # [N], [N]
         rollout.extras["policy_version"] = oldest  # [N] the version that sets its staleness
-        payload = EpisodeBatch(_to_device(rollout, parts.device), returns, advantages, metrics)
-        payload.counts = counts
+        got.rollout = rollout
+        payload = got.to(parts.device)
+        # The step's episode/* metrics, then the producer's weight loads (async/*): the
+        # trainer logs them on either side of the buffer's async/* metrics.
+        payload.metrics = {**parts.episodes.report(got.trajectories), **counts}
         size = cfg.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, payload, time.perf_counter() - t0)
 
-    def collect(self, parts: Parts, state: StepState) -> Batch:
+    def collect(self, parts: Parts, state: StepState) -> RolloutBatch:
         """The episodes of ``state.step`` with their advantages (blocks until produced)."""
         assert self.thread is not None, "EpisodeSource.start was not called"
         groups, async_metrics = self.thread.take(state.step)
@@ -169,28 +159,17 @@ class EpisodeProducer:
                 f"step {state.step}: every group was older than max_staleness="
                 f"{self.cfg.max_staleness} and dropped"
             )
-        made: EpisodeBatch = groups[0].payload
-        rollout, returns, advantages = made.rollout, made.returns, made.advantages
+        batch: RolloutBatch = groups[0].payload
         if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted groups
             size = self.cfg.group_size
             slots = torch.tensor([g.key[1] for g in groups])  # [n]
             rows = (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
-            extras = {k: v[rows.to(v.device)] for k, v in rollout.extras.items()}
-            rollout = select_rows(rollout, rows)
-            rollout.extras = extras
-            returns = returns[rows]
-            if advantages is not None:
-                advantages = advantages[rows.to(advantages.device)]
-        metrics = {**made.metrics, **async_metrics, **made.counts}
-        batch = Batch(
-            rollout,
-            returns,
-            int(made.metrics["episode/failed"]),
-            metrics,
-            async_metrics["async/trainer_idle_s"],
-        )
-        if advantages is not None:
-            batch.advantages = advantages.to(parts.device)
+            batch = batch.select(rows)
+        made = batch.metrics
+        episodes = {k: v for k, v in made.items() if not k.startswith("async/")}
+        counts = {k: v for k, v in made.items() if k.startswith("async/")}
+        batch.metrics = {**episodes, **async_metrics, **counts}
+        batch.times["rollout"] = async_metrics["async/trainer_idle_s"]
         return batch
 
 

@@ -1,6 +1,6 @@
 """The async alternative to ``steps.collect``: scored batches from the rollout thread.
 
-``AsyncSource.collect(parts, state)`` returns the same :class:`Batch` as ``steps.collect``
+``AsyncSource.collect(parts, state)`` returns the same ``RolloutBatch`` as ``steps.collect``
 (rollout with engine log-probs, rewards, reward metrics) plus ``async/*`` metrics, but the
 batch was generated ahead of time by :class:`~.async_rollout.RolloutThread` with weights at
 most ``max_staleness`` versions old. After each update the loop calls ``publish``.
@@ -36,11 +36,12 @@ import torch
 
 from ..core.seeding import prompt_indices, step_generator
 from ..rollout.base import Rollout
+from ..rollout.batch import RolloutBatch
 from ..rollout.partial import NO_VERSION, ResumableGeneration, sample_versions
 from ..rollout.torch_engine import TorchEngine
 from .async_rollout import Produced, RolloutThread, WeightSync, snapshot
-from .state import Batch, Parts, StepState
-from .steps import _to_device, score_round
+from .state import Parts, StepState
+from .steps import score_round
 
 
 def mask_older_tokens(rollout: Rollout) -> Rollout:
@@ -50,23 +51,6 @@ def mask_older_tokens(rollout: Rollout) -> Rollout:
     keep = (v == newest[:, None]) & (v != NO_VERSION)  # [N, L]
     rollout.loss_mask = rollout.policy_mask * keep.to(rollout.policy_mask.dtype)  # [N, L]
     return rollout
-
-
-def select_rows(rollout: Rollout, rows: torch.Tensor) -> Rollout:
-    """The listed rows [n] of a rollout (per-token fields included)."""
-    r, dev = rollout, rollout.completion_ids.device
-    idx = rows.to(dev)
-    return Rollout(
-        prompt_ids=r.prompt_ids[idx],
-        prompt_mask=r.prompt_mask[idx],
-        completion_ids=r.completion_ids[idx],
-        completion_mask=r.completion_mask[idx],
-        logprobs=r.logprobs[idx],
-        finish_reasons=[r.finish_reasons[i] for i in rows.tolist()],
-        prompt_index=r.prompt_index[idx],
-        loss_mask=None if r.loss_mask is None else r.loss_mask[idx],
-        versions=None if r.versions is None else r.versions[idx],
-    )
 
 
 class AsyncSource:
@@ -134,14 +118,12 @@ class AsyncSource:
         if self.mode == "mask":
             rollout = mask_older_tokens(rollout)
         oldest, newest = sample_versions(rollout)  # [N], [N]
-        sampled = score_round(
-            parts, _to_device(rollout, parts.device), [parts.train_set[i] for i in idx]
-        )
+        sampled = score_round(parts, rollout.to(parts.device), [parts.train_set[i] for i in idx])
         size = cfg.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)
 
-    def collect(self, parts: Parts, state: StepState) -> Batch:
+    def collect(self, parts: Parts, state: StepState) -> RolloutBatch:
         """The scored batch of ``state.step`` (blocks until the thread has it)."""
         assert self.thread is not None, "AsyncSource.start was not called"
         groups, metrics = self.thread.take(state.step)
@@ -150,21 +132,19 @@ class AsyncSource:
                 f"step {state.step}: every group was older than max_staleness="
                 f"{self.cfg.max_staleness} and dropped"
             )
-        sampled = groups[0].payload
-        rollout, rewards, task = sampled.rollout, sampled.rewards, sampled.task_rewards
+        batch: RolloutBatch = groups[0].payload
         if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted rows
             size = self.cfg.group_size
             slots = torch.tensor([g.key[1] for g in groups])  # [n]
             rows = (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
-            rollout, rewards = select_rows(rollout, rows), rewards[rows]
-            task = None if task is None else task[rows]
+            batch = batch.select(rows)
         reward_metrics: dict[str, float] = {}
-        if task is not None:
-            reward_metrics["reward/task"] = float(task.float().mean())
+        if batch.task_rewards is not None:
+            reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
         reward_metrics.update(metrics)
-        return Batch(
-            rollout, rewards, sampled.reward_errors, reward_metrics, metrics["async/trainer_idle_s"]
-        )
+        batch.metrics = reward_metrics
+        batch.times["rollout"] = metrics["async/trainer_idle_s"]
+        return batch
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """After the update of step ``version - 1``: the weights for the thread."""

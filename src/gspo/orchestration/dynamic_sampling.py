@@ -19,21 +19,11 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from gspo.rollout.base import Rollout
-
-
-@dataclass
-class Sampled:
-    """One round: a rollout and what the trainer scored on it, row-aligned."""
-
-    rollout: Rollout
-    rewards: torch.Tensor  # [N] float64, the training reward (overlong penalty included)
-    reward_errors: int
-    task_rewards: torch.Tensor | None  # [N] the task reward alone, when it differs from rewards
+from gspo.rollout.base import ROW_EXTRAS, Rollout
+from gspo.rollout.batch import RolloutBatch
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -57,34 +47,15 @@ def round_prompts(n_examples: int, batch: int, seed: int, step: int, round_: int
     return perm.repeat(reps)[:batch].tolist()
 
 
-ROW_EXTRAS = {"turn_ids": -1, "policy_version": None}
-"""Rollout extras that are per-row tensors (episodes: the policy turn of each token [N, L],
-padded with the value given; the policy version of each row [N]), split and joined by row."""
-
-
-def select_groups(s: Sampled, groups: torch.Tensor, group_size: int) -> Sampled:
+def select_groups(s: RolloutBatch, groups: torch.Tensor, group_size: int) -> RolloutBatch:
     """The rows of the listed groups, in order."""
     rows = (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)  # [n * G]
-    r = s.rollout
-    dev_rows = rows.to(r.completion_ids.device)
-    if set(r.extras) - set(ROW_EXTRAS):
+    if set(s.rollout.extras) - set(ROW_EXTRAS):
         raise ValueError(
             "dynamic_sampling cannot split a rollout that carries engine extras (MoE routing): "
             "turn dynamic_sampling off for MoE models"
         )
-    rollout = Rollout(
-        prompt_ids=r.prompt_ids[dev_rows],
-        prompt_mask=r.prompt_mask[dev_rows],
-        completion_ids=r.completion_ids[dev_rows],
-        completion_mask=r.completion_mask[dev_rows],
-        logprobs=r.logprobs[dev_rows],
-        finish_reasons=[r.finish_reasons[i] for i in rows.tolist()],
-        prompt_index=r.prompt_index[dev_rows],
-        extras={k: v[rows.to(v.device)] for k, v in r.extras.items()},
-        loss_mask=None if r.loss_mask is None else r.loss_mask[dev_rows],
-    )
-    task = s.task_rewards[rows] if s.task_rewards is not None else None
-    return Sampled(rollout, s.rewards[rows], s.reward_errors, task)
+    return s.select(rows)
 
 
 def _pad_cols(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
@@ -95,7 +66,7 @@ def _pad_cols(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Te
     return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
-def concat(parts: list[Sampled], pad_id: int) -> Sampled:
+def concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     """Rows of several rounds in one rollout: prompts left-padded and completions right-padded
     to the widest; prompt indices offset so that groups of different rounds stay apart."""
     if len(parts) == 1:
@@ -132,17 +103,20 @@ def concat(parts: list[Sampled], pad_id: int) -> Sampled:
             if pad is not None:  # [n, L] per token
                 values = [_pad_cols(v, c_width, pad, left=False) for v in values]
             rollout.extras[key] = torch.cat(values)
+    if all(r.versions is not None for r in rs):  # per-token policy versions, -1 on padding
+        rollout.versions = torch.cat([_pad_cols(r.versions, c_width, -1, left=False) for r in rs])
     has_task = all(p.task_rewards is not None for p in parts)
-    return Sampled(
+    return RolloutBatch(
         rollout,
         torch.cat([p.rewards for p in parts]),
         sum(p.reward_errors for p in parts),
         torch.cat([p.task_rewards for p in parts]) if has_task else None,
+        trajectories=[t for p in parts for t in p.trajectories],
     )
 
 
 def fill_batch(
-    sample_round: Callable[[int], Sampled],
+    sample_round: Callable[[int], RolloutBatch],
     *,
     target_groups: int,
     group_size: int,
@@ -150,7 +124,7 @@ def fill_batch(
     pad_id: int,
     groups_multiple: int = 1,
     step: int = 0,
-) -> tuple[Sampled, dict[str, float]]:
+) -> tuple[RolloutBatch, dict[str, float]]:
     """Call ``sample_round(k)`` for k = 0, 1, ... keeping informative groups until there are
     ``target_groups`` (the extra ones of the last round are cut) or ``max_rounds`` rounds ran.
 
@@ -158,11 +132,11 @@ def fill_batch(
     need the group count to split evenly), never below one multiple when one exists.
     Returns the batch and its metrics.
     """
-    kept: list[Sampled] = []
+    kept: list[RolloutBatch] = []
     n_kept = 0
     filtered = 0
     rounds = 0
-    last: Sampled | None = None
+    last: RolloutBatch | None = None
     while n_kept < target_groups and rounds < max_rounds:
         last = sample_round(rounds)
         rounds += 1

@@ -60,7 +60,7 @@ from .async_episodes import EpisodeProducer, Restart, turn_boundary
 from .async_rollout import Produced, RolloutThread, WeightSync
 from .async_source import AsyncSource, mask_older_tokens
 from .state import Parts
-from .steps import _to_device, score_round
+from .steps import score_round
 
 
 def driver_engine(cfg: Any, model: torch.nn.Module, tokenizer: Any) -> Any:
@@ -146,9 +146,7 @@ class RayAsyncSource(AsyncSource):
         if self.mode == "mask":
             rollout = mask_older_tokens(rollout)
         oldest, newest = sample_versions(rollout)  # [N], [N]
-        sampled = score_round(
-            parts, _to_device(rollout, parts.device), [parts.train_set[i] for i in idx]
-        )
+        sampled = score_round(parts, rollout.to(parts.device), [parts.train_set[i] for i in idx])
         size = cfg.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)

@@ -1,4 +1,5 @@
-"""What the loop works on: the built parts of a run, the per-step state, one step's batch."""
+"""What the loop works on: the built parts of a run and the per-step state (one step's batch
+is a :class:`gspo.rollout.batch.RolloutBatch`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 
 from ..backend.base import TrainingBackend
 from ..core.seeding import step_generator
-from ..envs.loop import Episodes
+from ..envs.episodes import Episodes
 from ..envs.tasks.base import Example, Task
-from ..rollout.base import Rollout, SamplingParams
+from ..rollout.base import SamplingParams
 
 
 @dataclass
@@ -77,21 +78,3 @@ class Parts:
     source: Any = None
     """Async rollouts (``orchestration.async_source``, max_staleness >= 1): where each step's
     scored batch comes from instead of ``steps.collect``; None: the synchronous loop."""
-
-
-@dataclass
-class Batch:
-    """One step's scored rollout, filled in as the step goes (row-aligned, N rows)."""
-
-    rollout: Rollout
-    rewards: torch.Tensor  # [N] float64
-    reward_errors: int
-    reward_metrics: dict[str, float]
-    """Reward-side metrics in logging order (dynamic sampling, task reward, KL, episodes)."""
-    t_rollout: float
-    advantages: torch.Tensor | None = None  # [N] or [N, L] (per-turn credit)
-    old_logprobs: torch.Tensor | None = None  # [N, L]
-    weights: torch.Tensor | None = None  # [N, L] or [N] mismatch-correction weights
-    mismatch: dict[str, float] = field(default_factory=dict)
-    corrected: dict[str, float] = field(default_factory=dict)
-    times: dict[str, float] = field(default_factory=dict)

@@ -3,8 +3,9 @@
     collect (rollout + score) ─► old_logprobs ─► advantages ─► update ─► sync
         ─► step_metrics ─► evaluate ─► checkpoint
 
-Each takes the run's :class:`Parts` and the step's :class:`Batch` and can be opened and tested
-alone. The algorithm enters only through the backend's update (the loss registry).
+Each takes the run's :class:`Parts` and the step's :class:`~gspo.rollout.batch.RolloutBatch`
+(one object from the rollout through the update) and can be opened and tested alone. The
+algorithm enters only through the backend's update (the loss registry).
 """
 
 from __future__ import annotations
@@ -14,28 +15,27 @@ from typing import Any
 
 import torch
 
-from ..backend.update import _to_device
 from ..core.advantages import group_advantages
 from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices
-from ..envs.loop import Collected
 from ..envs.rewards import overlong_penalty
-from .dynamic_sampling import Sampled, fill_batch, round_generator, round_prompts
+from ..rollout.batch import RolloutBatch
+from .dynamic_sampling import fill_batch, round_generator, round_prompts
 from .evaluation import evaluate
-from .state import Batch, Parts, StepState
+from .state import Parts, StepState
 
 
-def collect(parts: Parts, state: StepState) -> Batch:
+def collect(parts: Parts, state: StepState) -> RolloutBatch:
     """1-2. Rollout and rewards of the step: every task's episodes through the environment
     driver (``parts.episodes``; one turn each for single-turn tasks), in more than one round
     with dynamic sampling. ``time/rollout_s`` covers the rounds' sampling and scoring."""
     cfg = parts.cfg
     t0 = time.perf_counter()
-    rounds: list[Collected] = []
+    rounds: list[RolloutBatch] = []
 
-    def sample_round(k: int) -> Sampled:
-        rounds.append(episodes_round(parts, state, k))
-        return sampled(parts, rounds[-1])
+    def sample_round(k: int) -> RolloutBatch:
+        rounds.append(sampled(parts, episodes_round(parts, state, k)))
+        return rounds[-1]
 
     if cfg.dynamic_sampling:  # DAPO: only groups whose rewards differ, more rounds if needed
         batch, metrics = fill_batch(
@@ -54,15 +54,13 @@ def collect(parts: Parts, state: StepState) -> Batch:
         reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
     # episode/* of every episode the step sampled (multi-turn; none for one-turn episodes)
     reward_metrics.update(parts.episodes.report([t for r in rounds for t in r.trajectories]))
-    out = Batch(
-        batch.rollout, batch.rewards, batch.reward_errors, reward_metrics, time.perf_counter() - t0
-    )
-    if rounds[-1].advantages is not None:  # per-turn credit [N, L] (one round: no dynamic sampling)
-        out.advantages = rounds[-1].advantages.to(parts.device)
-    return out
+    # Per-turn credit [N, L] came with the episodes (one round: no dynamic sampling).
+    batch.metrics = reward_metrics
+    batch.times["rollout"] = time.perf_counter() - t0
+    return batch
 
 
-def episodes_round(parts: Parts, state: StepState, k: int) -> Collected:
+def episodes_round(parts: Parts, state: StepState, k: int) -> RolloutBatch:
     """Round k of the step's sampling (k > 0 only with dynamic sampling): group_size episodes
     of prompts_per_step problems, from their cached prompt ids, with the step's generator."""
     cfg, engine = parts.cfg, parts.engine
@@ -81,30 +79,30 @@ def episodes_round(parts: Parts, state: StepState, k: int) -> Collected:
         version=state.step,
         prompts=[parts.prompt_cache[i] for i in idx],
     )
-    got.rollout = _to_device(got.rollout, parts.device)
-    return got
+    return got.to(parts.device)
 
 
-def sampled(parts: Parts, got: Collected) -> Sampled:
+def sampled(parts: Parts, got: RolloutBatch) -> RolloutBatch:
     """A round as dynamic sampling sees it: the training reward is the episode's return, less
     the overlong penalty (single-turn tasks)."""
-    cfg, rewards = parts.cfg, got.returns  # [N] float64
+    cfg, rewards = parts.cfg, got.rewards  # [N] float64 returns
     if cfg.overlong_buffer > 0:
         penalty = [
             overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer)
             for n in got.rollout.completion_lengths()
         ]
         rewards = rewards + torch.tensor(penalty, dtype=torch.float64)  # [N]
-    return Sampled(got.rollout, rewards, got.errors, got.task_rewards)
+    got.rewards = rewards
+    return got
 
 
-def score_round(parts: Parts, rollout, examples: list) -> Sampled:
+def score_round(parts: Parts, rollout, examples: list) -> RolloutBatch:
     """Rewards of a one-turn rollout sampled elsewhere (the async rollout thread): the task's
     environment answers it as in :func:`collect`."""
     return sampled(parts, parts.episodes.score(rollout, examples))
 
 
-def old_logprobs(parts: Parts, batch: Batch) -> None:
+def old_logprobs(parts: Parts, batch: RolloutBatch) -> None:
     """3. Old log-probs: the engine's own (default) or a recompute pass of the trainer's model,
     and the decoupled objective's weights pi_trainer / pi_engine (mismatch_correction)."""
     t0 = time.perf_counter()
@@ -116,7 +114,7 @@ def old_logprobs(parts: Parts, batch: Batch) -> None:
     batch.times["recompute"] = time.perf_counter() - t0
 
 
-def advantages(parts: Parts, batch: Batch) -> None:
+def advantages(parts: Parts, batch: RolloutBatch) -> None:
     """Group-normalized advantages of the reward (less β Σ_t KL_t with kl_in_reward), unless
     the episodes gave per-turn ones."""
     if batch.advantages is not None:
@@ -125,10 +123,10 @@ def advantages(parts: Parts, batch: Batch) -> None:
     shaped = batch.rewards if penalty is None else batch.rewards - penalty  # [N]
     adv = group_advantages(shaped, parts.cfg.group_size, scale=parts.cfg.advantage_scale)
     batch.advantages = adv.to(parts.device)  # [N]
-    batch.reward_metrics.update(kl_metrics)
+    batch.metrics.update(kl_metrics)
 
 
-def update(parts: Parts, state: StepState, batch: Batch) -> dict[str, float]:
+def update(parts: Parts, state: StepState, batch: RolloutBatch) -> dict[str, float]:
     """4. num_minibatches optimizer steps over the batch (the backend: local or FSDP2 ranks)."""
     t0 = time.perf_counter()
     metrics = parts.backend.update(
@@ -142,7 +140,7 @@ def update(parts: Parts, state: StepState, batch: Batch) -> dict[str, float]:
     return metrics
 
 
-def sync(parts: Parts, batch: Batch) -> None:
+def sync(parts: Parts, batch: RolloutBatch) -> None:
     """5. The new weights to the rollout engine(s) (a torch engine sharing the model: none)."""
     t0 = time.perf_counter()
     parts.backend.push_weights(parts.engine)
@@ -150,7 +148,10 @@ def sync(parts: Parts, batch: Batch) -> None:
 
 
 def step_metrics(
-    parts: Parts, batch: Batch, train_metrics: dict[str, float], policy_metrics: dict[str, float]
+    parts: Parts,
+    batch: RolloutBatch,
+    train_metrics: dict[str, float],
+    policy_metrics: dict[str, float],
 ) -> dict[str, Any]:
     """6. The step's metrics record (the order is the order of metrics.jsonl)."""
     rollout, rewards, times = batch.rollout, batch.rewards, batch.times
@@ -160,7 +161,7 @@ def step_metrics(
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std(correction=0)),
         "reward/errors": batch.reward_errors,
-        **batch.reward_metrics,
+        **batch.metrics,
         "response_length/mean": float(lengths.float().mean()),
         "response_length/max": int(lengths.max()),
         "response/truncated_fraction": sum(f == "length" for f in rollout.finish_reasons)
@@ -170,12 +171,12 @@ def step_metrics(
         **batch.corrected,
         **policy_metrics,
         "lr": parts.backend.lr(),
-        "time/rollout_s": batch.t_rollout,
+        "time/rollout_s": times["rollout"],
         "time/recompute_s": times["recompute"],
         "time/train_s": t_train,
         "time/weight_sync_s": times["sync"],
         "throughput/tokens_per_s": int(lengths.sum())
-        / max(batch.t_rollout + times["recompute"] + t_train, 1e-9),
+        / max(times["rollout"] + times["recompute"] + t_train, 1e-9),
     }
 
 

@@ -70,6 +70,54 @@ class Rollout:
         """Policy tokens per row (environment tokens of multi-turn episodes not counted)."""
         return self.policy_mask.sum(dim=1)
 
+    def to(self, device: torch.device) -> Rollout:
+        """The rollout on ``device`` (itself when already there). ``extras`` stay where they
+        are: the engine's records (MoE routing) are placed by their own readers."""
+        if self.completion_ids.device == device:
+            return self
+        moved = {
+            k: getattr(self, k).to(device)
+            for k in (
+                "prompt_ids",
+                "prompt_mask",
+                "completion_ids",
+                "completion_mask",
+                "logprobs",
+                "prompt_index",
+            )
+        }
+        if self.loss_mask is not None:
+            moved["loss_mask"] = self.loss_mask.to(device)
+        if self.versions is not None:
+            moved["versions"] = self.versions.to(device)
+        return Rollout(finish_reasons=self.finish_reasons, extras=self.extras, **moved)
+
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The listed rows [n] (CPU indices), in order, per-token fields and per-row extras
+        included. Engine extras that are not laid out by row (MoE routing) cannot be split."""
+        other = set(self.extras) - set(ROW_EXTRAS)
+        if other:
+            names = ", ".join(sorted(other))
+            raise ValueError(f"cannot select rows of a rollout carrying engine extras ({names})")
+        idx = rows.to(self.completion_ids.device)
+        return Rollout(
+            prompt_ids=self.prompt_ids[idx],
+            prompt_mask=self.prompt_mask[idx],
+            completion_ids=self.completion_ids[idx],
+            completion_mask=self.completion_mask[idx],
+            logprobs=self.logprobs[idx],
+            finish_reasons=[self.finish_reasons[i] for i in rows.tolist()],
+            prompt_index=self.prompt_index[idx],
+            extras={k: v[rows.to(v.device)] for k, v in self.extras.items()},
+            loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+            versions=None if self.versions is None else self.versions[idx],
+        )
+
+
+ROW_EXTRAS = {"turn_ids": -1, "policy_version": None}
+"""Rollout extras that are per-row tensors (episodes: the policy turn of each token [N, L],
+padded with the value given; the policy version of each row [N]), split and joined by row."""
+
 
 @runtime_checkable
 class RolloutEngine(Protocol):

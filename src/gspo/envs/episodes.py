@@ -10,7 +10,6 @@ the trainer's ``advantages`` step like every episode-level reward.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from gspo.core.metrics import CORRECT, mean_and_se
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.batch import RolloutBatch
 
 from .base import Environment, SingleTurnEnv, format_bonus_refusal
 from .credit import check_credit, turn_advantages
@@ -39,27 +39,6 @@ def limits_from(cfg: Any, multi_turn: bool = True) -> Limits:
         max_total_tokens=cfg.max_total_tokens,
         env_timeout_s=cfg.env_timeout_s,
     )
-
-
-@dataclass
-class Collected:
-    """One round of episodes, row-aligned (N = examples x n, group after group)."""
-
-    rollout: Rollout
-    returns: torch.Tensor  # [N] float64: the episode's turn rewards + final reward
-    errors: int
-    """Failed episodes (a reward or an environment that raised, hung or gave no number)."""
-    trajectories: list[Trajectory]
-    advantages: torch.Tensor | None = None
-    """[N, L] per-turn credit (``credit='turn'``); None: the trainer's group advantages of the
-    returns (``credit='episode'`` and one-turn episodes: the same numbers)."""
-
-    @property
-    def task_rewards(self) -> torch.Tensor | None:  # [N]
-        """Every episode's ``info["task"]`` (the task reward beside a format bonus), or None."""
-        if not all("task" in t.info for t in self.trajectories):
-            return None
-        return torch.tensor([t.info["task"] for t in self.trajectories])
 
 
 class Episodes:
@@ -119,7 +98,7 @@ class Episodes:
         version: int,
         prompts: list[list[int]] | None = None,
         generate: Callable[..., Rollout] | None = None,
-    ) -> Collected:
+    ) -> RolloutBatch:
         """``n`` episodes of each example (``prompts``: their ids, default the encoder's;
         ``generate`` runs each round instead of ``engine.generate``: the async producer's)."""
         rollout, trajs = run_episodes(
@@ -128,7 +107,7 @@ class Episodes:
         )  # fmt: skip
         return self._collected(rollout, trajs, n)
 
-    def score(self, rollout: Rollout, examples: list[Example]) -> Collected:
+    def score(self, rollout: Rollout, examples: list[Example]) -> RolloutBatch:
         """A one-turn rollout sampled elsewhere (the async rollout thread), answered by the
         environment as :meth:`collect` answers its own (row i*n + j: ``examples[i]``)."""
         if self.env.multi_turn:
@@ -137,24 +116,31 @@ class Episodes:
                              self.limits.env_timeout_s)  # fmt: skip
         return self._collected(rollout, trajs, 0)
 
-    def _collected(self, rollout: Rollout, trajs: list[Trajectory], n: int) -> Collected:
+    def _collected(self, rollout: Rollout, trajs: list[Trajectory], n: int) -> RolloutBatch:
+        """The round scored: every episode's return (its turn rewards + final reward) as the
+        reward, the task reward beside a format bonus when every episode has one, per-turn
+        advantages with ``credit='turn'`` (else the trainer's group advantages of the returns:
+        for one-turn episodes the same numbers)."""
         finals = [t.reward for t in trajs]
         turns = [t.turn_rewards for t in trajs]
         returns = torch.tensor(
             [sum(r) + f for r, f in zip(turns, finals, strict=True)], dtype=torch.float64
         )  # [N]
         errors = sum(t.finish == "failed" for t in trajs)
-        if not self.env.multi_turn or self.cfg.credit != "turn":
-            return Collected(rollout, returns, errors, trajs)
-        advantages = turn_advantages(
-            turns,
-            finals,
-            rollout.extras["turn_ids"],
-            n,
-            gamma=self.cfg.turn_discount,
-            scale=self.cfg.advantage_scale,
-        )  # [N, L]
-        return Collected(rollout, returns, errors, trajs, advantages)
+        task = None
+        if all("task" in t.info for t in trajs):  # info["task"]: the reward without the bonus
+            task = torch.tensor([t.info["task"] for t in trajs])  # [N]
+        batch = RolloutBatch(rollout, returns, errors, task, trajectories=trajs)
+        if self.env.multi_turn and self.cfg.credit == "turn":
+            batch.advantages = turn_advantages(
+                turns,
+                finals,
+                rollout.extras["turn_ids"],
+                n,
+                gamma=self.cfg.turn_discount,
+                scale=self.cfg.advantage_scale,
+            )  # [N, L]
+        return batch
 
     def report(self, trajs: list[Trajectory]) -> dict[str, float]:
         """``episode/*`` metrics and ``reward/final_mean`` of multi-turn episodes ({} for
