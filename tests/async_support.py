@@ -91,7 +91,7 @@ def new_weights_inside_each_generation(monkeypatch, target=None) -> list[int]:
     by construction. Returns the steps that waited for new weights.
 
     ``target`` (owner, attribute) is the generation's unit of work on the rollout thread:
-    ``sample_next`` of the torch producer by default, ``RayAsyncSource.generate_chunk`` (one
+    ``sample_next`` of the torch producer by default, ``RayWorkers.generate_chunk`` (one
     chunk on the Ray workers) for Ray."""
     import gspo.rollout.partial as partial_module
 

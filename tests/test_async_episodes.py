@@ -19,8 +19,10 @@ from gspo.envs.driver import Limits, run_episodes
 from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
 from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
-from gspo.orchestration.async_episodes import EpisodeSource, Restart, round_generate
+from gspo.orchestration.async_episodes import Restart
+from gspo.orchestration.async_local import round_generate
 from gspo.orchestration.async_rollout import WeightSync, snapshot
+from gspo.orchestration.source import build_async
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.partial import NO_VERSION
 from gspo.rollout.torch_engine import TorchEngine
@@ -157,13 +159,11 @@ def chunked_hook(engine, weights, mode, counts):
     the worker pool: the same ChunkedGeneration calls, no Ray needed."""
     from types import SimpleNamespace
 
-    from gspo.orchestration.ray_async import chunked_round_generate
+    from gspo.orchestration.ray_async import RayWorkers, chunked_round_generate
 
-    source = SimpleNamespace(
-        pool=engine, chunk=1, parts=SimpleNamespace(tokenizer=TOK),
-        generate_chunk=lambda g, version: g.run_chunk(version),
-    )  # fmt: skip
-    return chunked_round_generate(source, weights, mode, counts)
+    place = RayWorkers(SimpleNamespace(), 1, TOK)
+    place.pool = place.engine = engine
+    return chunked_round_generate(place, weights, mode, counts)
 
 
 def test_chunked_rounds_switch_at_turn_boundaries_with_their_versions_and_logprobs():
@@ -296,7 +296,7 @@ def test_k0_episodes_through_the_thread_equal_the_sync_run(tmp_path, monkeypatch
     """K = 0 builds no thread (the sync loop, unchanged); forced through the episode producer
     (at K = 0 it waits for the newest weights) metrics and weights are bit for bit the same."""
     sync = train(_cfg(tmp_path / "sync", max_staleness=0))
-    monkeypatch.setattr(trainer_module, "build_source", EpisodeSource)
+    monkeypatch.setattr(trainer_module, "build_source", build_async)
     thread = train(_cfg(tmp_path / "thread", max_staleness=0))
     drop = ("time/", "throughput/", "async/")
     a = [{k: v for k, v in r.items() if not k.startswith(drop)} for r in records(sync)]

@@ -14,8 +14,8 @@ from gspo.backend import checkpoint as ckpt
 from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
 from gspo.envs.tasks.base import Example, Task
-from gspo.orchestration.async_source import AsyncSource
 from gspo.orchestration.logging import read_metrics
+from gspo.orchestration.source import build_async
 
 TIMING_PREFIXES = ("time/", "throughput/", "async/")
 
@@ -58,7 +58,7 @@ def test_k0_is_the_synchronous_loop_and_the_thread_at_k0_matches_it(tmp_path, mo
     built = []
 
     def forced(parts, model):
-        built.append(AsyncSource(parts, model))
+        built.append(build_async(parts, model))
         return built[-1]
 
     monkeypatch.setattr(trainer_module, "build_source", forced)
@@ -181,7 +181,7 @@ def test_forced_thread_at_k0_resumes_exactly(tmp_path, monkeypatch):
     """Through the rollout thread at K = 0 (deterministic: it waits for the newest weights), a
     run stopped and resumed equals the unbroken run: the thread's engine starts from the
     checkpoint's weights, not from the freshly built model."""
-    monkeypatch.setattr(trainer_module, "build_source", AsyncSource)
+    monkeypatch.setattr(trainer_module, "build_source", build_async)
     common = {"steps": 4, "warmup_steps": 0, "eval_every": 0}
     whole = train(make_cfg(tmp_path / "a", **common))
     train(make_cfg(tmp_path / "b", stop_after=2, **common))

@@ -158,9 +158,9 @@ def test_ray_async_slow_worker_bounds_staleness(tmp_path, monkeypatch, mode):
     every step after the first is generated; no sleeps): new weights arrive in the middle of
     generations (kept, masked or restarted), staleness stays <= K."""
     from gspo.compose.train import train
-    from gspo.orchestration.ray_async import RayAsyncSource
+    from gspo.orchestration.ray_async import RayWorkers
 
-    waited = new_weights_inside_each_generation(monkeypatch, (RayAsyncSource, "generate_chunk"))
+    waited = new_weights_inside_each_generation(monkeypatch, (RayWorkers, "generate_chunk"))
     cfg = _cfg(tmp_path, f"slow-{mode}", steps=5, max_staleness=2, async_partial=mode)
     records = _steps(train(cfg).output_dir)
     for r in records:
@@ -239,12 +239,12 @@ def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
 
     import gspo.compose.train as trainer_module
     from gspo.compose.train import train
-    from gspo.orchestration.ray_async import RayAsyncSource
+    from gspo.orchestration.ray_async import RayWorkers
     from gspo.rollout.partial import NO_VERSION
 
     monkeypatch.setattr(trainer_module, "env_for", lambda task, cfg, chat: TurnsEnv())
     # New weights are published inside the episodes of every step after the first (no sleeps).
-    waited = new_weights_inside_each_generation(monkeypatch, (RayAsyncSource, "generate_chunk"))
+    waited = new_weights_inside_each_generation(monkeypatch, (RayWorkers, "generate_chunk"))
     seen = []
     update = steps_module.update
 
