@@ -23,8 +23,7 @@ from gspo.orchestration.async_episodes import Restart
 from gspo.orchestration.async_local import round_generate
 from gspo.orchestration.async_rollout import WeightSync, snapshot
 from gspo.orchestration.source import build_async
-from gspo.rollout.base import SamplingParams
-from gspo.rollout.partial import NO_VERSION
+from gspo.rollout.base import NO_VERSION, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 TOK = build_char_tokenizer()
@@ -75,7 +74,12 @@ class CountingSync(WeightSync):
         return super().newer()
 
 
-def _episodes(weights_for, mode="keep", env=None, hook=round_generate):
+def torch_hook(engine, weights, mode, counts):
+    """The in-process producer's round hook over the torch engine (a pause at any token)."""
+    return round_generate(engine.partial, weights, mode, counts)
+
+
+def _episodes(weights_for, mode="keep", env=None, hook=torch_hook):
     """Episodes of two prompts x 3 on an engine copy of model 1, with the hook's syncs."""
     old, new = _model(1), _model(2)
     engine = TorchEngine(

@@ -9,8 +9,8 @@ import torch
 
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
 from gspo.rollout import SamplingParams, TorchEngine
+from gspo.rollout.base import NO_VERSION
 from gspo.rollout.chunked import ChunkedGeneration
-from gspo.rollout.partial import NO_VERSION
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99="]
 N = 3

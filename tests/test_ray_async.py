@@ -65,8 +65,8 @@ def test_ray_async_config():
         build(TrainConfig, overrides=dict(backend="ray", rollout_workers=0, max_staleness=1))
     with pytest.raises(ConfigError, match="async_chunk_tokens"):
         build(TrainConfig, overrides=dict(max_staleness=1, async_chunk_tokens=-1))
-    with pytest.raises(ConfigError, match="backend='ray'"):
-        build(TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm"))
+    # A local vLLM engine runs async too (chunked, through the public engine protocol).
+    assert build(TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm")).max_staleness
     cfg = build(TrainConfig, overrides=dict(backend="ray", rollout_workers=1, max_staleness=1))
     assert cfg.max_staleness == 1
 
@@ -240,7 +240,7 @@ def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
     import gspo.compose.train as trainer_module
     from gspo.compose.train import train
     from gspo.orchestration.ray_async import RayWorkers
-    from gspo.rollout.partial import NO_VERSION
+    from gspo.rollout.base import NO_VERSION
 
     monkeypatch.setattr(trainer_module, "env_for", lambda task, cfg, chat: TurnsEnv())
     # New weights are published inside the episodes of every step after the first (no sleeps).

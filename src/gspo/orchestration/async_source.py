@@ -44,8 +44,8 @@ from typing import Any, Protocol
 import torch
 
 from ..core.seeding import prompt_indices, step_generator
-from ..rollout.base import Rollout, SamplingParams
-from ..rollout.partial import NO_VERSION, sample_versions
+from ..rollout.base import NO_VERSION, Rollout, SamplingParams
+from ..rollout.partial import sample_versions
 from .async_buffer import Group
 from .async_rollout import Produced, RolloutThread, WeightSink, WeightSync
 from .state import Batch, Parts, StepState

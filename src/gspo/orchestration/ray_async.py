@@ -46,35 +46,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ..rollout.base import Rollout, SamplingParams
-from ..rollout.chunked import ChunkedGeneration
+from ..rollout.chunked import ChunkedGeneration, stop_sequences
 from .async_episodes import EpisodeProducer, Restart, turn_boundary
+from .async_local import driver_engine
 from .async_rollout import WeightSync
 from .async_source import AsyncSource, GroupProducer
 from .state import Parts
-
-
-def driver_engine(cfg: Any, model: torch.nn.Module, tokenizer: Any) -> Any:
-    """A torch engine in the driver on the driver's copy of the weights (which
-    ``push_weights`` refreshes every step): the evaluation's engine in async Ray runs, so an
-    evaluation never waits for the workers nor sees their (older) weights."""
-    from ..models.build import DTYPES
-    from ..rollout.build import build_engine
-
-    return build_engine(
-        replace(cfg, rollout_engine="torch"),
-        model,
-        tokenizer,
-        pad_id=tokenizer.pad_token_id,
-        eos_id=tokenizer.eos_token_id,
-        dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-        share_weights=cfg.engine_dtype is None,
-    )
 
 
 class ObjectStoreSink:
@@ -144,11 +126,6 @@ class RayWorkers:
 
     def close(self) -> None:
         self.pool.close()
-
-
-def stop_sequences(tokenizer: Any, stop_strings: tuple[str, ...]) -> list[list[int]]:
-    """The stop strings' token ids (as the engines encode them), for the chunk boundaries."""
-    return [list(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in stop_strings]
 
 
 def chunked_round_generate(
