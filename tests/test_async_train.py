@@ -190,3 +190,28 @@ def test_forced_thread_at_k0_resumes_exactly(tmp_path, monkeypatch):
     assert [without_timing(r) for r in train_records(rest.history)] == a_late
     sd_a, sd_b = whole.model.state_dict(), rest.model.state_dict()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
+
+
+def test_the_loop_pulls_every_batch_from_its_source(tmp_path, monkeypatch):
+    """One BatchSource for sync and async: K = 0 builds the synchronous source, and the loop
+    takes each step's batch from the run's source and publishes version step + 1 to it."""
+    from gspo.orchestration.source import BatchSource, SyncSource, build_source
+
+    calls = []
+
+    class Spy(SyncSource):
+        def collect(self, parts, state):
+            calls.append(("collect", state.step))
+            return super().collect(parts, state)
+
+        def publish(self, model, version):
+            calls.append(("publish", version))
+
+    def spy(parts, model):
+        built = build_source(parts, model)
+        assert type(built) is SyncSource and isinstance(built, BatchSource)
+        return Spy()
+
+    monkeypatch.setattr(trainer_module, "build_source", spy)
+    train(make_cfg(tmp_path, steps=2, eval_every=0))
+    assert calls == [("collect", 0), ("publish", 1), ("collect", 1), ("publish", 2)]
