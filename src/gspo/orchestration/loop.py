@@ -91,9 +91,9 @@ def _steps(
             final_eval = steps.evaluate_now(parts, state)
             log(final_eval)
     bar = _progress(cfg, state.step, last)
-    # One warning per run when most responses hit max_new_tokens or most advantages are 0.
     # Parts built without a source (tests, tools) train synchronously.
     source = parts.source if parts.source is not None else SyncSource()
+    # One warning per run when most responses hit max_new_tokens or most advantages are 0.
     watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
     stop.echo = _echo(bar)
     while state.step < last:

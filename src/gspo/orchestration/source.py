@@ -15,11 +15,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from . import steps
 from .async_local import local_source
 from .async_source import AsyncSource
 from .ray_async import build_ray_source
 from .state import Batch, Parts, StepState
-from .steps import collect
 
 
 @runtime_checkable
@@ -52,7 +52,7 @@ class SyncSource:
         pass
 
     def collect(self, parts: Parts, state: StepState) -> Batch:
-        return collect(parts, state)
+        return steps.collect(parts, state)  # looked up per call, as the loop always did
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
         pass  # the loop's weight sync (steps.sync) already gave the engine the new weights
