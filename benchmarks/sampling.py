@@ -1,5 +1,5 @@
 """Cost of drawing one token per row: ``torch.multinomial`` against the rollout engine's
-inverse-CDF sampler (``gspo.rollout.torch_engine.inverse_cdf_sample``), side by side.
+inverse-CDF sampler (``gspo.rollout.torch_decode.inverse_cdf_sample``), side by side.
 
     python benchmarks/sampling.py                       # 2 threads, SmolLM2's and Qwen's vocabularies
     python benchmarks/sampling.py --threads 1 --rows 16,64
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from _results import OUT_HELP, dated_result
 
-from gspo.rollout.torch_engine import inverse_cdf_sample
+from gspo.rollout.torch_decode import inverse_cdf_sample
 
 VOCABS = {"smollm2": 49152, "qwen3": 151936}
 

@@ -91,11 +91,11 @@ def new_weights_inside_each_generation(monkeypatch, target=None) -> list[int]:
     by construction. Returns the steps that waited for new weights.
 
     ``target`` (owner, attribute) is the generation's unit of work on the rollout thread:
-    ``sample_next`` of the torch producer by default, ``RayAsyncSource.generate_chunk`` (one
+    ``sample_next`` of the torch producer (``gspo.rollout.torch_decode``) by default, ``RayWorkers.generate_chunk`` (one
     chunk on the Ray workers) for Ray."""
-    import gspo.rollout.partial as partial_module
+    import gspo.rollout.torch_decode as decode_module
 
-    owner, name = target or (partial_module, "sample_next")
+    owner, name = target or (decode_module, "sample_next")
 
     cond = threading.Condition()
     waited: list[int] = []

@@ -19,10 +19,11 @@ from gspo.envs.driver import Limits, run_episodes
 from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
 from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
-from gspo.orchestration.async_episodes import EpisodeSource, Restart, round_generate
+from gspo.orchestration.async_episodes import Restart
+from gspo.orchestration.async_local import round_generate
 from gspo.orchestration.async_rollout import WeightSync, snapshot
-from gspo.rollout.base import SamplingParams
-from gspo.rollout.partial import NO_VERSION
+from gspo.orchestration.source import build_async
+from gspo.rollout.base import NO_VERSION, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 TOK = build_char_tokenizer()
@@ -73,7 +74,12 @@ class CountingSync(WeightSync):
         return super().newer()
 
 
-def _episodes(weights_for, mode="keep", env=None, hook=round_generate):
+def torch_hook(engine, weights, mode, counts):
+    """The in-process producer's round hook over the torch engine (a pause at any token)."""
+    return round_generate(engine.partial, weights, mode, counts)
+
+
+def _episodes(weights_for, mode="keep", env=None, hook=torch_hook):
     """Episodes of two prompts x 3 on an engine copy of model 1, with the hook's syncs."""
     old, new = _model(1), _model(2)
     engine = TorchEngine(
@@ -157,13 +163,11 @@ def chunked_hook(engine, weights, mode, counts):
     the worker pool: the same ChunkedGeneration calls, no Ray needed."""
     from types import SimpleNamespace
 
-    from gspo.orchestration.ray_async import chunked_round_generate
+    from gspo.orchestration.ray_async import RayWorkers, chunked_round_generate
 
-    source = SimpleNamespace(
-        pool=engine, chunk=1, parts=SimpleNamespace(tokenizer=TOK),
-        generate_chunk=lambda g, version: g.run_chunk(version),
-    )  # fmt: skip
-    return chunked_round_generate(source, weights, mode, counts)
+    place = RayWorkers(SimpleNamespace(), 1, TOK)
+    place.pool = place.engine = engine
+    return chunked_round_generate(place, weights, mode, counts)
 
 
 def test_chunked_rounds_switch_at_turn_boundaries_with_their_versions_and_logprobs():
@@ -296,7 +300,7 @@ def test_k0_episodes_through_the_thread_equal_the_sync_run(tmp_path, monkeypatch
     """K = 0 builds no thread (the sync loop, unchanged); forced through the episode producer
     (at K = 0 it waits for the newest weights) metrics and weights are bit for bit the same."""
     sync = train(_cfg(tmp_path / "sync", max_staleness=0))
-    monkeypatch.setattr(trainer_module, "build_source", EpisodeSource)
+    monkeypatch.setattr(trainer_module, "build_source", build_async)
     thread = train(_cfg(tmp_path / "thread", max_staleness=0))
     drop = ("time/", "throughput/", "async/")
     a = [{k: v for k, v in r.items() if not k.startswith(drop)} for r in records(sync)]

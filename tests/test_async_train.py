@@ -14,8 +14,8 @@ from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
 from gspo.core.checkpoint_paths import latest_checkpoint
 from gspo.envs.tasks.base import Example, Task
-from gspo.orchestration.async_source import AsyncSource
 from gspo.orchestration.logging import read_metrics
+from gspo.orchestration.source import build_async
 
 TIMING_PREFIXES = ("time/", "throughput/", "async/")
 
@@ -58,7 +58,7 @@ def test_k0_is_the_synchronous_loop_and_the_thread_at_k0_matches_it(tmp_path, mo
     built = []
 
     def forced(parts, model):
-        built.append(AsyncSource(parts, model))
+        built.append(build_async(parts, model))
         return built[-1]
 
     monkeypatch.setattr(trainer_module, "build_source", forced)
@@ -181,7 +181,7 @@ def test_forced_thread_at_k0_resumes_exactly(tmp_path, monkeypatch):
     """Through the rollout thread at K = 0 (deterministic: it waits for the newest weights), a
     run stopped and resumed equals the unbroken run: the thread's engine starts from the
     checkpoint's weights, not from the freshly built model."""
-    monkeypatch.setattr(trainer_module, "build_source", AsyncSource)
+    monkeypatch.setattr(trainer_module, "build_source", build_async)
     common = {"steps": 4, "warmup_steps": 0, "eval_every": 0}
     whole = train(make_cfg(tmp_path / "a", **common))
     train(make_cfg(tmp_path / "b", stop_after=2, **common))
@@ -190,3 +190,28 @@ def test_forced_thread_at_k0_resumes_exactly(tmp_path, monkeypatch):
     assert [without_timing(r) for r in train_records(rest.history)] == a_late
     sd_a, sd_b = whole.model.state_dict(), rest.model.state_dict()
     assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
+
+
+def test_the_loop_pulls_every_batch_from_its_source(tmp_path, monkeypatch):
+    """One BatchSource for sync and async: K = 0 builds the synchronous source, and the loop
+    takes each step's batch from the run's source and publishes version step + 1 to it."""
+    from gspo.orchestration.source import BatchSource, SyncSource, build_source
+
+    calls = []
+
+    class Spy(SyncSource):
+        def collect(self, parts, state):
+            calls.append(("collect", state.step))
+            return super().collect(parts, state)
+
+        def publish(self, model, version):
+            calls.append(("publish", version))
+
+    def spy(parts, model):
+        built = build_source(parts, model)
+        assert type(built) is SyncSource and isinstance(built, BatchSource)
+        return Spy()
+
+    monkeypatch.setattr(trainer_module, "build_source", spy)
+    train(make_cfg(tmp_path, steps=2, eval_every=0))
+    assert calls == [("collect", 0), ("publish", 1), ("collect", 1), ("publish", 2)]

@@ -9,8 +9,8 @@ import torch
 
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
 from gspo.rollout import SamplingParams, TorchEngine
+from gspo.rollout.base import NO_VERSION
 from gspo.rollout.chunked import ChunkedGeneration
-from gspo.rollout.partial import NO_VERSION
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99="]
 N = 3
@@ -122,3 +122,48 @@ def test_a_stop_sequence_across_a_chunk_boundary_ends_the_row_there(setup):
         toks = got.completion_ids[i, : int(got.completion_mask[i].sum())].tolist()
         for b in (3, 6, 9):
             assert toks[b - 1 : b + 1] != seq or len(toks) == b + 1
+
+
+class GenerateOnly:
+    """An engine with only the public protocol's ``generate`` (as vLLM or a worker pool): no
+    partial generation of its own."""
+
+    def __init__(self, engine: TorchEngine) -> None:
+        self.inner, self.pad_id, self.device = engine, engine.pad_id, engine.device
+
+    def generate(self, prompts, n, params, generator=None):
+        return self.inner.generate(prompts, n, params, generator)
+
+    def update_weights(self, model) -> None:
+        self.inner.update_weights(model)
+
+
+def test_partial_generation_through_the_public_protocol(setup):
+    """The torch engine gives its own partial generation (equal to generate without a pause);
+    an engine with only ``generate`` gets chunks, which stop at the first chunk boundary after
+    which new weights are there and continue under them with the next version."""
+    from gspo.rollout.base import PartialGeneration, ResumableEngine
+    from gspo.rollout.partial import partial_generation
+
+    _, prompts, a, b = setup
+    engine = _engine(a)
+    assert isinstance(engine, ResumableEngine)
+    own = partial_generation(engine, prompts, N, PARAMS, torch.Generator().manual_seed(5), chunk=4)
+    assert not isinstance(own, ChunkedGeneration) and isinstance(own, PartialGeneration)
+    own.run(None, 0)
+    ref = engine.generate(prompts, N, PARAMS, torch.Generator().manual_seed(5))
+    assert torch.equal(own.result().completion_ids, ref.completion_ids)
+    assert torch.equal(own.result().logprobs, ref.logprobs)
+
+    plain = GenerateOnly(_engine(a))
+    assert not isinstance(plain, ResumableEngine)
+    g = partial_generation(plain, prompts, N, PARAMS, torch.Generator().manual_seed(5), chunk=4)
+    assert isinstance(g, ChunkedGeneration)
+    assert g.run(None, 0, stop=lambda: True) == 4 and g.calls == 1  # one chunk, then new weights
+    g.pause()
+    plain.update_weights(b)
+    g.run(None, 1)
+    r = g.result()
+    assert g.done and bool((r.versions[:, :4][r.completion_mask[:, :4].bool()] == 0).all())
+    later = r.versions[:, 4:][r.completion_mask[:, 4:].bool()]
+    assert later.numel() > 0 and bool((later == 1).all())

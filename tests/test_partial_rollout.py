@@ -17,8 +17,9 @@ from gspo.models import (
 )
 from gspo.models.fast_forward import FastDecoder
 from gspo.rollout import SamplingParams, TorchEngine
-from gspo.rollout.partial import NO_VERSION, ResumableGeneration, sample_versions
-from gspo.rollout.torch_engine import sample_next
+from gspo.rollout.base import NO_VERSION
+from gspo.rollout.partial import sample_versions
+from gspo.rollout.torch_decode import ResumableGeneration, sample_next
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99="]
 N = 3  # samples per prompt

@@ -65,8 +65,8 @@ def test_ray_async_config():
         build(TrainConfig, overrides=dict(backend="ray", rollout_workers=0, max_staleness=1))
     with pytest.raises(ConfigError, match="async_chunk_tokens"):
         build(TrainConfig, overrides=dict(max_staleness=1, async_chunk_tokens=-1))
-    with pytest.raises(ConfigError, match="backend='ray'"):
-        build(TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm"))
+    # A local vLLM engine runs async too (chunked, through the public engine protocol).
+    assert build(TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm")).max_staleness
     cfg = build(TrainConfig, overrides=dict(backend="ray", rollout_workers=1, max_staleness=1))
     assert cfg.max_staleness == 1
 
@@ -158,9 +158,9 @@ def test_ray_async_slow_worker_bounds_staleness(tmp_path, monkeypatch, mode):
     every step after the first is generated; no sleeps): new weights arrive in the middle of
     generations (kept, masked or restarted), staleness stays <= K."""
     from gspo.compose.train import train
-    from gspo.orchestration.ray_async import RayAsyncSource
+    from gspo.orchestration.ray_async import RayWorkers
 
-    waited = new_weights_inside_each_generation(monkeypatch, (RayAsyncSource, "generate_chunk"))
+    waited = new_weights_inside_each_generation(monkeypatch, (RayWorkers, "generate_chunk"))
     cfg = _cfg(tmp_path, f"slow-{mode}", steps=5, max_staleness=2, async_partial=mode)
     records = _steps(train(cfg).output_dir)
     for r in records:
@@ -239,12 +239,12 @@ def test_ray_multi_turn_episodes_sync_and_async(tmp_path, monkeypatch, k, mode):
 
     import gspo.compose.train as trainer_module
     from gspo.compose.train import train
-    from gspo.orchestration.ray_async import RayAsyncSource
-    from gspo.rollout.partial import NO_VERSION
+    from gspo.orchestration.ray_async import RayWorkers
+    from gspo.rollout.base import NO_VERSION
 
     monkeypatch.setattr(trainer_module, "env_for", lambda task, cfg, chat: TurnsEnv())
     # New weights are published inside the episodes of every step after the first (no sleeps).
-    waited = new_weights_inside_each_generation(monkeypatch, (RayAsyncSource, "generate_chunk"))
+    waited = new_weights_inside_each_generation(monkeypatch, (RayWorkers, "generate_chunk"))
     seen = []
     update = steps_module.update
 

@@ -8,7 +8,7 @@ import torch
 
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams, TorchEngine
-from gspo.rollout.torch_engine import inverse_cdf_sample, sample_next
+from gspo.rollout.torch_decode import inverse_cdf_sample, sample_next
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99=", "ab cd"]
 

@@ -5,6 +5,7 @@ well as with the torch engine (same seeds, same budget)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,47 @@ def test_smollm2_chat_prompts_stop_tokens_and_sync():
 SMOLLM2_TOL = 2e-4
 """SmolLM2 (30 layers, vocab 49152) in float32 on CPU: measured at most 4.5e-5 (before and after
 a sync), 4x margin."""
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["keep", "restart"])
+def test_local_async_with_vllm_partial_rollouts(tmp_path, monkeypatch, mode):
+    """max_staleness=1 with a local vLLM engine (once refused): the rollout thread owns the
+    engine and generates in chunks of 4 tokens through the public engine protocol; new weights
+    are published while the first chunk of every step after the first is generated (no
+    sleeps), so they enter between two chunks ('keep': samples span two versions; 'restart':
+    none does). Staleness stays <= 1 and the engine's log-probs are the behaviour policy's."""
+    from async_support import new_weights_inside_each_generation
+
+    from gspo.compose.train import train
+    from gspo.config import TrainConfig, build
+    from gspo.rollout.chunked import ChunkedGeneration
+    from gspo.rollout.vllm_engine import VLLMEngine
+
+    _random_rewards(monkeypatch)
+    waited = new_weights_inside_each_generation(monkeypatch, (ChunkedGeneration, "run_chunk"))
+    loads = []  # the weight loads into vLLM: the thread's start, then each sync
+    real_update = VLLMEngine.update_weights
+
+    def update_weights(self, model):
+        loads.append(threading.current_thread().name)
+        return real_update(self, model)
+
+    monkeypatch.setattr(VLLMEngine, "update_weights", update_weights)
+    overrides = dict(
+        device="cpu", threads=1, output_dir=str(tmp_path / mode), progress=False, steps=4,
+        eval_every=4, n_test=4, hidden_size=64, num_heads=2, num_kv_heads=1,
+        rollout_engine="vllm", vllm_cpu_kv_cache_gib=1 / 16, max_staleness=1,
+        async_partial=mode, async_chunk_tokens=4, max_new_tokens=12,
+    )  # fmt: skip
+    result = train(build(TrainConfig, preset="smoke", overrides=overrides))
+    steps = [r for r in result.history if "reward/mean" in r]
+    assert waited == [1, 2, 3]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert max(r["async/staleness_max"] for r in steps) <= 1
+    partial = [r["async/partial_fraction"] > 0 for r in steps]
+    assert partial == ([False] * 4 if mode == "restart" else [False, True, True, True])
+    assert all(r["response_length/mean"] > 0 for r in steps)
+    assert all(abs(r["ratio/mean"] - 1) < 0.5 for r in steps)  # engine log-probs are sane
+    assert loads[0] == "MainThread" and loads.count("gspo-rollout") >= 3  # one per wait
+    assert any(k.startswith("eval/") for k in result.final_eval)  # the loop's torch engine

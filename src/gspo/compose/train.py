@@ -22,11 +22,11 @@ from ..envs.rewards import reward_workers, uses_sandbox
 from ..envs.sandbox import isolation
 from ..models import moe
 from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
-from ..orchestration.async_source import build_source
 from ..orchestration.logging import MetricsLogger, read_metrics
 from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
 from ..orchestration.ray_parts import build_ray_parts, ray_scorer
 from ..orchestration.ray_rewards import use_ray_tasks
+from ..orchestration.source import build_source
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
 from ..rollout.build import check_engine_available, close_engine, policy_engine
@@ -100,12 +100,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         # them the result, its plots and tables cover the whole run from step 0.
         earlier = read_metrics(logger.path) if state.step > 0 else []
         try:
-            if parts.source is not None:  # the rollout thread makes steps state.step .. last-1
-                parts.source.start(state.step, last)
+            parts.source.start(state.step, last)  # async: the thread makes state.step .. last-1
             return run(parts, state, logger, last, earlier)
         finally:
-            if parts.source is not None:
-                parts.source.close()
+            parts.source.close()
             logger.close()
     finally:
         close_engine(parts.engine)  # vLLM: shut its engine down (torch: nothing to close)
@@ -187,7 +185,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         data_metrics=data_metrics,
         scorer=scorer,
     )
-    parts.source = build_source(parts, model)  # None unless max_staleness >= 1
+    parts.source = build_source(parts, model)  # synchronous unless max_staleness >= 1
     return parts
 
 

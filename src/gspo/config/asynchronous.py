@@ -25,10 +25,10 @@ class AsyncFields:
         "rollout thread with its own copy of the weights generates the batches of upcoming "
         "steps while the trainer trains; a sample is admitted only if the weights that "
         "generated its oldest token are at most K updates old (async/* metrics). Local backend "
-        "(torch engine; single-turn tasks and multi-turn episodes, which load new weights at turn "
-        "boundaries and mid-turn) or backend='ray' (rollout workers, torch or vLLM; single-turn "
-        "tasks and multi-turn episodes, new weights entering at turn and chunk boundaries); no "
-        "dynamic_sampling.",
+        "(torch engine: new weights enter at any token; vLLM: at chunk boundaries, and the "
+        "evaluation runs a torch engine) or backend='ray' (rollout workers, torch or vLLM, new "
+        "weights entering at chunk boundaries); single-turn tasks and multi-turn episodes (also "
+        "at turn boundaries); no dynamic_sampling.",
         0,
     )
     async_partial: str = _doc(
@@ -40,10 +40,10 @@ class AsyncFields:
         "keep",
     )
     async_chunk_tokens: int = _doc(
-        "backend='ray' with max_staleness >= 1: the most new tokens per generation call of the "
-        "rollout workers; new weights reach a running generation at these chunk boundaries "
-        "(each chunk continues from prompt + tokens so far). 0: the whole generation in one "
-        "call (versions per sample, no pause). The local thread pauses at any token.",
+        "max_staleness >= 1 on the Ray rollout workers or a local vLLM engine: the most new "
+        "tokens per generation call; new weights reach a running generation at these chunk "
+        "boundaries (each chunk continues from prompt + tokens so far). 0: the whole generation "
+        "in one call (versions per sample, no pause). A local torch engine pauses at any token.",
         8,
     )
 
@@ -68,12 +68,6 @@ def async_problems(cfg: object) -> list[str]:
     chunk = getattr(cfg, "async_chunk_tokens", 8)
     if not isinstance(chunk, int) or chunk < 0:
         out.append(f"async_chunk_tokens must be an integer >= 0, got {chunk!r}")
-    ray = getattr(cfg, "backend", "local") == "ray"
-    if getattr(cfg, "rollout_engine", "torch") != "torch" and not ray:
-        out.append(
-            "max_staleness >= 1 with rollout_engine='vllm' needs backend='ray' with "
-            "rollout_workers >= 1 (the local rollout thread runs the torch engine)"
-        )
     if getattr(cfg, "dynamic_sampling", False):
         out.append("max_staleness >= 1 does not support dynamic_sampling yet")
     if getattr(cfg, "routing_replay", None) == "engine":

@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from gspo.rollout.base import Rollout
-from gspo.rollout.partial import NO_VERSION
+from gspo.rollout.base import NO_VERSION, Rollout
 
 from .base import Message
 

@@ -1,8 +1,9 @@
 """Async multi-turn episodes: the rollout thread runs whole episodes (``max_staleness`` >= 1).
 
-:class:`EpisodeSource` is :class:`~.async_source.AsyncSource` for multi-turn tasks. Its producer
-runs the step's episodes with the multi-turn driver (:func:`gspo.envs.driver.run_episodes`)
-on the thread's own torch engine, through the driver's ``generate`` hook (:func:`round_generate`):
+:class:`EpisodeProducer` is the producer of :class:`~.async_source.AsyncSource` for multi-turn
+tasks. It runs the step's episodes with the multi-turn driver
+(:func:`gspo.envs.driver.run_episodes`) through the driver's ``generate`` hook, which the place
+supplies; in process (:func:`~.async_local.round_generate`, the thread's own torch engine):
 
 - at a turn boundary (before each round of the driver) it loads the newest published weights;
 - within a turn it generates with :class:`~gspo.rollout.partial.ResumableGeneration` and, when
@@ -38,19 +39,14 @@ still describe every episode generated for the step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
-
-import torch
 
 from ..core.seeding import prompt_indices, step_generator
-from ..rollout.base import Rollout, SamplingParams
 from ..rollout.batch import RolloutBatch
-from ..rollout.partial import ResumableGeneration, sample_versions
-from ..rollout.torch_engine import TorchEngine
+from ..rollout.partial import sample_versions
+from .async_buffer import Group
 from .async_rollout import Produced, WeightSync
-from .async_source import AsyncSource, mask_older_tokens
-from .state import Parts, StepState
+from .async_source import Place, kept_rows, mask_older_tokens
+from .state import Parts
 
 
 class Restart(Exception):
@@ -69,53 +65,15 @@ def turn_boundary(weights: WeightSync, mode: str, rounds: list[int], counts: dic
     rounds[0] += 1
 
 
-def round_generate(
-    engine: TorchEngine, weights: WeightSync, mode: str, counts: dict[str, float]
-) -> Callable[..., Rollout]:
-    """The driver's ``generate`` hook: one round of turns with weight loads at the turn
-    boundary and mid-turn, each token tagged with its version; counts the loads in ``counts``."""
-    rounds = [0]
-
-    def generate(
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
-        turn_boundary(weights, mode, rounds, counts)
-        g = ResumableGeneration(engine, prompts, n, params, generator)
-        while not g.done:
-            g.run(None, weights.version, stop=weights.newer)  # to the turn's end or new weights
-            if weights.newer() and not g.done:
-                if mode == "restart":
-                    raise Restart
-                g.pause()  # drop the old weights' cache, load, continue the turn
-                weights.sync()
-                counts["async/mid_turn_syncs"] += 1
-        return g.result()
-
-    return generate
-
-
 class EpisodeProducer:
-    """What an async source of multi-turn episodes adds to its base (``AsyncSource`` locally,
-    ``RayAsyncSource`` on Ray): the producer runs whole episodes through the driver with the
-    source's round hook (:meth:`round_hook`), and ``collect`` hands them to the trainer."""
+    """Multi-turn episodes: the step's problems, ``group_size`` episodes each, run whole by the
+    environment driver with the place's round hook (``Place.round_hook``); ``parts``: the
+    producer's view of the run (its ``engine`` is the place's)."""
 
-    cfg: Any
-    parts: Parts
-    mode: str
-    thread: Any
+    def __init__(self, parts: Parts) -> None:
+        self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.async_partial
 
-    def round_hook(self, weights: WeightSync, counts: dict[str, float]) -> Callable[..., Rollout]:
-        """The driver's ``generate`` hook (local: the thread's torch engine, any token)."""
-        return round_generate(self.engine, weights, self.mode, counts)  # type: ignore[attr-defined]
-
-    def episode_engine(self) -> tuple[Any, torch.device]:
-        """The engine the driver is handed (the hook generates) and its generators' device."""
-        return self.engine, self.engine.device  # type: ignore[attr-defined]
-
-    def _produce(self, step: int, weights: WeightSync) -> Produced:
+    def produce(self, step: int, weights: WeightSync, place: Place) -> Produced:
         """Run and score the episodes of ``step`` (on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
@@ -123,10 +81,10 @@ class EpisodeProducer:
         examples = [parts.train_set[i] for i in idx]
         counts = {"async/turn_boundary_syncs": 0.0, "async/mid_turn_syncs": 0.0}
         counts["async/restarts"] = 0.0
-        engine, device = self.episode_engine()
+        engine, device = place.engine, place.device
         while True:
             gen = step_generator(cfg.seed, step, stream=0, device=device)
-            hook = self.round_hook(weights, counts)
+            hook = place.round_hook(weights, self.mode, counts)
             try:
                 got = parts.episodes.collect(
                     engine, examples, cfg.group_size, parts.params, gen, weights.version,
@@ -150,28 +108,16 @@ class EpisodeProducer:
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, payload, time.perf_counter() - t0)
 
-    def collect(self, parts: Parts, state: StepState) -> RolloutBatch:
-        """The episodes of ``state.step`` with their advantages (blocks until produced)."""
-        assert self.thread is not None, "EpisodeSource.start was not called"
-        groups, async_metrics = self.thread.take(state.step)
-        if not groups:
-            raise RuntimeError(
-                f"step {state.step}: every group was older than max_staleness="
-                f"{self.cfg.max_staleness} and dropped"
-            )
+    def batch(
+        self, groups: list[Group], async_metrics: dict[str, float], parts: Parts
+    ) -> RolloutBatch:
+        """The episodes of the admitted groups with their advantages."""
         batch: RolloutBatch = groups[0].payload
         if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted groups
-            size = self.cfg.group_size
-            slots = torch.tensor([g.key[1] for g in groups])  # [n]
-            rows = (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
-            batch = batch.select(rows)
+            batch = batch.select(kept_rows(groups, self.cfg.group_size))
         made = batch.metrics
         episodes = {k: v for k, v in made.items() if not k.startswith("async/")}
         counts = {k: v for k, v in made.items() if k.startswith("async/")}
         batch.metrics = {**episodes, **async_metrics, **counts}
         batch.times["rollout"] = async_metrics["async/trainer_idle_s"]
         return batch
-
-
-class EpisodeSource(EpisodeProducer, AsyncSource):
-    """Scored batches of multi-turn episodes from the rollout thread (local backend)."""

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -47,6 +47,24 @@ class Produced:
     newest: list[list[int]]  # [groups][group_size]
     payload: Any  # the step's scored batch (shared by its groups)
     generate_s: float  # seconds spent generating and scoring
+
+
+class WeightSink(Protocol):
+    """How the trainer's new weights reach the producer's engine (in-process shared memory,
+    the Ray object store): ``put`` runs on the trainer after its update and returns at once,
+    ``load`` runs on the rollout thread at a token or chunk boundary."""
+
+    def start(self, model: torch.nn.Module) -> None:
+        """Give the producer's engine the trainer's current weights (before the thread runs)."""
+        ...
+
+    def put(self, model: torch.nn.Module) -> Any:
+        """A copy of the weights the producer can load while the trainer keeps updating."""
+        ...
+
+    def load(self, weights: Any) -> None:
+        """Load what ``put`` returned into the producer's engine (on the rollout thread)."""
+        ...
 
 
 class WeightSync:

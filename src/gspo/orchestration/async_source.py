@@ -1,9 +1,21 @@
 """The async alternative to ``steps.collect``: scored batches from the rollout thread.
 
-``AsyncSource.collect(parts, state)`` returns the same ``RolloutBatch`` as ``steps.collect``
-(rollout with engine log-probs, rewards, reward metrics) plus ``async/*`` metrics, but the
-batch was generated ahead of time by :class:`~.async_rollout.RolloutThread` with weights at
-most ``max_staleness`` versions old. After each update the loop calls ``publish``.
+:class:`AsyncSource` is the :class:`~.source.BatchSource` of ``max_staleness`` >= 1. Its
+``collect(parts, state)`` returns the same ``RolloutBatch`` as ``steps.collect`` (rollout with
+engine log-probs, rewards, reward metrics) plus ``async/*`` metrics, but the batch was
+generated ahead of time by :class:`~.async_rollout.RolloutThread` with weights at most
+``max_staleness`` versions old. After each update the loop calls ``publish``.
+
+One class, three parts (composition, no subclass per combination):
+
+- the *producer*, what is made: one-turn groups (:class:`GroupProducer`) or multi-turn
+  episodes (:class:`~.async_episodes.EpisodeProducer`);
+- the *place*, where it is made: a torch engine of its own in this process
+  (:class:`~.async_local.InProcess`, pauses at any token) or the Ray rollout workers
+  (:class:`~.ray_async.RayWorkers`, pauses between chunks);
+- the *weight sink* (:class:`~.async_rollout.WeightSink`), how new weights get there: a copy
+  in shared memory (:class:`~.async_local.SharedMemorySink`) or one object-store copy
+  (:class:`~.ray_async.ObjectStoreSink`).
 
 Phases, so the overlap is visible: ``async/generate_s`` is the thread's time generating and
 scoring the step's batch; ``time/rollout_s`` is what the trainer spent waiting for it
@@ -21,27 +33,64 @@ resume cannot reproduce: the versions the regenerated batches would have had in 
 run (there, the batch of step k + 1 may come from version k; after the resume it comes from
 k + 1), and any async run depends on thread timing, so two async runs with one seed agree in
 their prompts and draws but not bit for bit.
-
-Multi-turn tasks: :class:`~.async_episodes.EpisodeSource` (a subclass) runs whole episodes on
-the thread, loading new weights at turn boundaries and mid-turn, with per-token versions.
 """
 
 from __future__ import annotations
 
-import copy
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 from ..core.seeding import prompt_indices, step_generator
-from ..rollout.base import Rollout
+from ..rollout.base import NO_VERSION, Rollout, SamplingParams
 from ..rollout.batch import RolloutBatch
-from ..rollout.partial import NO_VERSION, ResumableGeneration, sample_versions
-from ..rollout.torch_engine import TorchEngine
-from .async_rollout import Produced, RolloutThread, WeightSync, snapshot
+from ..rollout.partial import sample_versions
+from .async_buffer import Group
+from .async_rollout import Produced, RolloutThread, WeightSink, WeightSync
 from .state import Parts, StepState
 from .steps import score_round
+
+
+class Place(Protocol):
+    """Where a producer's tokens are generated (on the rollout thread)."""
+
+    engine: Any
+    """The engine the environment driver is handed (its ``generate`` hook does the work)."""
+    device: torch.device
+    """Where the step generators live."""
+
+    def one_turn(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: Callable[[], torch.Generator],
+        weights: WeightSync,
+        mode: str,
+    ) -> Rollout:
+        """One-turn completions with every token's version, loading newer weights when they
+        arrive (``mode`` 'restart': then again from the start, with a fresh ``generator()``)."""
+        ...
+
+    def round_hook(
+        self, weights: WeightSync, mode: str, counts: dict[str, float]
+    ) -> Callable[..., Rollout]:
+        """The environment driver's ``generate`` hook for one round of turns."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Producer(Protocol):
+    """What is produced: the step's scored payload, and the trainer's batch from its groups."""
+
+    def produce(self, step: int, weights: WeightSync, place: Place) -> Produced: ...
+
+    def batch(
+        self, groups: list[Group], metrics: dict[str, float], parts: Parts
+    ) -> RolloutBatch: ...
 
 
 def mask_older_tokens(rollout: Rollout) -> Rollout:
@@ -53,68 +102,33 @@ def mask_older_tokens(rollout: Rollout) -> Rollout:
     return rollout
 
 
-class AsyncSource:
-    """Scored batches from a rollout thread with its own torch engine (local backend)."""
+def kept_rows(groups: list[Group], size: int) -> torch.Tensor:
+    """The rows [n * size] of the admitted groups (slot order)."""
+    slots = torch.tensor([g.key[1] for g in groups])  # [n]
+    return (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
 
-    def __init__(self, parts: Parts, model: torch.nn.Module) -> None:
-        self.cfg = parts.cfg
-        self.mode = self.cfg.async_partial
-        # The thread's own engine: a copy of the weights (the trainer updates its model while
-        # the thread samples), in the engine dtype when one is set.
-        engine = parts.engine
-        self.engine = TorchEngine(
-            model,
-            pad_id=engine.pad_id,
-            eos_id=engine.eos_id,
-            dtype=engine.dtype,
-            share_weights=False,
-            tokenizer=engine.tokenizer,
-            fast=engine.fast,
-        )
-        self.model = model  # the trainer's, copied into the engine when the thread starts
-        self.parts = copy.copy(parts)  # score_round reads cfg, tokenizer, rewards from it
-        self.parts.engine = self.engine
-        self.thread: RolloutThread | None = None
-        self.unused = 0
 
-    def start(self, start: int, end: int) -> None:
-        """Start the thread for steps ``start .. end - 1`` from the trainer's current weights
-        (after a resume: the checkpoint's, restored after this source was built)."""
-        self.engine.update_weights(self.model)
-        self.thread = RolloutThread(
-            self._produce,
-            self._load,
-            start=start,
-            end=end,
-            group_size=self.cfg.group_size,
-            max_staleness=self.cfg.max_staleness,
-        )
-        self.thread.start()
+class GroupProducer:
+    """One-turn groups: the step's prompts, ``group_size`` completions each, scored by the
+    task's environment as in :func:`.steps.collect`. ``parts``: the producer's view of the run
+    (its ``engine`` is the place's)."""
 
-    def _load(self, weights: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            self.engine.model.load_state_dict(weights)
+    def __init__(self, parts: Parts) -> None:
+        self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.async_partial
 
-    def _produce(self, step: int, weights: WeightSync) -> Produced:
+    def produce(self, step: int, weights: WeightSync, place: Place) -> Produced:
         """Generate and score the batch of ``step`` (runs on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
         idx = prompt_indices(len(parts.train_set), step, cfg.prompts_per_step, cfg.seed)
         prompts = [parts.prompt_cache[i] for i in idx]
 
-        def fresh() -> ResumableGeneration:
-            gen = step_generator(cfg.seed, step, stream=0, device=self.engine.device)
-            return ResumableGeneration(self.engine, prompts, cfg.group_size, parts.params, gen)
+        def generator() -> torch.Generator:
+            return step_generator(cfg.seed, step, stream=0, device=place.device)
 
-        g = fresh()
-        while not g.done:
-            g.run(None, weights.version, stop=weights.newer)  # to the end or new weights
-            if weights.newer():
-                g.pause()
-                weights.sync()
-                if self.mode == "restart":
-                    g = fresh()
-        rollout = g.result()
+        rollout = place.one_turn(
+            prompts, cfg.group_size, parts.params, generator, weights, self.mode
+        )
         if self.mode == "mask":
             rollout = mask_older_tokens(rollout)
         oldest, newest = sample_versions(rollout)  # [N], [N]
@@ -122,6 +136,48 @@ class AsyncSource:
         size = cfg.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)
+
+    def batch(self, groups: list[Group], metrics: dict[str, float], parts: Parts) -> RolloutBatch:
+        batch: RolloutBatch = groups[0].payload
+        if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted rows
+            batch = batch.select(kept_rows(groups, self.cfg.group_size))
+        reward_metrics: dict[str, float] = {}
+        if batch.task_rewards is not None:
+            reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
+        reward_metrics.update(metrics)
+        batch.metrics = reward_metrics
+        batch.times["rollout"] = metrics["async/trainer_idle_s"]
+        return batch
+
+
+class AsyncSource:
+    """Scored batches from a rollout thread: ``producer`` (what) at ``place`` (where), new
+    weights through ``sink``; ``model`` is the trainer's (its weights start the thread)."""
+
+    def __init__(
+        self, cfg: Any, producer: Producer, place: Place, sink: WeightSink, model: Any
+    ) -> None:
+        self.cfg, self.producer, self.place, self.sink = cfg, producer, place, sink
+        self.model = model
+        self.thread: RolloutThread | None = None
+        self.unused = 0
+
+    def start(self, start: int, end: int) -> None:
+        """Start the thread for steps ``start .. end - 1`` from the trainer's current weights
+        (after a resume: the checkpoint's, restored after this source was built)."""
+        self.sink.start(self.model)
+        self.thread = RolloutThread(
+            self._produce,
+            self.sink.load,
+            start=start,
+            end=end,
+            group_size=self.cfg.group_size,
+            max_staleness=self.cfg.max_staleness,
+        )
+        self.thread.start()
+
+    def _produce(self, step: int, weights: WeightSync) -> Produced:
+        return self.producer.produce(step, weights, self.place)
 
     def collect(self, parts: Parts, state: StepState) -> RolloutBatch:
         """The scored batch of ``state.step`` (blocks until the thread has it)."""
@@ -132,45 +188,21 @@ class AsyncSource:
                 f"step {state.step}: every group was older than max_staleness="
                 f"{self.cfg.max_staleness} and dropped"
             )
-        batch: RolloutBatch = groups[0].payload
-        if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted rows
-            size = self.cfg.group_size
-            slots = torch.tensor([g.key[1] for g in groups])  # [n]
-            rows = (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
-            batch = batch.select(rows)
-        reward_metrics: dict[str, float] = {}
-        if batch.task_rewards is not None:
-            reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
-        reward_metrics.update(metrics)
-        batch.metrics = reward_metrics
-        batch.times["rollout"] = metrics["async/trainer_idle_s"]
-        return batch
+        return self.producer.batch(groups, metrics, parts)
 
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        """After the update of step ``version - 1``: the weights for the thread."""
+        """After the update of step ``version - 1``: the weights for the thread (returns at
+        once; the thread loads them at its next token or chunk boundary)."""
         assert self.thread is not None
-        self.thread.publish(snapshot(model), version)
+        self.thread.publish(self.sink.put(model), version)
 
     def close(self) -> int:
-        """Stop the thread; the samples it generated that no step will train on."""
-        if self.thread is not None:
-            self.unused = self.thread.close()
-            self.thread = None
+        """Stop the thread (it finishes its step), then the place; the samples it generated
+        that no step will train on."""
+        try:
+            if self.thread is not None:
+                self.unused = self.thread.close()
+                self.thread = None
+        finally:
+            self.place.close()
         return self.unused
-
-
-def build_source(parts: Parts, model: Any) -> AsyncSource | None:
-    """The async source when ``max_staleness`` >= 1, else None (the synchronous loop); on
-    the Ray backend the rollout workers' (``orchestration.ray_async``, single-turn only); for a
-    multi-turn task on the local backend, the episodes' (``async_episodes``)."""
-    if parts.cfg.max_staleness < 1:
-        return None
-    if getattr(parts.cfg, "backend", "local") == "ray":
-        from .ray_async import build_ray_source  # imports this module
-
-        return build_ray_source(parts, model)
-    if parts.episodes.env.multi_turn:
-        from .async_episodes import EpisodeSource  # it subclasses AsyncSource
-
-        return EpisodeSource(parts, model)
-    return AsyncSource(parts, model)

@@ -28,6 +28,7 @@ from ..core.checkpoint_paths import latest_checkpoint
 from . import steps
 from .logging import MetricsLogger, progress_bar, progress_postfix
 from .signals import SignalWatch, StopRequest
+from .source import SyncSource
 from .state import Parts, StepState
 
 
@@ -90,19 +91,20 @@ def _steps(
             final_eval = steps.evaluate_now(parts, state)
             log(final_eval)
     bar = _progress(cfg, state.step, last)
+    # Parts built without a source (tests, tools) train synchronously.
+    source = parts.source if parts.source is not None else SyncSource()
     # One warning per run when most responses hit max_new_tokens or most advantages are 0.
     watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
     stop.echo = _echo(bar)
     while state.step < last:
-        # Rollout + rewards: this step's own, or the rollout thread's (max_staleness >= 1).
-        source = parts.source
-        batch = source.collect(parts, state) if source else steps.collect(parts, state)
+        # Rollout + rewards from the run's batch source: generated now with the current weights
+        # (synchronous: staleness 0), or ahead by the rollout thread (max_staleness >= 1).
+        batch = source.collect(parts, state)
         steps.old_logprobs(parts, batch)
         steps.advantages(parts, batch)
         train_metrics = steps.update(parts, state, batch)
         steps.sync(parts, batch)
-        if source:  # the new weights (version step + 1) to the rollout thread
-            source.publish(parts.backend.model, state.step + 1)
+        source.publish(parts.backend.model, state.step + 1)  # version step + 1 to the source
         policy_metrics = parts.backend.step_metrics(batch.rollout)  # MoE routing change
         metrics = steps.step_metrics(parts, batch, train_metrics, policy_metrics)
         state.step += 1

@@ -1,16 +1,16 @@
 """Asynchronous RL on the Ray backend: the Ray rollout workers generate the batches of the next
 steps while the FSDP2 ranks train (``--backend ray --rollout-workers M --max-staleness K``).
 
-:class:`RayAsyncSource` is :class:`~.async_source.AsyncSource` with another producer: the same
-:class:`~.async_rollout.RolloutThread` (admission: step s starts only with weights >= s - K),
-the same :class:`~.async_buffer.StalenessBuffer` (complete groups whose oldest token is >= s - K)
-and the same ``async/*`` metrics, but the thread runs in the driver and drives the
-:class:`~.ray_rollout.RolloutPool` (torch or vLLM engines in the worker actors) instead of a
-local engine.
+The same :class:`~.async_source.AsyncSource` as the local backend's (the same
+:class:`~.async_rollout.RolloutThread`, admission: step s starts only with weights >= s - K;
+the same :class:`~.async_buffer.StalenessBuffer`, complete groups whose oldest token is
+>= s - K; the same producers and ``async/*`` metrics) at another place: :class:`RayWorkers`, the
+thread in the driver driving the :class:`~.ray_rollout.RolloutPool` (torch or vLLM engines in the
+worker actors), with weights through :class:`ObjectStoreSink`.
 
 Weights: after the update of step k the loop gathers the full weights into the driver's copy
 (``RayFSDPBackend.push_weights``, into a torch engine in the driver that shares them and serves
-the evaluation) and calls ``publish``, which puts them in the object store once (``ray.put``)
+the evaluation) and calls ``publish``: the sink puts them in the object store once (``ray.put``)
 and hands the reference to the thread. The trainer never waits for the workers: the thread
 sends the reference to every worker (each loads it; Ray runs an actor's calls in order, so the
 next chunk samples with it) between two chunks.
@@ -33,7 +33,7 @@ trained twice and none is lost silently (``async/dropped_samples``, ``async/unus
 The versions of the regenerated batches may differ from the unbroken run's, and two async runs
 with one seed agree in prompts and draws, not bit for bit (thread timing).
 
-Multi-turn episodes: :class:`RayEpisodeSource` runs whole episodes in the driver's thread (the
+Multi-turn episodes: the episode producer runs whole episodes in the driver's thread (the
 environments step there) and each round of turns on the workers, chunk by chunk
 (:func:`chunked_round_generate`): new weights are loaded at a turn boundary or between two chunks
 of a turn, every policy token keeps its chunk's log-prob and version, and ``async_partial``
@@ -45,145 +45,97 @@ Not supported (refused): dynamic sampling, rollout_workers = 0.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
-from ..core.seeding import prompt_indices, step_generator
 from ..rollout.base import Rollout, SamplingParams
-from ..rollout.chunked import ChunkedGeneration
-from ..rollout.partial import sample_versions
+from ..rollout.chunked import ChunkedGeneration, stop_sequences
 from .async_episodes import EpisodeProducer, Restart, turn_boundary
-from .async_rollout import Produced, RolloutThread, WeightSync
-from .async_source import AsyncSource, mask_older_tokens
+from .async_local import driver_engine
+from .async_rollout import WeightSync
+from .async_source import AsyncSource, GroupProducer
 from .state import Parts
-from .steps import score_round
 
 
-def driver_engine(cfg: Any, model: torch.nn.Module, tokenizer: Any) -> Any:
-    """A torch engine in the driver on the driver's copy of the weights (which
-    ``push_weights`` refreshes every step): the evaluation's engine in async Ray runs, so an
-    evaluation never waits for the workers nor sees their (older) weights."""
-    from ..models.build import DTYPES
-    from ..rollout.build import build_engine
+class ObjectStoreSink:
+    """Weights by the Ray object store: one copy per update, loaded by every worker."""
 
-    return build_engine(
-        replace(cfg, rollout_engine="torch"),
-        model,
-        tokenizer,
-        pad_id=tokenizer.pad_token_id,
-        eos_id=tokenizer.eos_token_id,
-        dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-        share_weights=cfg.engine_dtype is None,
-    )
+    def __init__(self, pool: Any) -> None:
+        self.pool, self.ray = pool, pool.ray
 
+    def start(self, model: torch.nn.Module) -> None:
+        self.load(self.put(model))
 
-class RayAsyncSource(AsyncSource):
-    """Scored batches from the Ray rollout workers, driven by a rollout thread in the driver."""
-
-    def __init__(self, parts: Parts, model: torch.nn.Module) -> None:
-        cfg = parts.cfg
-        self.cfg, self.mode, self.model = cfg, cfg.async_partial, model
-        self.pool = parts.engine
-        self.ray = self.pool.ray
-        # The loop's engine (sync, evaluation) becomes a driver-side torch engine; the pool is
-        # the thread's alone.
-        parts.engine = driver_engine(cfg, model, parts.tokenizer)
-        self.parts = copy.copy(parts)  # score_round reads cfg, tokenizer, rewards from it
-        self.parts.engine = self.pool
-        self.chunk = cfg.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
-        self.thread: RolloutThread | None = None
-        self.unused = 0
-        self.chunks = 0  # chunk calls made (for tests and benchmarks)
-
-    def _put(self, model: torch.nn.Module) -> Any:
+    def put(self, model: torch.nn.Module) -> Any:
         return self.ray.put({k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
 
-    def start(self, start: int, end: int) -> None:
-        """Send the trainer's current weights (after a resume: the checkpoint's) to the workers,
-        then start the thread for steps ``start .. end - 1``."""
-        self._load(self._put(self.model))
-        self.thread = RolloutThread(
-            self._produce,
-            self._load,
-            start=start,
-            end=end,
-            group_size=self.cfg.group_size,
-            max_staleness=self.cfg.max_staleness,
-        )
-        self.thread.start()
-
-    def _load(self, ref: Any) -> None:
+    def load(self, ref: Any) -> None:
         """Every worker loads the weights in the object store (runs on the thread)."""
         self.pool._all(lambda w: w.update_weights.remote(ref), "the weight sync")
 
-    def _produce(self, step: int, weights: WeightSync) -> Produced:
-        """Generate (chunk by chunk, on the workers) and score the batch of ``step``."""
-        cfg, parts = self.cfg, self.parts
-        t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.prompts_per_step, cfg.seed)
-        prompts = [parts.prompt_cache[i] for i in idx]
 
-        def fresh() -> ChunkedGeneration:
-            gen = step_generator(cfg.seed, step, stream=0, device=torch.device("cpu"))
-            pad = parts.tokenizer.pad_token_id
-            return ChunkedGeneration(
-                self.pool, prompts, cfg.group_size, parts.params, gen, self.chunk, pad,
-                stop_sequences(parts.tokenizer, parts.params.stop_strings),
-            )  # fmt: skip
+class RayWorkers:
+    """Tokens generated on the Ray rollout workers, chunk by chunk (at most ``chunk`` new
+    tokens per call); new weights enter between two chunks."""
 
-        g = fresh()
+    def __init__(self, pool: Any, chunk: int, tokenizer: Any) -> None:
+        self.pool, self.engine, self.chunk, self.tokenizer = pool, pool, chunk, tokenizer
+        self.device = torch.device("cpu")  # the step generators (chunk generators derive)
+        self.chunks = 0  # chunk calls made (for tests and benchmarks)
+
+    def generation(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> ChunkedGeneration:
+        stops = stop_sequences(self.tokenizer, params.stop_strings)
+        pad = self.tokenizer.pad_token_id
+        return ChunkedGeneration(self.pool, prompts, n, params, generator, self.chunk, pad, stops)
+
+    def one_turn(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: Callable[[], torch.Generator],
+        weights: WeightSync,
+        mode: str,
+    ) -> Rollout:
+        g = self.generation(prompts, n, params, generator())
         while not g.done:
             self.generate_chunk(g, weights.version)
             if weights.newer() and not g.done:  # new weights between two chunks
                 weights.sync()
-                if self.mode == "restart":
-                    g = fresh()
-        rollout = g.result()
-        if self.mode == "mask":
-            rollout = mask_older_tokens(rollout)
-        oldest, newest = sample_versions(rollout)  # [N], [N]
-        sampled = score_round(parts, rollout.to(parts.device), [parts.train_set[i] for i in idx])
-        size = cfg.group_size
-        lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
-        return Produced(lo, hi, sampled, time.perf_counter() - t0)
+                if mode == "restart":
+                    g = self.generation(prompts, n, params, generator())
+        return g.result()
 
     def generate_chunk(self, g: ChunkedGeneration, version: int) -> None:
         """One chunk on the workers (a method, so tests can slow the workers down)."""
         g.run_chunk(version)
         self.chunks += 1
 
-    def publish(self, model: torch.nn.Module, version: int) -> None:
-        """After the update of step ``version - 1``: one object-store copy of the gathered
-        weights for the thread; returns at once (the workers load it between chunks)."""
-        assert self.thread is not None
-        self.thread.publish(self._put(model), version)
+    def round_hook(
+        self, weights: WeightSync, mode: str, counts: dict[str, float]
+    ) -> Callable[..., Rollout]:
+        return chunked_round_generate(self, weights, mode, counts)
 
-    def close(self) -> int:
-        """Stop the thread (it finishes its step), close the workers; the unused samples."""
-        try:
-            return super().close()
-        finally:
-            self.pool.close()
-
-
-def stop_sequences(tokenizer: Any, stop_strings: tuple[str, ...]) -> list[list[int]]:
-    """The stop strings' token ids (as the engines encode them), for the chunk boundaries."""
-    return [list(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in stop_strings]
+    def close(self) -> None:
+        self.pool.close()
 
 
 def chunked_round_generate(
-    source: RayAsyncSource, weights: WeightSync, mode: str, counts: dict[str, float]
+    place: RayWorkers, weights: WeightSync, mode: str, counts: dict[str, float]
 ) -> Callable[..., Rollout]:
     """The driver's ``generate`` hook on the workers: one round of turns, chunk by chunk, with
     weight loads at the turn boundary and between chunks, each token tagged with its version;
     counts the loads in ``counts``. Each round advances the step generator by one draw, so the
     rounds of an episode sample from different streams."""
     rounds = [0]
-    pad = source.parts.tokenizer.pad_token_id
 
     def generate(
         prompts: list[list[int]],
@@ -192,10 +144,9 @@ def chunked_round_generate(
         generator: torch.Generator | None = None,
     ) -> Rollout:
         turn_boundary(weights, mode, rounds, counts)
-        stops = stop_sequences(source.parts.tokenizer, params.stop_strings)
-        g = ChunkedGeneration(source.pool, prompts, n, params, generator, source.chunk, pad, stops)
+        g = place.generation(prompts, n, params, generator)
         while not g.done:
-            source.generate_chunk(g, weights.version)
+            place.generate_chunk(g, weights.version)
             if weights.newer() and not g.done:  # new weights between two chunks of a turn
                 if mode == "restart":
                     raise Restart
@@ -208,26 +159,23 @@ def chunked_round_generate(
     return generate
 
 
-class RayEpisodeSource(EpisodeProducer, RayAsyncSource):
-    """Scored batches of multi-turn episodes: the environments step in the driver's rollout
-    thread, the turns are generated on the Ray rollout workers."""
-
-    def round_hook(self, weights: WeightSync, counts: dict[str, float]) -> Callable[..., Rollout]:
-        return chunked_round_generate(self, weights, self.mode, counts)
-
-    def episode_engine(self) -> tuple[Any, torch.device]:
-        return self.pool, torch.device("cpu")
-
-
-def build_ray_source(parts: Parts, model: torch.nn.Module) -> RayAsyncSource:
-    """The Ray async source; what it cannot do is refused here, and the workers, ranks and Ray
-    that ``build_ray_parts`` started are shut down before the error propagates."""
+def build_ray_source(parts: Parts, model: torch.nn.Module) -> AsyncSource:
+    """The Ray async source: groups or episodes made on the rollout workers. The loop's engine
+    (sync, evaluation) becomes a driver-side torch engine; the pool is the thread's alone. What
+    it cannot do is refused here, and the workers, ranks and Ray that ``build_ray_parts``
+    started are shut down before the error propagates."""
     try:
         if not hasattr(parts.engine, "workers"):
             raise ValueError("max_staleness >= 1 with backend='ray' needs rollout_workers >= 1")
-        if parts.episodes.env.multi_turn:
-            return RayEpisodeSource(parts, model)
-        return RayAsyncSource(parts, model)
+        cfg, pool = parts.cfg, parts.engine
+        parts.engine = driver_engine(cfg, model, parts.tokenizer)
+        view = copy.copy(parts)  # the producer reads cfg, prompts, tokenizer, rewards from it
+        view.engine = pool
+        chunk = cfg.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
+        place = RayWorkers(pool, chunk, parts.tokenizer)
+        multi = parts.episodes.env.multi_turn
+        producer = EpisodeProducer(view) if multi else GroupProducer(view)
+        return AsyncSource(cfg, producer, place, ObjectStoreSink(pool), model)
     except BaseException:
         parts.engine.close()
         parts.backend.close()

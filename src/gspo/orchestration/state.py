@@ -76,5 +76,5 @@ class Parts:
     """Rewards on Ray tasks (``orchestration.ray_rewards.RayScorer``; the task's environment
     scores with its ``each``, :meth:`Episodes.use_scorer`); None: in this process."""
     source: Any = None
-    """Async rollouts (``orchestration.async_source``, max_staleness >= 1): where each step's
-    scored batch comes from instead of ``steps.collect``; None: the synchronous loop."""
+    """Where each step's scored batch comes from (``orchestration.source.BatchSource``): the
+    synchronous source, or the async one when max_staleness >= 1; None: synchronous."""

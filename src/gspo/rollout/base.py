@@ -12,10 +12,14 @@ not change the recorded log-prob. At temperature 1 this is the model's own distr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
+
+NO_VERSION = -1
+"""``Rollout.versions`` value on positions that hold no generated token (padding)."""
 
 
 @dataclass(frozen=True)
@@ -135,4 +139,50 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Make the engine sample from ``model``'s current weights."""
+        ...
+
+
+@runtime_checkable
+class PartialGeneration(Protocol):
+    """A generation that can stop part way and continue later, possibly under new weights (the
+    partial rollouts of asynchronous RL). Each token keeps the log-prob and the policy version
+    of the weights that made it (``Rollout.versions``)."""
+
+    @property
+    def done(self) -> bool:
+        """Every row finished (stop rule or ``max_new_tokens``)."""
+        ...
+
+    def run(
+        self, max_tokens: int | None, version: int, stop: Callable[[], bool] | None = None
+    ) -> int:
+        """Generate up to ``max_tokens`` more tokens (None: to the end) with the engine's current
+        weights, tagged ``version``, stopping early at the first boundary (a token, or a chunk
+        for engines that cannot stop at any token) after which ``stop()`` is true; return the
+        steps taken."""
+        ...
+
+    def pause(self) -> None:
+        """Call before the engine's weights change: what was computed with the old ones goes."""
+        ...
+
+    def result(self) -> Rollout:
+        """The generation as a ``Rollout`` with ``versions``; call once ``done``."""
+        ...
+
+
+@runtime_checkable
+class ResumableEngine(RolloutEngine, Protocol):
+    """An engine with its own partial generation (the torch engine: a pause at any token, bit
+    for bit ``generate`` without one). Engines without it run partial rollouts as chunks of
+    ``generate`` calls (:func:`gspo.rollout.partial.partial_generation`)."""
+
+    def partial(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> PartialGeneration:
+        """A :class:`PartialGeneration` of ``n`` completions per prompt (rows ``i * n + j``)."""
         ...

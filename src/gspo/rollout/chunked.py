@@ -25,13 +25,13 @@ torch-only pause at any token):
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-from .base import Rollout, SamplingParams
-from .partial import NO_VERSION
+from .base import NO_VERSION, Rollout, SamplingParams
 
 
 def chunk_generator(generator: torch.Generator | None, chunk: int) -> torch.Generator | None:
@@ -123,6 +123,22 @@ class ChunkedGeneration:
                 self.finish[i] = "length"
         self.calls += 1
 
+    def run(
+        self, max_tokens: int | None, version: int, stop: Callable[[], bool] | None = None
+    ) -> int:
+        """Chunks until done, ``max_tokens`` (rounded up to whole chunks) or a chunk after
+        which ``stop()`` is true (:class:`~gspo.rollout.base.PartialGeneration`); the tokens
+        each unfinished row advanced by."""
+        before = self.generated
+        while not self.done and (max_tokens is None or self.generated - before < max_tokens):
+            self.run_chunk(version)
+            if stop is not None and stop():
+                break
+        return self.generated - before
+
+    def pause(self) -> None:
+        """Nothing to drop: every chunk is a new request (no cache carried over)."""
+
     def _stop_across(self, tokens: list[int], boundary: int) -> int | None:
         """The end of the first stop sequence in ``tokens`` that starts before ``boundary``
         (the previous chunks' tokens) and ends after it, or None. The engine saw only the
@@ -168,3 +184,8 @@ class ChunkedGeneration:
             prompt_index=torch.arange(len(self.prompts)).repeat_interleave(self.n),  # [N]
             versions=versions,
         )
+
+
+def stop_sequences(tokenizer: Any, stop_strings: tuple[str, ...]) -> list[list[int]]:
+    """The stop strings' token ids (as the engines encode them), for the chunk boundaries."""
+    return [list(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in stop_strings]

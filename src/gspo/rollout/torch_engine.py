@@ -8,16 +8,21 @@ with shared weights its log-probs equal ``gspo.models.token_logprobs`` up to flo
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from gspo.models import forward_kwargs_support, positions_from_mask
 from gspo.models.fast_forward import FastDecoder, has_forward_hooks
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.stops import encode_stop
+from gspo.rollout.torch_decode import (
+    DecodeState,
+    ResumableGeneration,
+    check_request,
+    float_logits,
+    sample_next,
+)
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -42,81 +47,6 @@ def _new_cache(model: torch.nn.Module) -> DynamicCache:
         return DynamicCache(config=model.config)
     except TypeError:  # older transformers: no config argument
         return DynamicCache()
-
-
-@dataclass
-class _DecodeState:
-    """The buffers one ``generate`` call fills step by step."""
-
-    tokens: torch.Tensor  # [N, M] sampled ids, pad after a row finished
-    logps: torch.Tensor  # [N, M] their log-probs, 0 after a row finished
-    cmask: torch.Tensor  # [N, M] 1 for generated tokens
-    finished: torch.Tensor  # [N] bool: the row is done
-    stopped: torch.Tensor  # [N] bool: it ended by a stop rule (not the length cap)
-    stop_tokens: torch.Tensor  # [S] ids that end a row
-    stop_seqs: list[torch.Tensor]  # id sequences that end a row once they close it
-
-
-def _float_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Half-precision logits upcast to float32 (sampling and log-probs in at least float32)."""
-    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-
-
-def inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Token per row of ``probs`` [N, V] (non-negative, any row sum > 0) for uniforms ``u`` [N]
-    in [0, 1): the first index whose cumulative mass exceeds ``u`` times the row's total.
-
-    The cumulative sum is float64 so tail tokens keep their own mass against a running total
-    near 1 (in float32 a 1e-9 token added to 0.5 would round to 0 or to twice its mass).
-    Zero-mass tokens are never returned: the cumulative sum does not grow across them.
-    """
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # [N, V]
-    total = cdf[:, -1:].contiguous()  # [N, 1]
-    idx = torch.searchsorted(cdf, u.to(torch.float64).unsqueeze(-1) * total, right=True)  # [N, 1]
-    # u * total can round up to total itself, past every entry: take the last token with mass.
-    last = torch.searchsorted(cdf, total, right=False)  # [N, 1]
-    return torch.minimum(idx, last).squeeze(-1)  # [N]
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float,
-    top_p: float,
-    generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row from ``logits`` [N, V]; return (tokens [N], log-probs [N]).
-
-    Greedy (argmax) when ``temperature == 0``, its log-prob then from the T=1 distribution.
-    Otherwise sample from softmax(logits / T), restricted by top-p to the smallest top set whose
-    mass reaches ``top_p`` (the top token always kept). The log-prob is always of the full
-    temperature-scaled distribution, before top-p (the convention in ``rollout.base``).
-    """
-    t = 1.0 if temperature == 0 else float(temperature)
-    scaled = logits / t  # [N, V]
-    logp = F.log_softmax(scaled, dim=-1)  # [N, V]
-    if temperature == 0:
-        tokens = logits.argmax(dim=-1)  # [N]
-    else:
-        if top_p < 1.0:
-            sorted_logp, order = logp.sort(dim=-1, descending=True)  # [N, V], [N, V]
-            sorted_p = sorted_logp.exp()  # [N, V]
-            # Mass strictly before each token: a token is needed while that is still < top_p,
-            # which keeps the smallest prefix with mass >= top_p.
-            mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # [N, V]
-            drop_sorted = mass_before >= top_p  # [N, V]
-            drop_sorted[:, 0] = False  # the top token always stays, even for tiny top_p
-            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # [N, V]
-            probs = logp.masked_fill(drop, float("-inf")).softmax(dim=-1)  # [N, V]
-        else:
-            probs = logp.exp()  # [N, V]
-        # One uniform per row (drawn where the generator lives, so a CPU seed still rules a GPU
-        # model), then the inverse CDF. torch.multinomial draws an exponential per vocabulary
-        # entry instead: 66 ms against 4 ms for 32 rows x 49k on 2 CPU threads.
-        gen_device = generator.device if generator is not None else probs.device
-        u = torch.rand(probs.shape[0], dtype=torch.float64, generator=generator, device=gen_device)
-        tokens = inverse_cdf_sample(probs, u.to(probs.device))  # [N]
-    token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # [N]
-    return tokens, token_logp
 
 
 class TorchEngine:
@@ -190,7 +120,7 @@ class TorchEngine:
     def _forward(self, kw: dict, **inputs: torch.Tensor) -> torch.Tensor:
         """Last-position logits [N, V] of one cached forward, in at least float32."""
         out = self.model(**inputs, **kw)
-        return _float_logits(out.logits[:, -1])  # [N, V]
+        return float_logits(out.logits[:, -1])  # [N, V]
 
     def generate(
         self,
@@ -221,6 +151,18 @@ class TorchEngine:
             prompt_index=out["prompt_index"].clone(),
         )
 
+    def partial(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> ResumableGeneration:
+        """A generation that can stop after any token and continue under new weights
+        (:class:`~gspo.rollout.base.PartialGeneration`); run to the end without a pause it
+        equals :meth:`generate` bit for bit."""
+        return ResumableGeneration(self, prompts, n, params, generator)
+
     def _start(self, base_ids: torch.Tensor, base_mask: torch.Tensor, n: int, max_new: int):
         """Prefill the distinct prompts ``base_ids`` [B, P] once and repeat their state for the
         ``n`` samples of each (rows laid out ``i * n + j``); return (last-position logits
@@ -235,10 +177,10 @@ class TorchEngine:
         num = base_ids.shape[0] * n
         if self.fast and FastDecoder.supports(self.model):
             dec = FastDecoder(self.model, batch=num, max_len=base_ids.shape[1] + max_new)
-            logits = _float_logits(dec.prefill(base_ids, base_mask, positions, repeats=n))
+            logits = float_logits(dec.prefill(base_ids, base_mask, positions, repeats=n))
 
             def advance_fast(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-                return _float_logits(dec.decode(tok, pos))
+                return float_logits(dec.decode(tok, pos))
 
             return logits, advance_fast
 
@@ -281,9 +223,7 @@ class TorchEngine:
 
         return logits, advance_hf
 
-    def _record(
-        self, st: _DecodeState, t: int, tok: torch.Tensor, lp: torch.Tensor
-    ) -> torch.Tensor:
+    def _record(self, st: DecodeState, t: int, tok: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
         """Write step ``t``'s sampled tokens [N] and log-probs [N] (pad / 0 for finished rows)
         into ``st`` and update its stop flags in place; return the tokens to feed next."""
         active = ~st.finished  # [N]
@@ -335,7 +275,7 @@ class TorchEngine:
         )  # [S]
         stop_tensors = [torch.tensor(s, dtype=torch.long, device=dev) for s in stop_seqs]
 
-        state = _DecodeState(tokens, logps, cmask, finished, stopped, stop_tokens, stop_tensors)
+        state = DecodeState(tokens, logps, cmask, finished, stopped, stop_tokens, stop_tensors)
         steps = 0
         if max_new > 0:
             logits, advance = self._start(base_ids, base_mask, n, max_new)  # [N, V]
@@ -362,15 +302,3 @@ class TorchEngine:
             "finish_reasons": reasons,
             "prompt_index": prompt_index,
         }
-
-
-def check_request(prompts: list[list[int]], n: int, params: SamplingParams) -> None:
-    """A clear ValueError for a generation request no engine can serve."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty token-id lists")
-    if params.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {params.temperature}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")

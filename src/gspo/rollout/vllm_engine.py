@@ -56,7 +56,7 @@ from safetensors.torch import save
 from gspo.models.lora import has_lora, merged_copy
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.stops import encode_stop
-from gspo.rollout.torch_engine import check_request
+from gspo.rollout.torch_decode import check_request
 from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay importable here)
     CPU_HEAD_SIZES,
     _model_config,
