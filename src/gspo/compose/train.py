@@ -15,6 +15,7 @@ from pathlib import Path
 from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
+from ..config.combinations import early_problems, split
 from ..envs import ENVIRONMENTS, env_for
 from ..envs.loop import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
@@ -58,6 +59,10 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     removes an earlier run's checkpoints and final model from ``output_dir``, so that two runs
     never mix there (``gspo train`` refuses such a folder unless ``--overwrite`` moved it
     aside). ``stop_after``: the global step to stop at, with a checkpoint."""
+    opts = split(cfg)  # the one split of the flat config into each component's options
+    early = early_problems(opts)  # what construction refused before (a config made in Python)
+    if early:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(early))
     check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
     check_backend_available(cfg)  # backend='ray': Ray installed, ray_address reachable
     set_threads(cfg.threads)

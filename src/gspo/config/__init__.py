@@ -31,15 +31,7 @@ from .fields import (
 )
 from .presets import PRESETS
 from .train import SFTConfig, TrainConfig
-from .validation import (
-    _validate_eval,
-    _validate_model_fields,
-    _validate_moe,
-    _validate_train,
-    validate,
-    validate_engine,
-    validate_options,
-)
+from .validation import _validate_eval, _validate_model_fields, validate, validate_engine
 
 __all__ = [
     "ALGOS",
@@ -60,8 +52,6 @@ __all__ = [
     "_doc",
     "_validate_eval",
     "_validate_model_fields",
-    "_validate_moe",
-    "_validate_train",
     "build",
     "coerce",
     "field_docs",
@@ -70,5 +60,4 @@ __all__ = [
     "to_dict",
     "validate",
     "validate_engine",
-    "validate_options",
 ]
