@@ -33,9 +33,11 @@ class FSDPRank:
     def __init__(self, cfg, rank: int, world: int):
         from ..models.build import set_threads
 
-        set_threads(cfg.threads)
+        set_threads(cfg.run.threads)
         self.cfg, self.rank, self.world = cfg, rank, world
-        cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+        cuda = cfg.run.device.startswith("cuda") or (
+            cfg.run.device == "auto" and torch.cuda.is_available()
+        )
         self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")  # Ray: 1 GPU each
 
     def rendezvous(self) -> str:
@@ -62,7 +64,7 @@ class FSDPRank:
         from .update import _frozen_copy, lr_lambda
 
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.run.seed)
         timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
         store = getattr(self, "_store", None)  # rank 0 holds the listening store
         if store is None:
@@ -75,20 +77,20 @@ class FSDPRank:
             world_size=self.world,
             timeout=timeout,
         )
-        model, _ = build_policy(cfg, self.device)
+        model, _ = build_policy(cfg.model, self.device, seed=cfg.run.seed)
         model.load_state_dict(state)
         # The frozen reference stays whole on every rank: no collectives, used row by row.
-        self.ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
-        if cfg.activation_checkpointing:  # recompute each layer in backward (HF's wrapper)
+        self.ref_model = _frozen_copy(model) if cfg.loss.kl_coef > 0 else None
+        if cfg.backend.activation_checkpointing:  # recompute each layer in backward (HF's wrapper)
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         shard_kw = {}
-        if cfg.fsdp_param_dtype is not None:  # compute in bf16/fp16, reduce in fp32
+        if cfg.backend.fsdp_param_dtype is not None:  # compute in bf16/fp16, reduce in fp32
             from torch.distributed.fsdp import MixedPrecisionPolicy
 
             shard_kw["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=getattr(torch, cfg.fsdp_param_dtype), reduce_dtype=torch.float32
+                param_dtype=getattr(torch, cfg.backend.fsdp_param_dtype), reduce_dtype=torch.float32
             )
         for layer in model.model.layers:  # one all-gather per decoder layer, then the rest
             fully_shard(layer, **shard_kw)
@@ -102,13 +104,13 @@ class FSDPRank:
         self.model = model
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
-            lr=cfg.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            weight_decay=cfg.weight_decay,
+            lr=cfg.optim.lr,
+            betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
+            weight_decay=cfg.optim.weight_decay,
             fused=True,  # as the local backend (CPU and CUDA): DTensor shards take it too
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.warmup_steps)
+            self.optimizer, lr_lambda(cfg.optim.warmup_steps)
         )
 
     def pid(self) -> int:
@@ -130,7 +132,7 @@ class FSDPRank:
                 rollout.prompt_mask[run],
                 rollout.completion_ids[run],
                 rollout.completion_mask[run],
-                temperature=self.cfg.temperature,
+                temperature=self.cfg.rollout.temperature,
             )  # [n_r, L]
         return logprobs[: len(rows)].cpu()
 

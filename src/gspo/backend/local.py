@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..models import save_model
 from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
@@ -24,21 +26,21 @@ from .update import _frozen_copy, _old_logprobs, lr_lambda, update_policy
 class LocalBackend:
     """:class:`~gspo.backend.base.TrainingBackend` for one process (CPU or one GPU)."""
 
-    def __init__(self, cfg: Any, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, cfg: Options, model: torch.nn.Module, device: torch.device) -> None:
         self.cfg, self.model, self.device = cfg, model, device
         # Copied from the freshly built policy, before any restore: a resumed run keeps the
         # reference weights an unbroken run would use.
-        self.ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
+        self.ref_model = _frozen_copy(model) if cfg.loss.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
-            lr=cfg.lr,
-            betas=(cfg.adam_beta1, cfg.adam_beta2),
-            weight_decay=cfg.weight_decay,
+            lr=cfg.optim.lr,
+            betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2),
+            weight_decay=cfg.optim.weight_decay,
             # One fused kernel instead of a dozen foreach ops per step: ~3-4x faster on CPU.
             fused=device.type in ("cpu", "cuda") or None,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.warmup_steps)
+            self.optimizer, lr_lambda(cfg.optim.warmup_steps)
         )
 
     def old_logprobs(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
-from ..config.combinations import early_problems, split
+from ..config.combinations import Options, early_problems, split
 from ..envs import ENVIRONMENTS, env_for
 from ..envs.loop import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
@@ -27,7 +27,7 @@ from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
 from ..orchestration.ray_rewards import use_ray_tasks
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
-from ..rollout.build import build_engine, check_engine_available, close_engine
+from ..rollout.build import check_engine_available, close_engine, train_engine
 from .parts import (
     build_task,
     build_train_reward,
@@ -63,8 +63,8 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     early = early_problems(opts)  # what construction refused before (a config made in Python)
     if early:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(early))
-    check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
-    check_backend_available(cfg)  # backend='ray': Ray installed, ray_address reachable
+    check_engine_available(opts.engine)  # e.g. vLLM missing: say so before any work
+    check_backend_available(opts.backend)  # backend='ray': Ray installed, ray_address reachable
     set_threads(cfg.threads)
     out = Path(cfg.output_dir)
     found = None
@@ -87,7 +87,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     # The run's config at its root, so `gspo report` can group runs by algo and seed.
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
-    parts = build_parts(cfg, out)
+    parts = build_parts(cfg, out, opts)
     state = StepState(seed=cfg.seed)
     try:
         if found is not None:
@@ -116,22 +116,24 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         parts.backend.close()
 
 
-def build_parts(cfg: TrainConfig, out: Path) -> Parts:
-    """The run's parts: policy and its backend, rollout engine, task, rewards, prompts."""
+def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Parts:
+    """The run's parts: policy and its backend, rollout engine, task, rewards, prompts. Below
+    here every layer reads its options (``opts``: ``split(cfg)``), not the flat config."""
+    opts = opts if opts is not None else split(cfg)
     device = resolve_device(cfg.device)
-    model, tokenizer = build_policy(cfg, device)
+    model, tokenizer = build_policy(opts.model, device, seed=cfg.seed)
     task = build_task(cfg)
     if not task.train:
         raise ValueError(f"task {task.name} has no training problems")
     # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
-    fmt = build_prompt_format(cfg, tokenizer, model)
-    train_reward = build_train_reward(cfg, task)
+    fmt = build_prompt_format(opts.model, tokenizer, model)
+    train_reward = build_train_reward(opts.reward, task)
     workers = reward_workers(train_reward, cfg.reward_workers)
     # Every task runs episodes of its environment through gspo.envs (single-turn: one turn);
     # without a registered one, the task's reward is its environment (+ the format bonus).
-    env = env_for(task, cfg, fmt.chat)
+    env = env_for(task, opts.task, fmt.chat)
     own = None if task.name in ENVIRONMENTS else train_reward
-    episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=own, workers=workers)
+    episodes = make_episodes(opts, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         from ..envs.sandbox import isolation
 
@@ -143,25 +145,23 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     if cfg.backend == "ray":  # FSDP2 ranks (+ rollout workers) as Ray actors
         from ..orchestration.ray_parts import build_ray_parts, ray_scorer
 
-        tasks = workers if use_ray_tasks(cfg, train_reward) else 0  # rewards in Ray tasks
-        backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
+        tasks = workers if use_ray_tasks(opts, train_reward) else 0  # rewards in Ray tasks
+        backend, engine = build_ray_parts(opts, model, tokenizer, out, reward_cpus=tasks)
         scorer = ray_scorer(backend, engine, tasks, (train_reward, task.reward))
         if scorer is not None:
             episodes.use_scorer(scorer.each)
     else:
         # torch (shares the model unless engine_dtype) or vLLM (its own copy, synced every step).
-        engine = build_engine(
-            cfg,
+        engine = train_engine(
+            opts,
             model,
             tokenizer,
-            pad_id=tokenizer.pad_token_id,
-            eos_id=tokenizer.eos_token_id,
             dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
             share_weights=cfg.engine_dtype is None,
         )
         if engine.model is not None:  # an engine copy in float64 needs the eager experts
             moe.fit_experts_kernel(engine.model)
-        backend = LocalBackend(cfg, model, device)
+        backend = LocalBackend(opts, model, device)
     params = SamplingParams(
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,
@@ -169,7 +169,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         stop_token_ids=fmt.stop_token_ids,
     )
     parts = Parts(
-        cfg=cfg,
+        cfg=opts,
         backend=backend,
         engine=engine,
         tokenizer=tokenizer,

@@ -51,6 +51,10 @@ class Options:
             self.asynchronous,
         )
 
+    def flat(self) -> TrainConfig:
+        """The flat config these options were cut from (checkpoints save its fields)."""
+        return TrainConfig(**{k: v for part in self.parts() for k, v in vars(part).items()})
+
     def problems(self) -> list[str]:
         """Every problem of every component, then every refused combination, without repeats."""
         out: list[str] = []

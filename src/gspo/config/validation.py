@@ -15,7 +15,7 @@ from typing import Any
 from .combinations import split
 from .evaluation import EvalConfig
 from .fields import DTYPES, ConfigError
-from .names import CHAT_MODES, one_of
+from .names import ANSWER_FORMATS, CHAT_MODES, environment_tasks, one_of, rewards, tasks
 from .options import EngineOptions, ModelOptions, bad_device, device_ok
 from .train import TrainConfig
 
@@ -77,39 +77,42 @@ def train_problems(cfg: TrainConfig) -> list[str]:
     _validate_task(cfg, need)
     _validate_file_task(cfg, need)
     if cfg.format_reward_weight:  # a task with its own environment: the env gives the rewards
-        from gspo.envs.base import format_bonus_problem
-
-        problem = format_bonus_problem(cfg.task, cfg.format_reward_weight)
-        need(problem is None, problem or "")
+        need(
+            cfg.task not in environment_tasks(),
+            format_bonus_refusal(cfg.task, cfg.format_reward_weight),
+        )
     problems += [p for p in split(cfg).problems() if p not in problems]
     return problems
+
+
+def format_bonus_refusal(name: str, weight: float) -> str:
+    """As ``gspo.envs.base.format_bonus_refusal`` says it at run time (a test keeps them equal)."""
+    return (
+        f"format_reward_weight={weight} applies to tasks scored by a reward function; task "
+        f"{name!r} has its own environment, which gives its episodes' rewards (set "
+        "format_reward_weight to 0)"
+    )
 
 
 def _validate_file_task(cfg: Any, need: Any) -> None:
     if cfg.task == "file":
         need(cfg.train_file is not None, "task='file' needs train_file")
-        from gspo.envs.rewards import REWARDS  # torch-free, as in _check_names
-
-        need(cfg.reward is not None, f"task='file' needs reward, one of {', '.join(REWARDS)}")
+        need(cfg.reward is not None, f"task='file' needs reward, one of {', '.join(rewards())}")
 
 
 def _validate_task(cfg: Any, need: Any) -> None:
     """The task and reward names, against their registries (torch-free modules)."""
-    from gspo.envs.rewards import REWARDS
-    from gspo.envs.tasks import TASKS
-
     files = ("file",) if not isinstance(cfg, EvalConfig) else ()  # eval reads --data instead
-    tasks = (*TASKS, *files)
-    need(cfg.task in tasks, one_of("task", cfg.task, tasks, noun="task"))
+    names = (*tasks(), *files)
+    need(cfg.task in names, one_of("task", cfg.task, names, noun="task"))
     if cfg.reward is not None:
-        need(cfg.reward in REWARDS, one_of("reward", cfg.reward, REWARDS, noun="reward"))
+        known = rewards()
+        need(cfg.reward in known, one_of("reward", cfg.reward, known, noun="reward"))
 
 
 def _validate_model_fields(cfg: Any, need: Any) -> None:
     """Prompt formatting and answer format (the train and SFT configs' other model fields:
     ``ModelOptions.problems``)."""
-    from gspo.envs.tasks.files import ANSWER_FORMATS  # torch-free
-
     need(cfg.chat_template in CHAT_MODES, one_of("chat_template", cfg.chat_template, CHAT_MODES))
     need(
         cfg.answer_format in ANSWER_FORMATS,

@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..core.seeding import prompt_indices, step_generator
 from ..rollout.base import Rollout, SamplingParams
 from ..rollout.partial import ResumableGeneration, sample_versions
@@ -114,7 +116,7 @@ class EpisodeProducer:
     ``RayAsyncSource`` on Ray): the producer runs whole episodes through the driver with the
     source's round hook (:meth:`round_hook`), and ``collect`` hands them to the trainer."""
 
-    cfg: Any
+    cfg: Options
     parts: Parts
     mode: str
     thread: Any
@@ -131,17 +133,17 @@ class EpisodeProducer:
         """Run and score the episodes of ``step`` (on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.prompts_per_step, cfg.seed)
+        idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
         examples = [parts.train_set[i] for i in idx]
         counts = {"async/turn_boundary_syncs": 0.0, "async/mid_turn_syncs": 0.0}
         counts["async/restarts"] = 0.0
         engine, device = self.episode_engine()
         while True:
-            gen = step_generator(cfg.seed, step, stream=0, device=device)
+            gen = step_generator(cfg.run.seed, step, stream=0, device=device)
             hook = self.round_hook(weights, counts)
             try:
                 got = parts.episodes.collect(
-                    engine, examples, cfg.group_size, parts.params, gen, weights.version,
+                    engine, examples, cfg.rollout.group_size, parts.params, gen, weights.version,
                     generate=hook,
                 )  # fmt: skip
                 break
@@ -156,7 +158,7 @@ class EpisodeProducer:
         rollout.extras["policy_version"] = oldest  # [N] the version that sets its staleness
         payload = EpisodeBatch(_to_device(rollout, parts.device), returns, advantages, metrics)
         payload.counts = counts
-        size = cfg.group_size
+        size = cfg.rollout.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, payload, time.perf_counter() - t0)
 
@@ -167,12 +169,14 @@ class EpisodeProducer:
         if not groups:
             raise RuntimeError(
                 f"step {state.step}: every group was older than max_staleness="
-                f"{self.cfg.max_staleness} and dropped"
+                f"{self.cfg.asynchronous.max_staleness} and dropped"
             )
         made: EpisodeBatch = groups[0].payload
         rollout, returns, advantages = made.rollout, made.returns, made.advantages
-        if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted groups
-            size = self.cfg.group_size
+        if (
+            len(groups) < self.cfg.rollout.prompts_per_step
+        ):  # some dropped: keep the admitted groups
+            size = self.cfg.rollout.group_size
             slots = torch.tensor([g.key[1] for g in groups])  # [n]
             rows = (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
             extras = {k: v[rows.to(v.device)] for k, v in rollout.extras.items()}

@@ -74,7 +74,7 @@ class AsyncSource:
 
     def __init__(self, parts: Parts, model: torch.nn.Module) -> None:
         self.cfg = parts.cfg
-        self.mode = self.cfg.async_partial
+        self.mode = self.cfg.asynchronous.async_partial
         # The thread's own engine: a copy of the weights (the trainer updates its model while
         # the thread samples), in the engine dtype when one is set.
         engine = parts.engine
@@ -102,8 +102,8 @@ class AsyncSource:
             self._load,
             start=start,
             end=end,
-            group_size=self.cfg.group_size,
-            max_staleness=self.cfg.max_staleness,
+            group_size=self.cfg.rollout.group_size,
+            max_staleness=self.cfg.asynchronous.max_staleness,
         )
         self.thread.start()
 
@@ -115,12 +115,14 @@ class AsyncSource:
         """Generate and score the batch of ``step`` (runs on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.prompts_per_step, cfg.seed)
+        idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
         prompts = [parts.prompt_cache[i] for i in idx]
 
         def fresh() -> ResumableGeneration:
-            gen = step_generator(cfg.seed, step, stream=0, device=self.engine.device)
-            return ResumableGeneration(self.engine, prompts, cfg.group_size, parts.params, gen)
+            gen = step_generator(cfg.run.seed, step, stream=0, device=self.engine.device)
+            return ResumableGeneration(
+                self.engine, prompts, cfg.rollout.group_size, parts.params, gen
+            )
 
         g = fresh()
         while not g.done:
@@ -137,7 +139,7 @@ class AsyncSource:
         sampled = score_round(
             parts, _to_device(rollout, parts.device), [parts.train_set[i] for i in idx]
         )
-        size = cfg.group_size
+        size = cfg.rollout.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)
 
@@ -148,12 +150,12 @@ class AsyncSource:
         if not groups:
             raise RuntimeError(
                 f"step {state.step}: every group was older than max_staleness="
-                f"{self.cfg.max_staleness} and dropped"
+                f"{self.cfg.asynchronous.max_staleness} and dropped"
             )
         sampled = groups[0].payload
         rollout, rewards, task = sampled.rollout, sampled.rewards, sampled.task_rewards
-        if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted rows
-            size = self.cfg.group_size
+        if len(groups) < self.cfg.rollout.prompts_per_step:  # some dropped: keep the admitted rows
+            size = self.cfg.rollout.group_size
             slots = torch.tensor([g.key[1] for g in groups])  # [n]
             rows = (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
             rollout, rewards = select_rows(rollout, rows), rewards[rows]
@@ -183,9 +185,9 @@ def build_source(parts: Parts, model: Any) -> AsyncSource | None:
     """The async source when ``max_staleness`` >= 1, else None (the synchronous loop); on
     the Ray backend the rollout workers' (``orchestration.ray_async``, single-turn only); for a
     multi-turn task on the local backend, the episodes' (``async_episodes``)."""
-    if parts.cfg.max_staleness < 1:
+    if parts.cfg.asynchronous.max_staleness < 1:
         return None
-    if getattr(parts.cfg, "backend", "local") == "ray":
+    if parts.cfg.backend.backend == "ray":
         from .ray_async import build_ray_source  # imports this module
 
         return build_ray_source(parts, model)

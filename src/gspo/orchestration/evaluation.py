@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from gspo.config.evaluation import EvalConfig
 from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
 from gspo.envs.base import Environment, SingleTurnEnv
 from gspo.envs.driver import Limits
@@ -165,7 +166,7 @@ def evaluate(
     return out
 
 
-def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
+def eval_examples(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str]:
     """(problems, reward, description) that ``gspo eval`` scores: a data file's rows
     (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
     if cfg.data:

@@ -52,6 +52,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..core.seeding import prompt_indices, step_generator
 from ..rollout.base import Rollout, SamplingParams
 from ..rollout.chunked import ChunkedGeneration
@@ -63,21 +65,19 @@ from .state import Parts
 from .steps import _to_device, score_round
 
 
-def driver_engine(cfg: Any, model: torch.nn.Module, tokenizer: Any) -> Any:
+def driver_engine(cfg: Options, model: torch.nn.Module, tokenizer: Any) -> Any:
     """A torch engine in the driver on the driver's copy of the weights (which
     ``push_weights`` refreshes every step): the evaluation's engine in async Ray runs, so an
     evaluation never waits for the workers nor sees their (older) weights."""
     from ..models.build import DTYPES
-    from ..rollout.build import build_engine
+    from ..rollout.build import train_engine
 
-    return build_engine(
-        replace(cfg, rollout_engine="torch"),
+    return train_engine(
+        replace(cfg, engine=replace(cfg.engine, rollout_engine="torch")),
         model,
         tokenizer,
-        pad_id=tokenizer.pad_token_id,
-        eos_id=tokenizer.eos_token_id,
-        dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-        share_weights=cfg.engine_dtype is None,
+        dtype=DTYPES[cfg.engine.engine_dtype] if cfg.engine.engine_dtype else None,
+        share_weights=cfg.engine.engine_dtype is None,
     )
 
 
@@ -86,7 +86,7 @@ class RayAsyncSource(AsyncSource):
 
     def __init__(self, parts: Parts, model: torch.nn.Module) -> None:
         cfg = parts.cfg
-        self.cfg, self.mode, self.model = cfg, cfg.async_partial, model
+        self.cfg, self.mode, self.model = cfg, cfg.asynchronous.async_partial, model
         self.pool = parts.engine
         self.ray = self.pool.ray
         # The loop's engine (sync, evaluation) becomes a driver-side torch engine; the pool is
@@ -94,7 +94,7 @@ class RayAsyncSource(AsyncSource):
         parts.engine = driver_engine(cfg, model, parts.tokenizer)
         self.parts = copy.copy(parts)  # score_round reads cfg, tokenizer, rewards from it
         self.parts.engine = self.pool
-        self.chunk = cfg.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
+        self.chunk = cfg.asynchronous.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
         self.thread: RolloutThread | None = None
         self.unused = 0
         self.chunks = 0  # chunk calls made (for tests and benchmarks)
@@ -111,8 +111,8 @@ class RayAsyncSource(AsyncSource):
             self._load,
             start=start,
             end=end,
-            group_size=self.cfg.group_size,
-            max_staleness=self.cfg.max_staleness,
+            group_size=self.cfg.rollout.group_size,
+            max_staleness=self.cfg.asynchronous.max_staleness,
         )
         self.thread.start()
 
@@ -124,14 +124,14 @@ class RayAsyncSource(AsyncSource):
         """Generate (chunk by chunk, on the workers) and score the batch of ``step``."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.prompts_per_step, cfg.seed)
+        idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
         prompts = [parts.prompt_cache[i] for i in idx]
 
         def fresh() -> ChunkedGeneration:
-            gen = step_generator(cfg.seed, step, stream=0, device=torch.device("cpu"))
+            gen = step_generator(cfg.run.seed, step, stream=0, device=torch.device("cpu"))
             pad = parts.tokenizer.pad_token_id
             return ChunkedGeneration(
-                self.pool, prompts, cfg.group_size, parts.params, gen, self.chunk, pad,
+                self.pool, prompts, cfg.rollout.group_size, parts.params, gen, self.chunk, pad,
                 stop_sequences(parts.tokenizer, parts.params.stop_strings),
             )  # fmt: skip
 
@@ -149,7 +149,7 @@ class RayAsyncSource(AsyncSource):
         sampled = score_round(
             parts, _to_device(rollout, parts.device), [parts.train_set[i] for i in idx]
         )
-        size = cfg.group_size
+        size = cfg.rollout.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..backend.ray_backend import gather
 from ..rollout.base import Rollout, SamplingParams
 
@@ -24,25 +26,23 @@ from ..rollout.base import Rollout, SamplingParams
 class RolloutWorker:
     """One rollout engine (run as a Ray actor) with its own copy of the policy."""
 
-    def __init__(self, cfg: Any, state: dict[str, torch.Tensor]) -> None:
+    def __init__(self, cfg: Options, state: dict[str, torch.Tensor]) -> None:
         from ..models.build import DTYPES, build_policy, set_threads
-        from ..rollout.build import build_engine
+        from ..rollout.build import train_engine
 
-        set_threads(cfg.threads)
+        set_threads(cfg.run.threads)
         self.cfg = cfg
-        model, tokenizer = build_policy(cfg, torch.device("cpu"))
+        model, tokenizer = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
         model.load_state_dict(state)
         model.requires_grad_(False)
         model.eval()
         self.model = model
-        self.engine = build_engine(
+        self.engine = train_engine(
             cfg,
             model,
             tokenizer,
-            pad_id=tokenizer.pad_token_id,
-            eos_id=tokenizer.eos_token_id,
-            dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-            share_weights=cfg.engine_dtype is None,
+            dtype=DTYPES[cfg.engine.engine_dtype] if cfg.engine.engine_dtype else None,
+            share_weights=cfg.engine.engine_dtype is None,
         )
 
     def pid(self) -> int:
@@ -79,7 +79,7 @@ class RolloutWorker:
                 rollout.prompt_mask,
                 rollout.completion_ids,
                 rollout.completion_mask,
-                temperature=self.cfg.temperature,
+                temperature=self.cfg.rollout.temperature,
             )
         return out
 
@@ -148,7 +148,7 @@ class RolloutPool:
     def __init__(
         self,
         ray: Any,
-        cfg: Any,
+        cfg: Options,
         model: torch.nn.Module,
         pad_id: int,
         workers: int,

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..backend.base import TrainingBackend
 from ..core.seeding import step_generator
 from ..envs.loop import Episodes
@@ -48,7 +50,7 @@ class StepState:
 class Parts:
     """A run's parts, built from the config by the composition root (``gspo.compose.train``)."""
 
-    cfg: Any
+    cfg: Options
     """The run's :class:`~gspo.config.TrainConfig` (plain data)."""
     backend: TrainingBackend
     engine: Any
