@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
+from .evaluation import EvalConfig
 from .fields import DTYPES, ROLLOUT_ENGINES
 from .names import (
     CHAT_MODES,
@@ -26,7 +27,7 @@ from .names import (
     did_you_mean,
     one_of,
 )
-from .train import TrainConfig
+from .train import SFTConfig, TrainConfig
 
 T = TypeVar("T")
 _FLAT = {f.name: f for f in fields(TrainConfig)}
@@ -47,7 +48,7 @@ def _flat_fields(cls: type[T]) -> type[T]:
 
 class _Options:
     @classmethod
-    def of(cls: type[T], cfg: Any) -> T:
+    def of(cls: type[T], cfg: TrainConfig | SFTConfig | EvalConfig) -> T:
         """The options of ``cfg`` (a ``TrainConfig``; a config lacking some of these fields, such
         as ``EvalConfig``, gets their defaults: that config has no such choice)."""
         names = [f.name for f in fields(cls)]  # type: ignore[arg-type]

@@ -17,7 +17,9 @@ from .evaluation import EvalConfig
 from .fields import DTYPES, ConfigError
 from .names import ANSWER_FORMATS, CHAT_MODES, environment_tasks, one_of, rewards, tasks
 from .options import EngineOptions, ModelOptions, bad_device, device_ok
-from .train import TrainConfig
+from .train import SFTConfig, TrainConfig
+
+Config = TrainConfig | SFTConfig | EvalConfig
 
 
 def config_error(problems: list[str], header: str = "invalid config") -> ConfigError:
@@ -27,14 +29,14 @@ def config_error(problems: list[str], header: str = "invalid config") -> ConfigE
     return ConfigError(f"{header}:\n  - " + "\n  - ".join(problems))
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: Config) -> None:
     """Raise ConfigError listing every problem in ``cfg``."""
     problems = config_problems(cfg)
     if problems:
         raise config_error(problems)
 
 
-def config_problems(cfg: Any) -> list[str]:
+def config_problems(cfg: Config) -> list[str]:
     """Every problem in ``cfg`` (empty: fine)."""
     if isinstance(cfg, TrainConfig):
         return train_problems(cfg)
@@ -94,13 +96,13 @@ def format_bonus_refusal(name: str, weight: float) -> str:
     )
 
 
-def _validate_file_task(cfg: Any, need: Any) -> None:
+def _validate_file_task(cfg: Config, need: Any) -> None:
     if cfg.task == "file":
         need(cfg.train_file is not None, "task='file' needs train_file")
         need(cfg.reward is not None, f"task='file' needs reward, one of {', '.join(rewards())}")
 
 
-def _validate_task(cfg: Any, need: Any) -> None:
+def _validate_task(cfg: Config, need: Any) -> None:
     """The task and reward names, against their registries (torch-free modules)."""
     files = ("file",) if not isinstance(cfg, EvalConfig) else ()  # eval reads --data instead
     names = (*tasks(), *files)
@@ -110,7 +112,7 @@ def _validate_task(cfg: Any, need: Any) -> None:
         need(cfg.reward in known, one_of("reward", cfg.reward, known, noun="reward"))
 
 
-def _validate_model_fields(cfg: Any, need: Any) -> None:
+def _validate_model_fields(cfg: Config, need: Any) -> None:
     """Prompt formatting and answer format (the train and SFT configs' other model fields:
     ``ModelOptions.problems``)."""
     need(cfg.chat_template in CHAT_MODES, one_of("chat_template", cfg.chat_template, CHAT_MODES))
@@ -132,7 +134,7 @@ def _validate_eval(cfg: EvalConfig, need: Any) -> None:
     need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}")
 
 
-def validate_engine(cfg: Any, need: Any) -> None:
+def validate_engine(cfg: TrainConfig | EvalConfig, need: Any) -> None:
     """Config problems of the engine fields (``need(cond, message)``)."""
     for problem in EngineOptions.of(cfg).problems():
         need(False, problem)
