@@ -51,7 +51,8 @@ class Parts:
     """A run's parts, built from the config by the composition root (``gspo.compose.train``)."""
 
     cfg: Options
-    """The run's :class:`~gspo.config.TrainConfig` (plain data)."""
+    """The run's options, one object per component (``gspo.config.combinations.split`` of its
+    ``TrainConfig``, done once by the composition root; ``cfg.flat()`` gives the flat config)."""
     backend: TrainingBackend
     engine: Any
     """The rollout engine (``gspo.rollout.base``): torch, vLLM, or a pool of workers."""
