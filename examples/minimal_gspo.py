@@ -43,6 +43,7 @@ from gspo import (
     step_generator,
     token_logprobs,
 )
+from gspo.config.options import ModelOptions
 
 
 # ---- the decisions: `gspo train --preset demo`'s settings ------------------------------------
@@ -249,8 +250,9 @@ def run(s: Settings, log=None) -> list[dict]:
         torch.set_num_threads(s.threads)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if s.device == "auto" else s.device)
-    model, tokenizer = build_policy(s, device)  # seeded init (tiny) or the checkpoint's weights
-    fmt = build_prompt_format(s, tokenizer, model)  # raw prompts or a chat template; stop ids
+    opts = ModelOptions.of(s)  # the model's options (the rest as `gspo train`'s defaults)
+    model, tokenizer = build_policy(opts, device, seed=s.seed)  # seeded init, or a checkpoint
+    fmt = build_prompt_format(opts, tokenizer, model)  # raw prompts or a chat template; stop ids
     task = make_task(s.task, n_train=s.n_train, n_test=s.n_test, seed=s.seed)
     train_prompts = fmt.encode([e.prompt for e in task.train])  # token ids, no padding
     test_prompts = fmt.encode([e.prompt for e in task.test])

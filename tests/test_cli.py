@@ -9,9 +9,9 @@ import torch
 from plotcheck import capture_plots, is_png
 from safetensors.torch import load_file
 
+from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
 from gspo.interface.cli import main
-from gspo.models.build import build_policy
 
 
 def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys, monkeypatch):
@@ -45,7 +45,7 @@ def test_train_smoke_writes_metrics_plot_and_model(tmp_path, capsys, monkeypatch
     # reward and advantage is 0, so they are exactly the seeded initial weights.
     assert all(r["reward/mean"] == 0 and r["advantage/zero_fraction"] == 1 for r in train)
     cfg = build(TrainConfig, preset="smoke", overrides={"device": "cpu", "algo": "luspo"})
-    initial = build_policy(cfg, torch.device("cpu"))[0].state_dict()
+    initial = build_policy_for(cfg, torch.device("cpu"))[0].state_dict()
     final = load_file(out / "final" / "model.safetensors")
     assert set(final) <= set(initial) and len(final) >= len(initial) - 1  # tied head saved once
     assert all(torch.equal(final[k], initial[k]) for k in final)
@@ -129,7 +129,7 @@ def test_sft_then_train_from_it(tmp_path, capsys):
     # A fresh smoke model earns no reward on addition, so a run that ignored --model would end
     # on the fresh initial weights; this one ends elsewhere (SFT moved them).
     final = load_file(run / "final" / "model.safetensors")
-    fresh = build_policy(
+    fresh = build_policy_for(
         build(TrainConfig, preset="smoke", overrides={"device": "cpu"}), torch.device("cpu")
     )[0].state_dict()
     assert any(not torch.equal(final[k], fresh[k]) for k in final)

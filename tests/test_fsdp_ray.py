@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import gspo.backend.update as update_module
+from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import split
 from gspo.core.losses import LOSSES
-from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
@@ -91,7 +92,7 @@ def test_two_ranks_equal_one_process(ray_session, algo):
 
     cfg = _cfg(algo)
     torch.manual_seed(0)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, old, advantages = _batch(cfg, model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -99,10 +100,10 @@ def test_two_ranks_equal_one_process(ray_session, algo):
     opt = torch.optim.AdamW(local.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, update_module.lr_lambda(cfg.warmup_steps))
     local_metrics = update_module.update_policy(
-        cfg, local, None, opt, sched, rollout, old, advantages, 0
+        split(cfg), local, None, opt, sched, rollout, old, advantages, 0
     )
 
-    backend = RayFSDPBackend(cfg, model, workers=2)
+    backend = RayFSDPBackend(split(cfg), model, workers=2)
     try:
         metrics = backend.update(rollout, old, advantages, 0)
         sharded = backend.full_state_dict()

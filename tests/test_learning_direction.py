@@ -21,10 +21,12 @@ import torch
 
 import gspo.compose.train as trainer_module
 import gspo.orchestration.steps as steps_module
+from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
+from gspo.config.options import ModelOptions
 from gspo.core.losses import LOSSES
 from gspo.envs.tasks.base import Example, Task
-from gspo.models.build import build_policy, build_prompt_format
+from gspo.models.build import build_prompt_format
 
 MIN_RISE = 0.08
 """Every prompt's P(rewarded) must rise by at least this much (it starts near 0.49). Measured
@@ -64,7 +66,7 @@ def direction_cfg(out: Path, algo: str) -> TrainConfig:
 
 def p_rewarded(model, tokenizer, cfg: TrainConfig) -> torch.Tensor:
     """[n_prompts] P(first completion token is rewarded | prompt) at temperature 1."""
-    fmt = build_prompt_format(cfg, tokenizer, model)
+    fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
     char_ids = {chr(c): tokenizer.convert_tokens_to_ids(chr(c)) for c in range(32, 127)}
     out = []
     with torch.no_grad():
@@ -79,7 +81,7 @@ def p_rewarded(model, tokenizer, cfg: TrainConfig) -> torch.Tensor:
 def rise(tmp_path: Path, algo: str) -> torch.Tensor:
     """[n_prompts] change of P(rewarded) over a short run."""
     cfg = direction_cfg(tmp_path, algo)
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
+    model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     before = p_rewarded(model, tokenizer, cfg)
     result = trainer_module.train(cfg)
     return p_rewarded(result.model, tokenizer, cfg) - before

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import split
+from gspo.config.options_train import LossOptions
 from gspo.core.mismatch import correction_weights, mismatch_stats
 
 TRAIN = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], dtype=torch.float64)
@@ -17,7 +18,7 @@ MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
 
 
 def _cfg(mode, level, cap=1.5, floor=None):
-    return SimpleNamespace(
+    return LossOptions(
         mismatch_correction=mode, mismatch_level=level, mismatch_cap=cap, mismatch_floor=floor
     )
 
@@ -70,7 +71,7 @@ def test_sequence_levels_hand_computed(level, rho):
 def _update(weights, micro=0):
     """One update_policy call on a fixed rollout with non-zero advantages; the new weights."""
     from gspo.backend.update import update_policy
-    from gspo.models.build import build_policy
+    from gspo.compose.parts import build_policy_for
     from gspo.rollout import SamplingParams, TorchEngine
 
     cfg = build(
@@ -78,7 +79,7 @@ def _update(weights, micro=0):
         preset="smoke",
         overrides=dict(num_minibatches=1, micro_batch_size=micro, lr=1e-2, warmup_steps=0),
     )
-    model, tok = build_policy(cfg, torch.device("cpu"))
+    model, tok = build_policy_for(cfg, torch.device("cpu"))
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
     prompts = [tok(t)["input_ids"] for t in ("1+2=", "30+4=")]
     params = SamplingParams(max_new_tokens=4)
@@ -87,7 +88,9 @@ def _update(weights, micro=0):
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     old = rollout.logprobs - 0.1 * rollout.completion_mask  # off-policy: ratios != 1
-    update_policy(cfg, model, None, opt, sched, rollout, old, adv, 0, weights=weights(rollout))
+    update_policy(
+        split(cfg), model, None, opt, sched, rollout, old, adv, 0, weights=weights(rollout)
+    )
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -98,9 +101,9 @@ def test_update_policy_applies_the_correction_weights():
     zero = _update(lambda r: torch.zeros(r.num_samples))
     ones = _update(lambda r: torch.ones(r.num_samples))
     zero_tokens = _update(lambda r: torch.zeros_like(r.logprobs))
-    from gspo.models.build import build_policy
+    from gspo.compose.parts import build_policy_for
 
-    model, _ = build_policy(build(TrainConfig, preset="smoke"), torch.device("cpu"))
+    model, _ = build_policy_for(build(TrainConfig, preset="smoke"), torch.device("cpu"))
     start = model.state_dict()
     for name in plain:
         assert torch.equal(zero[name], start[name]), name

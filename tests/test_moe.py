@@ -16,10 +16,11 @@ import torch.nn.functional as F
 
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
+from gspo.compose.parts import build_policy_for
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build
+from gspo.config.combinations import split
 from gspo.envs.tasks.base import Example, Task
 from gspo.models import build_char_tokenizer, moe, token_logprobs
-from gspo.models.build import build_policy
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
@@ -103,7 +104,7 @@ def test_float64_switches_to_eager_experts():
     model = tiny_moe(torch.float64)
     assert model.config._experts_implementation == "eager"
     cfg = build(TrainConfig, overrides=dict(model="tiny-moe", dtype="float64", device="cpu"))
-    built, _ = build_policy(cfg, torch.device("cpu"))
+    built, _ = build_policy_for(cfg, torch.device("cpu"))
     assert built.config._experts_implementation == "eager"
 
 
@@ -389,7 +390,7 @@ def test_smoke_train_shared_expert_and_dense_has_no_moe_metrics(tmp_path, even_t
 
 def one_update(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """Weights after one ``update_policy`` call from the same model and rollout."""
-    model, tok = build_policy(cfg, torch.device("cpu"))
+    model, tok = build_policy_for(cfg, torch.device("cpu"))
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
     prompts = [tok(f"{i}+{i}=")["input_ids"] for i in range(cfg.prompts_per_step)]
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
@@ -400,7 +401,7 @@ def one_update(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     metrics = update_module.update_policy(
-        cfg, model, None, optimizer, scheduler, rollout, rollout.logprobs, advantages, 0
+        split(cfg), model, None, optimizer, scheduler, rollout, rollout.logprobs, advantages, 0
     )
     assert "moe/aux_loss" in metrics
     return {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -441,7 +442,7 @@ def test_sft_cold_start_moe_checkpoint_reloads_as_moe(tmp_path):
     )
     run_sft(cfg)
     rl = build(TrainConfig, overrides=dict(model=str(tmp_path / "sft"), device="cpu"))
-    model, _ = build_policy(rl, torch.device("cpu"))
+    model, _ = build_policy_for(rl, torch.device("cpu"))
     assert moe.is_moe(model) and len(moe.moe_routers(model)) == 1
 
 

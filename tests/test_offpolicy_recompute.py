@@ -13,6 +13,7 @@ import torch
 
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import Options, split
 from gspo.models import token_logprobs
 from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
@@ -26,13 +27,13 @@ DROPPED = [0, 5]
 DELTA = 0.5
 
 
-def _cfg(**kw) -> TrainConfig:
+def _cfg(**kw) -> Options:
     values = dict(
         device="cpu", dtype="float64", lr=1e-3, warmup_steps=0, num_minibatches=1,
         micro_batch_size=2, old_logprobs="recompute", off_policy_mask=True,
         off_policy_mask_delta=DELTA,
     )  # fmt: skip
-    return build(TrainConfig, preset="smoke", overrides={**values, **kw})
+    return split(build(TrainConfig, preset="smoke", overrides={**values, **kw}))
 
 
 def _rollout(model) -> Rollout:
@@ -59,7 +60,7 @@ def _rollout(model) -> Rollout:
     )
 
 
-def _update(cfg: TrainConfig, model, rollout: Rollout, advantages: torch.Tensor):
+def _update(cfg: Options, model, rollout: Rollout, advantages: torch.Tensor):
     """One step as the loop runs it: the backend's old log-probs, then its update."""
     backend = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
     old, mismatch = backend.old_logprobs(rollout)  # [N, L]
@@ -71,7 +72,7 @@ def _update(cfg: TrainConfig, model, rollout: Rollout, advantages: torch.Tensor)
 def policy():
     cfg = _cfg()
     torch.manual_seed(0)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
     return cfg, model, _rollout(model)
 
 
@@ -110,11 +111,13 @@ def _expected_fraction(rollout: Rollout) -> float:
     from gspo.core.seeding import step_generator
 
     cfg = _cfg()
-    gen = step_generator(cfg.seed, 0, stream=1, device=torch.device("cpu"))
-    (rows,) = minibatch_rows(rollout.num_samples, cfg.group_size, 1, cfg.minibatch_grouping, gen)
+    gen = step_generator(cfg.run.seed, 0, stream=1, device=torch.device("cpu"))
+    (rows,) = minibatch_rows(
+        rollout.num_samples, cfg.rollout.group_size, 1, cfg.optim.minibatch_grouping, gen
+    )
     tokens = rollout.completion_mask.sum(dim=1)  # [N]
     total = weighted = 0.0
-    for part in rows.split(cfg.micro_batch_size):
+    for part in rows.split(cfg.optim.micro_batch_size):
         share = sum(int(r) in DROPPED for r in part) / len(part)
         weighted += share * float(tokens[part].sum())
         total += float(tokens[part].sum())

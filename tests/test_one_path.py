@@ -76,20 +76,22 @@ def test_single_turn_collect_goes_through_the_driver_and_keeps_the_engine_rollou
         return inner(engine, env, *args, **kwargs)
 
     monkeypatch.setattr(episodes_module, "run_episodes", spy)
-    state = StepState(seed=parts.cfg.seed, step=3)
+    state = StepState(seed=parts.cfg.run.seed, step=3)
     batch = steps.collect(parts, state)
     assert len(calls) == 1 and isinstance(calls[0], SingleTurnEnv)
     assert calls[0].reward is parts.train_reward
     # What the single-turn trainer sampled and scored before the one path: the same engine
     # call on the cached prompt ids with the step's generator, scored by the training reward.
     cfg, engine = parts.cfg, parts.engine
-    idx = prompt_indices(len(parts.train_set), state.step, cfg.prompts_per_step, cfg.seed)
+    idx = prompt_indices(
+        len(parts.train_set), state.step, cfg.rollout.prompts_per_step, cfg.run.seed
+    )
     gen = state.generator(0, engine.device)
     ref = moe.generate_with_routing(
-        engine, [parts.prompt_cache[i] for i in idx], cfg.group_size, parts.params, gen
+        engine, [parts.prompt_cache[i] for i in idx], cfg.rollout.group_size, parts.params, gen
     )
     texts = decode_completions(parts.tokenizer, ref.completion_ids, ref.completion_mask)
-    examples = [parts.train_set[i] for i in idx for _ in range(cfg.group_size)]
+    examples = [parts.train_set[i] for i in idx for _ in range(cfg.rollout.group_size)]
     rewards, errors = score(parts.train_reward, texts, examples)
     got = batch.rollout
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "logprobs"):
@@ -125,7 +127,7 @@ def test_a_users_one_turn_environment_trains_like_the_built_in_task(tmp_path, ev
 def test_a_failing_one_turn_environment_fails_only_its_episodes(tmp_path, even, monkeypatch):
     monkeypatch.setitem(ENVIRONMENTS, "even", lambda task, cfg, chat: Flaky())
     parts = trainer_module.build_parts(make_cfg(tmp_path), Path(tmp_path))
-    batch = steps.collect(parts, StepState(seed=parts.cfg.seed, step=0))
+    batch = steps.collect(parts, StepState(seed=parts.cfg.run.seed, step=0))
     texts = decode_completions(
         parts.tokenizer, batch.rollout.completion_ids, batch.rollout.completion_mask
     )

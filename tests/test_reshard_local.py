@@ -20,6 +20,7 @@ from gspo.backend.checkpoint import write_checkpoint
 from gspo.backend.fsdp import FSDPRank
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import Options, split
 from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
@@ -37,10 +38,10 @@ if not hasattr(torch._C._distributed_c10d, "_set_thread_isolation_mode"):
 JOIN_TIMEOUT_S = 600  # a rank stuck in a collective (its peer died) fails the test, not hangs it
 
 
-def _cfg() -> TrainConfig:
+def _cfg() -> Options:
     # threads left at 0: FSDPRank would set torch's thread count for the whole test process.
     values = dict(micro_batch_size=1, device="cpu", lr=1e-3, dtype="float64")
-    return build(TrainConfig, preset="smoke", overrides=values)
+    return split(build(TrainConfig, preset="smoke", overrides=values))
 
 
 def _batch(model, n: int = 6) -> tuple[Rollout, torch.Tensor]:
@@ -144,7 +145,7 @@ def _assert_same(got: dict, want: dict, what: str) -> None:
 def test_a_sharded_checkpoint_reads_back_whole_on_other_rank_counts(tmp_path):
     cfg = _cfg()
     torch.manual_seed(0)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     rollout, advantages = _batch(model)
 
@@ -213,7 +214,7 @@ def test_a_local_checkpoint_reads_back_whole_on_two_ranks(tmp_path):
 
     cfg = _cfg()
     torch.manual_seed(0)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     rollout, advantages = _batch(model)
     local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))

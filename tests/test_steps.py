@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -44,10 +45,10 @@ def test_local_backend_is_a_training_backend(parts):
 
 def test_collect_is_seeded_by_step(parts):
     """Two collects of the same step give the same samples and rewards; another step differs."""
-    a = steps.collect(parts, StepState(seed=parts.cfg.seed, step=3))
-    b = steps.collect(parts, StepState(seed=parts.cfg.seed, step=3))
-    c = steps.collect(parts, StepState(seed=parts.cfg.seed, step=4))
-    n = parts.cfg.prompts_per_step * parts.cfg.group_size
+    a = steps.collect(parts, StepState(seed=parts.cfg.run.seed, step=3))
+    b = steps.collect(parts, StepState(seed=parts.cfg.run.seed, step=3))
+    c = steps.collect(parts, StepState(seed=parts.cfg.run.seed, step=4))
+    n = parts.cfg.rollout.prompts_per_step * parts.cfg.rollout.group_size
     assert a.rollout.completion_ids.shape[0] == a.rewards.shape[0] == n
     assert torch.equal(a.rollout.completion_ids, b.rollout.completion_ids)
     assert torch.equal(a.rewards, b.rewards)
@@ -56,13 +57,13 @@ def test_collect_is_seeded_by_step(parts):
 
 def test_steps_of_one_rl_step(parts):
     """collect -> old_logprobs -> advantages -> update -> sync, each filling its part."""
-    state = StepState(seed=parts.cfg.seed)
+    state = StepState(seed=parts.cfg.run.seed)
     batch = steps.collect(parts, state)
     steps.old_logprobs(parts, batch)
     # The engine shares the model: its log-probs are the old log-probs (old_logprobs='engine').
     assert torch.equal(batch.old_logprobs, batch.rollout.logprobs)
     steps.advantages(parts, batch)
-    groups = batch.advantages.view(-1, parts.cfg.group_size)  # [prompts, G]
+    groups = batch.advantages.view(-1, parts.cfg.rollout.group_size)  # [prompts, G]
     assert torch.allclose(groups.mean(dim=1), torch.zeros_like(groups[:, 0]), atol=1e-6)
     before = [p.detach().clone() for p in parts.backend.model.parameters()]
     metrics = steps.update(parts, state, batch)
@@ -76,7 +77,8 @@ def test_steps_of_one_rl_step(parts):
 
 
 def test_eval_and_checkpoint_cadence(parts, tmp_path):
-    parts.cfg.eval_every, parts.cfg.checkpoint_every, parts.cfg.steps = 2, 3, 5
+    run = dataclasses.replace(parts.cfg.run, eval_every=2, checkpoint_every=3, steps=5)
+    parts.cfg = dataclasses.replace(parts.cfg, run=run)
     due = [s for s in range(1, 6) if steps.eval_due(parts, StepState(seed=0, step=s))]
     assert due == [2, 4, 5]  # every eval_every steps and at the run's end
     for s in range(1, 6):

@@ -17,11 +17,12 @@ import torch
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
 from gspo.backend import checkpoint as ckpt
+from gspo.compose.parts import build_policy_for
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
+from gspo.config.combinations import split
 from gspo.core.checkpoint_paths import latest_checkpoint
 from gspo.envs.tasks.base import Example, Task
-from gspo.models.build import build_policy
 from gspo.orchestration.logging import read_metrics
 
 DESIGN_METRICS = (
@@ -65,7 +66,7 @@ def make_cfg(out: Path, **overrides) -> TrainConfig:
 
 
 def initial_state(cfg: TrainConfig) -> dict[str, torch.Tensor]:
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -462,14 +463,14 @@ def test_zero_advantage_rows_skip_backward_and_change_nothing(
 
 def test_zero_gradient_rows_only_without_kl(tmp_path):
     cfg = make_cfg(tmp_path)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     adv = torch.tensor([0.0, 1.0, -0.0, -1.0], dtype=torch.float64)  # [N]
     want = torch.tensor([True, False, True, False])
-    assert torch.equal(update_module.zero_gradient_rows(cfg, model, adv), want)
+    assert torch.equal(update_module.zero_gradient_rows(split(cfg), model, adv), want)
     per_token = torch.tensor([[0.0, 0.0], [0.0, 2.0], [0.0, 0.0], [1.0, 0.0]])  # [N, T]
-    assert torch.equal(update_module.zero_gradient_rows(cfg, model, per_token), want)
+    assert torch.equal(update_module.zero_gradient_rows(split(cfg), model, per_token), want)
     with_kl = make_cfg(tmp_path, kl_coef=0.1)  # the KL term has a gradient in every row
-    assert not update_module.zero_gradient_rows(with_kl, model, adv).any()
+    assert not update_module.zero_gradient_rows(split(with_kl), model, adv).any()
 
 
 @pytest.mark.parametrize("grouping", ["shuffled", "groups"])

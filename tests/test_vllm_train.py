@@ -12,6 +12,7 @@ import pytest
 from cold_start import ADDITION_D128
 from vllm_support import needs_vllm
 
+from gspo.config.options import ModelOptions
 from gspo.interface.cli import main
 
 # Head size 64 / 2 = 32: the smallest vLLM's CPU attention runs (the default tiny model has 16).
@@ -139,15 +140,16 @@ def test_smollm2_chat_prompts_stop_tokens_and_sync():
     the trainer's before and after a weight sync."""
     import torch
 
+    from gspo.compose.parts import build_policy_for
     from gspo.config import TrainConfig, build
     from gspo.models import token_logprobs
-    from gspo.models.build import build_policy, build_prompt_format
+    from gspo.models.build import build_prompt_format
     from gspo.rollout import SamplingParams
     from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions
 
     cfg = build(TrainConfig, overrides={"model": "smollm2-135m-instruct", "device": "cpu"})
-    model, tok = build_policy(cfg, torch.device("cpu"))
-    fmt = build_prompt_format(cfg, tok, model)
+    model, tok = build_policy_for(cfg, torch.device("cpu"))
+    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
     assert fmt.chat and fmt.stop_token_ids
     prompts = fmt.encode(["What is 2 + 3? Answer with a number.", "Say hi."])
     params = SamplingParams(max_new_tokens=24, temperature=0.7, stop_token_ids=fmt.stop_token_ids)

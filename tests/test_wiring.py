@@ -21,13 +21,14 @@ import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
 import gspo.models.moe as moe_module
 import gspo.orchestration.steps as steps_module
+from gspo.compose.parts import build_policy_for
 from gspo.config import ConfigError, TrainConfig, build
+from gspo.config.combinations import split
 from gspo.core.losses import LOSSES, policy_loss
 from gspo.envs.rewards import overlong_penalty
 from gspo.envs.tasks.base import Example, Task
 from gspo.interface import cli
 from gspo.models import token_logprobs
-from gspo.models.build import build_policy
 from gspo.rollout.base import Rollout
 
 SOURCES = ("flags", "file")
@@ -137,7 +138,7 @@ def one_update(cfg: TrainConfig, model, rollout, old, advantages, ref_model=None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     return update_module.update_policy(
-        cfg, model, ref_model, optimizer, scheduler, rollout, old, advantages, step=0
+        split(cfg), model, ref_model, optimizer, scheduler, rollout, old, advantages, step=0
     )
 
 
@@ -153,7 +154,7 @@ def test_clip_range_reaches_the_loss(tmp_path, algo, source):
         return
     cfg = cli_cfg(tmp_path, source, **flags, dtype="float64", num_minibatches=1)
     assert (cfg.clip_low, cfg.clip_high) == (clip_low, clip_high)
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, old, advantages, _ = hand_set_batch(cfg, model)
     metrics = one_update(cfg, model, rollout, old, advantages)
     want = expected_clip_shares(clip_low, clip_high, meaning)
@@ -201,7 +202,7 @@ def test_aggregation_and_loss_constant_reach_the_loss(tmp_path, aggregation, sou
         dtype="float64",
         num_minibatches=1,
     )
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     lengths = [1, 2, 3, 4, 5, 5, 4, 3, 2, 1]  # unequal lengths: the aggregations differ
     rollout, old, advantages, current = hand_set_batch(cfg, model, lengths)
     mask = rollout.completion_mask
@@ -223,7 +224,7 @@ def test_kl_coefficient_reaches_the_loss(tmp_path, source):
     cfg = cli_cfg(
         tmp_path, source, algo="gspo", kl_coef=kl_coef, dtype="float64", num_minibatches=1
     )
-    model, _ = build_policy(cfg, torch.device("cpu"))
+    model, _ = build_policy_for(cfg, torch.device("cpu"))
     ref = update_module._frozen_copy(model)
     with torch.no_grad():  # a reference away from the policy, so the KL term is not 0
         for p in ref.parameters():
@@ -284,7 +285,7 @@ def test_temperature_reaches_the_engine_and_the_training_forward(tmp_path, monke
         lr=1e-3,
         warmup_steps=0,
     )
-    initial, _ = build_policy(cfg, torch.device("cpu"))
+    initial, _ = build_policy_for(cfg, torch.device("cpu"))
     rollouts = capture_rollouts(monkeypatch)
     result = trainer_module.train(cfg)
 
@@ -418,7 +419,7 @@ def _same_but_shuffled(cfg: TrainConfig) -> dict:
 
 def test_max_grad_norm_reaches_the_clip_and_zero_turns_it_off(tmp_path):
     common = {"dtype": "float64", "lr": 1e-2, "warmup_steps": 0, "steps": 1, "algo": "grpo"}
-    before = build_policy(cli_cfg(tmp_path / "x", "flags", **common), torch.device("cpu"))[0]
+    before = build_policy_for(cli_cfg(tmp_path / "x", "flags", **common), torch.device("cpu"))[0]
     runs = {
         norm: trainer_module.train(
             cli_cfg(tmp_path / str(norm), "flags", max_grad_norm=norm, **common)

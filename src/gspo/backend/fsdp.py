@@ -46,9 +46,11 @@ class FSDPRank:
     """One training rank (run as a Ray actor): model shard, optimizer, schedule, reference."""
 
     def __init__(self, cfg, rank: int, world: int):
-        set_threads(cfg.threads)
+        set_threads(cfg.run.threads)
         self.cfg, self.rank, self.world = cfg, rank, world
-        cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+        cuda = cfg.run.device.startswith("cuda") or (
+            cfg.run.device == "auto" and torch.cuda.is_available()
+        )
         self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")  # Ray: 1 GPU each
 
     def rendezvous(self) -> str:
@@ -67,7 +69,7 @@ class FSDPRank:
     def setup(self, init_method: str, state: dict[str, torch.Tensor]) -> None:
         """Join the process group, build the policy from the driver's weights, shard it."""
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.run.seed)
         timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
         store = getattr(self, "_store", None)  # rank 0 holds the listening store
         if store is None:
@@ -80,18 +82,18 @@ class FSDPRank:
             world_size=self.world,
             timeout=timeout,
         )
-        model, _ = build_policy(cfg, self.device)
+        model, _ = build_policy(cfg.model, self.device, seed=cfg.run.seed)
         model.load_state_dict(state)
         # The frozen reference stays whole on every rank: no collectives, used row by row.
-        self.ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
-        if cfg.activation_checkpointing:  # recompute each layer in backward (HF's wrapper)
+        self.ref_model = _frozen_copy(model) if cfg.loss.kl_coef > 0 else None
+        if cfg.backend.activation_checkpointing:  # recompute each layer in backward (HF's wrapper)
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         shard_kw = {}
-        if cfg.fsdp_param_dtype is not None:  # compute in bf16/fp16, reduce in fp32
+        if cfg.backend.fsdp_param_dtype is not None:  # compute in bf16/fp16, reduce in fp32
             shard_kw["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=getattr(torch, cfg.fsdp_param_dtype), reduce_dtype=torch.float32
+                param_dtype=getattr(torch, cfg.backend.fsdp_param_dtype), reduce_dtype=torch.float32
             )
         for layer in model.model.layers:  # one all-gather per decoder layer, then the rest
             fully_shard(layer, **shard_kw)
@@ -104,7 +106,7 @@ class FSDPRank:
                 module.set_force_sum_reduction_for_comms(True)
         self.model = model
         # Fused as the local backend (CPU and CUDA): DTensor shards take it too.
-        self.optimizer, self.scheduler = build_optimizer(cfg, model, fused=True)
+        self.optimizer, self.scheduler = build_optimizer(cfg.optim, model, fused=True)
 
     def pid(self) -> int:
         return os.getpid()
@@ -122,7 +124,7 @@ class FSDPRank:
                 rollout.prompt_mask[run],
                 rollout.completion_ids[run],
                 rollout.completion_mask[run],
-                temperature=self.cfg.temperature,
+                temperature=self.cfg.rollout.temperature,
             )  # [n_r, L]
         return logprobs[: len(rows)].cpu()
 

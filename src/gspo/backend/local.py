@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..models import save_model
 from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
@@ -24,14 +26,14 @@ from .update import _frozen_copy, _old_logprobs, build_optimizer, update_policy
 class LocalBackend:
     """:class:`~gspo.backend.base.TrainingBackend` for one process (CPU or one GPU)."""
 
-    def __init__(self, cfg: Any, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, cfg: Options, model: torch.nn.Module, device: torch.device) -> None:
         self.cfg, self.model, self.device = cfg, model, device
         # Copied from the freshly built policy, before any restore: a resumed run keeps the
         # reference weights an unbroken run would use.
-        self.ref_model = _frozen_copy(model) if cfg.kl_coef > 0 else None
+        self.ref_model = _frozen_copy(model) if cfg.loss.kl_coef > 0 else None
         # Fused where torch has the kernel (CPU, CUDA); elsewhere torch's default.
         fused = device.type in ("cpu", "cuda") or None
-        self.optimizer, self.scheduler = build_optimizer(cfg, model, fused=fused)
+        self.optimizer, self.scheduler = build_optimizer(cfg.optim, model, fused=fused)
 
     def old_logprobs(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         return _old_logprobs(self.cfg, self.model, rollout)  # [N, L], mismatch/*

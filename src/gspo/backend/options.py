@@ -5,33 +5,36 @@ penalty in the reward and the off-policy sequence mask (their config checks are
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from gspo.config.combinations import Options
 from gspo.core.kl import sequence_kl_penalty
 from gspo.core.losses import get_loss
 from gspo.core.offpolicy import mask_metrics, off_policy_sequence_mask
 from gspo.models import token_logprobs
 
 
-def loss_options(cfg: Any) -> dict[str, float | None]:
-    """The ``options`` of ``policy_loss`` for ``cfg.algo`` (only those the loss declares)."""
-    values = {"dual_clip": cfg.dual_clip, "tau_pos": cfg.sapo_tau_pos, "tau_neg": cfg.sapo_tau_neg}
-    return {k: values[k] for k, _ in get_loss(cfg.algo).options if k in values}
+def loss_options(cfg: Options) -> dict[str, float | None]:
+    """The ``options`` of ``policy_loss`` for ``cfg.loss.algo`` (only those the loss declares)."""
+    values = {
+        "dual_clip": cfg.loss.dual_clip,
+        "tau_pos": cfg.loss.sapo_tau_pos,
+        "tau_neg": cfg.loss.sapo_tau_neg,
+    }
+    return {k: values[k] for k, _ in get_loss(cfg.loss.algo).options if k in values}
 
 
-def loss_kl_coef(cfg: Any) -> float:
+def loss_kl_coef(cfg: Options) -> float:
     """β of the KL term in the loss: 0 when the penalty sits in the reward instead."""
-    return 0.0 if cfg.kl_in_reward else cfg.kl_coef
+    return 0.0 if cfg.loss.kl_in_reward else cfg.loss.kl_coef
 
 
-def reference_logprobs(cfg: Any, ref_model, rollout) -> torch.Tensor | None:
+def reference_logprobs(cfg: Options, ref_model, rollout) -> torch.Tensor | None:
     """[N, L] log-probs of the frozen reference on the rollout's tokens (None: no reference)."""
     if ref_model is None:
         return None
     with torch.no_grad():
-        return rollout_logprobs(ref_model, rollout, cfg.temperature)  # [N, L]
+        return rollout_logprobs(ref_model, rollout, cfg.rollout.temperature)  # [N, L]
 
 
 def rollout_logprobs(model, rollout, temperature: float) -> torch.Tensor:
@@ -49,33 +52,33 @@ def rollout_logprobs(model, rollout, temperature: float) -> torch.Tensor:
     return logprobs  # [N, L]
 
 
-def reward_kl_penalty(cfg: Any, ref_model, rollout, old_logprobs: torch.Tensor):
+def reward_kl_penalty(cfg: Options, ref_model, rollout, old_logprobs: torch.Tensor):
     """(β Σ_t KL_t per sequence [N] float64, metrics) for ``kl_in_reward``; (None, {}) otherwise.
 
     The estimate is of the sampling policy against the reference on the rollout's own tokens,
     with ``old_logprobs`` as log π (the value only: rewards carry no gradient).
     """
-    if not cfg.kl_in_reward or ref_model is None:
+    if not cfg.loss.kl_in_reward or ref_model is None:
         return None, {}
     ref = reference_logprobs(cfg, ref_model, rollout)  # [N, L]
     mask = rollout.completion_mask.bool()
-    kl = sequence_kl_penalty(old_logprobs.to(ref.dtype), ref, mask, cfg.kl_estimator)  # [N]
-    penalty = (cfg.kl_coef * kl).to(torch.float64).cpu()  # [N]
+    kl = sequence_kl_penalty(old_logprobs.to(ref.dtype), ref, mask, cfg.loss.kl_estimator)  # [N]
+    penalty = (cfg.loss.kl_coef * kl).to(torch.float64).cpu()  # [N]
     n_tok = max(int(mask.sum()), 1)
     return penalty, {"kl/ref": float(kl.sum()) / n_tok, "reward/kl_penalty": float(penalty.mean())}
 
 
 def sequence_weights(
-    cfg: Any,
+    cfg: Options,
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The off-policy sequence mask [B] (``off_policy_mask``) and its metric, or (None, {})."""
-    if not cfg.off_policy_mask:
+    if not cfg.loss.off_policy_mask:
         return None, {}
     keep = off_policy_sequence_mask(
-        logprobs.detach(), behaviour_logprobs, advantages, mask, cfg.off_policy_mask_delta
+        logprobs.detach(), behaviour_logprobs, advantages, mask, cfg.loss.off_policy_mask_delta
     )
     return keep, mask_metrics(keep, mask)

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..core.checkpoint_paths import latest_checkpoint
 from ..core.mismatch import mismatch_stats
 from ..models import save_model
@@ -36,14 +38,14 @@ class WorkerLostError(RuntimeError):
     """A training rank or rollout worker died; the message names it and the last checkpoint."""
 
 
-def refuse_unsupported(cfg: Any, model: torch.nn.Module) -> None:
+def refuse_unsupported(cfg: Options, model: torch.nn.Module) -> None:
     """What the FSDP2 ranks cannot do yet, refused before any work."""
-    if is_moe(model) or cfg.routing_replay not in (None, "none"):
+    if is_moe(model) or cfg.model.routing_replay not in (None, "none"):
         raise ValueError(
             "backend='ray' does not support MoE models or routing_replay yet (routing records "
             "are per process); use backend='local' for tiny-moe / --routing-replay"
         )
-    if cfg.lora_rank > 0:
+    if cfg.model.lora_rank > 0:
         raise ValueError("backend='ray' does not support LoRA (lora_rank > 0) yet")
 
 
@@ -96,7 +98,7 @@ class RayFSDPBackend:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: Options,
         model: torch.nn.Module,
         workers: int,
         address: str | None = None,
@@ -140,7 +142,7 @@ class RayFSDPBackend:
         return gather(self.ray, [call(self.ranks[0])], self.names[:1], what, self.output_dir)[0]
 
     def old_logprobs(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        if self.cfg.old_logprobs == "engine":
+        if self.cfg.rollout.old_logprobs == "engine":
             return rollout.logprobs, {}
         parts = self._all(lambda r: r.old_logprobs.remote(rollout), "the old log-prob pass")
         out = torch.zeros(rollout.logprobs.shape, dtype=parts[0].dtype)  # [N, L]

@@ -21,6 +21,8 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from gspo.config.combinations import Options
+
 from .checkpoint import load_state, set_rng_state
 
 
@@ -55,7 +57,7 @@ def restore_sharded(path: Path, *, model, optimizer, scheduler) -> dict[str, Any
     return load_state(path)
 
 
-def local_to_dcp(path: Path, model: torch.nn.Module, cfg: Any, into: Path) -> None:
+def local_to_dcp(path: Path, model: torch.nn.Module, cfg: Options, into: Path) -> None:
     """Write a local checkpoint's weights and optimizer state under ``into/dcp`` (and its
     schedule as ``into/scheduler.pt``), the layout :meth:`FSDPRank.load` reads. ``model``: a
     plain policy of the run's architecture (its weights are replaced by the checkpoint's)."""
@@ -71,7 +73,7 @@ def local_to_dcp(path: Path, model: torch.nn.Module, cfg: Any, into: Path) -> No
         model.tie_weights()
     # The optimizer the local backend builds (backend.local), to read its index-keyed state.
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2)
+        model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2)
     )
     optimizer.load_state_dict(
         torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)

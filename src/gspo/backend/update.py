@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from gspo.backend.options import loss_kl_coef, loss_options, rollout_logprobs, sequence_weights
+from gspo.config.combinations import Options
 from gspo.config.fields import MINIBATCH_GROUPINGS
-from gspo.config.train import TrainConfig
+from gspo.config.options_train import OptimOptions
 from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
@@ -30,22 +31,22 @@ def lr_lambda(warmup_steps: int):
     return lambda i: min(1.0, (i + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-def build_optimizer(cfg: TrainConfig, model: torch.nn.Module, *, fused: bool | None):
-    """(AdamW, LR schedule) of a backend's policy, from the config's lr, betas, weight decay and
+def build_optimizer(optim: OptimOptions, model: torch.nn.Module, *, fused: bool | None):
+    """(AdamW, LR schedule) of a backend's policy, from the options' lr, betas, weight decay and
     warmup (the local backend and every FSDP2 rank build the same one). ``fused``: one fused
     kernel instead of a dozen foreach ops per step, ~3-4x faster on CPU (None: torch decides)."""
     optimizer = torch.optim.AdamW(
         model.parameters(),
-        lr=cfg.lr,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        weight_decay=cfg.weight_decay,
+        lr=optim.lr,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        weight_decay=optim.weight_decay,
         fused=fused,
     )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim.warmup_steps))
 
 
 def update_policy(
-    cfg: TrainConfig,
+    cfg: Options,
     model,
     ref_model,
     optimizer: torch.optim.Optimizer,
@@ -73,17 +74,17 @@ def update_policy(
     """
     model.train()
     n = rollout.num_samples
-    gen = step_generator(cfg.seed, step, stream=1, device=torch.device("cpu"))
+    gen = step_generator(cfg.run.seed, step, stream=1, device=torch.device("cpu"))
     minibatches = minibatch_rows(
-        n, cfg.group_size, cfg.num_minibatches, cfg.minibatch_grouping, gen
+        n, cfg.rollout.group_size, cfg.optim.num_minibatches, cfg.optim.minibatch_grouping, gen
     )
-    micro = cfg.micro_batch_size or n
+    micro = cfg.optim.micro_batch_size or n
     # MoE routing records (replay, aux loss) are laid out over the rollout's full width.
     trim = not moe.is_moe(model)
     acc = Accumulator() if acc is None else acc
-    constant = cfg.loss_constant or float(cfg.max_new_tokens)
+    constant = cfg.loss.loss_constant or float(cfg.rollout.max_new_tokens)
     # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
-    replay = moe.replay_source(cfg.routing_replay, rollout, model)
+    replay = moe.replay_source(cfg.model.routing_replay, rollout, model)
     idle = zero_gradient_rows(cfg, model, advantages)  # [N] rows that only need metrics
     acc.add_scalar("advantage/zero_fraction", float(_zero_advantage(advantages).float().mean()))
     for k, mb in enumerate(minibatches):
@@ -94,17 +95,19 @@ def update_policy(
         if shard is not None:  # data-parallel rank (rank, world): its rows, global denominators
             # Without their metrics, idle rows leave the pass as they do locally (every rank
             # sees the whole batch, so all drop the same rows and pad to the same count).
-            rows = mb if cfg.zero_advantage_metrics else mb[~idle[mb].cpu()]
+            rows = mb if cfg.optim.zero_advantage_metrics else mb[~idle[mb].cpu()]
             parts = rank_parts(rows, shard, micro, pad=mb[:1])
         else:
             # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
             # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
             # A few idle rows stay in the gradient pass: a second forward costs more than they do.
             live, rest = mb[~idle[mb]], mb[idle[mb]]
-            if cfg.zero_advantage_metrics and len(rest) < cfg.zero_advantage_split * len(mb):
+            if cfg.optim.zero_advantage_metrics and len(
+                rest
+            ) < cfg.optim.zero_advantage_split * len(mb):
                 live, rest = mb, mb[:0]
             parts = [(p, True) for p in live.split(micro) if len(p)]
-            if cfg.zero_advantage_metrics:
+            if cfg.optim.zero_advantage_metrics:
                 parts += [(p, False) for p in rest.split(micro) if len(p)]  # (empty split: [[]])
             if len(live) == 0:
                 _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
@@ -120,7 +123,7 @@ def update_policy(
                 logprobs, entropy = token_logprobs(
                     model,
                     *rows.tensors,
-                    temperature=cfg.temperature,
+                    temperature=cfg.rollout.temperature,
                     with_entropy=True,
                     prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
                 )  # [n_micro, L'] each
@@ -134,20 +137,20 @@ def update_policy(
                 rows.loss_mask,
             )
             loss, metrics = policy_loss(
-                cfg.algo,
+                cfg.loss.algo,
                 logprobs,
                 old_logprobs[part][:, rows.completion_cols].to(logprobs.dtype),
                 _columns(advantages[part], rows.completion_cols).to(logprobs.dtype),
                 rows.loss_mask,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                aggregation=cfg.aggregation,
+                clip_low=cfg.loss.clip_low,
+                clip_high=cfg.loss.clip_high,
+                aggregation=cfg.loss.aggregation,
                 num_sequences=max(n_seq, 1),
                 num_tokens=max(n_tok, 1),
                 constant=constant,
                 ref_logprobs=ref,
                 kl_coef=loss_kl_coef(cfg),
-                kl_estimator=cfg.kl_estimator,
+                kl_estimator=cfg.loss.kl_estimator,
                 weights=_product(keep, _part_weights(weights, part, rows.completion_cols)),
                 options=loss_options(cfg),
             )
@@ -157,7 +160,7 @@ def update_policy(
                 routes,
                 rollout,
                 part,
-                aux_coef=cfg.router_aux_loss_coef,
+                aux_coef=cfg.model.router_aux_loss_coef,
                 weight=len(part) / len(mb),
             )
             if aux is not None:
@@ -177,7 +180,7 @@ def update_policy(
             mb_loss = all_ranks_sum(mb_loss)
         acc.add_scalar("loss", mb_loss)  # mean over minibatches
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf
+            model.parameters(), cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
         )
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm, as a plain tensor
             grad_norm = grad_norm.full_tensor()
@@ -196,7 +199,7 @@ def update_policy(
     return acc.result()
 
 
-def zero_gradient_rows(cfg: TrainConfig, model, advantages: torch.Tensor) -> torch.Tensor:
+def zero_gradient_rows(cfg: Options, model, advantages: torch.Tensor) -> torch.Tensor:
     """[N] bool: rows whose loss term and gradient are exactly 0, so they need no backward.
 
     A row whose advantage is 0 at every token adds 0 * ratio to the objective (clipped or not),
@@ -205,7 +208,7 @@ def zero_gradient_rows(cfg: TrainConfig, model, advantages: torch.Tensor) -> tor
     penalty (its gradient reaches every row) or for MoE models (the load-balancing loss and the
     routing records span the whole forward), where every row keeps its backward.
     """
-    if cfg.kl_coef != 0.0 or moe.is_moe(model):
+    if cfg.loss.kl_coef != 0.0 or moe.is_moe(model):
         return torch.zeros(advantages.shape[0], dtype=torch.bool, device=advantages.device)  # [N]
     return _zero_advantage(advantages)  # [N]
 
@@ -221,14 +224,12 @@ def _zero_grads(model) -> None:
             p.grad = torch.zeros_like(p)
 
 
-def _old_logprobs(
-    cfg: TrainConfig, model, rollout: Rollout
-) -> tuple[torch.Tensor, dict[str, float]]:
-    if cfg.old_logprobs == "engine":
+def _old_logprobs(cfg: Options, model, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+    if cfg.rollout.old_logprobs == "engine":
         return rollout.logprobs, {}
     # MoE: the same pass records the pre-update policy's routing (what R2 replays).
     with torch.no_grad(), moe.capture_routing(model) as routes:
-        recomputed = rollout_logprobs(model, rollout, cfg.temperature)  # [N, L]
+        recomputed = rollout_logprobs(model, rollout, cfg.rollout.temperature)  # [N, L]
     if routes is not None:
         length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
         rollout.extras["old_routing"] = routes.routing(rollout.num_samples, length)
@@ -323,12 +324,12 @@ def _columns(advantages: torch.Tensor, cols: slice) -> torch.Tensor:
     return advantages[:, cols] if advantages.dim() == 2 else advantages
 
 
-def _ref_logprobs(cfg: TrainConfig, ref_model, rows: _Rows, prompt_index: torch.Tensor):
+def _ref_logprobs(cfg: Options, ref_model, rows: _Rows, prompt_index: torch.Tensor):
     if ref_model is None:
         return None
     with torch.no_grad():
         ref, _ = token_logprobs(
-            ref_model, *rows.tensors, temperature=cfg.temperature, prompt_index=prompt_index
+            ref_model, *rows.tensors, temperature=cfg.rollout.temperature, prompt_index=prompt_index
         )
     return ref
 

@@ -10,17 +10,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gspo.config.eval_config import EvalConfig
+from gspo.config.options import EngineOptions, ModelOptions
 from gspo.core.seeding import step_generator
 from gspo.envs.rewards import get_reward, uses_sandbox
 from gspo.envs.tasks import make_task
 from gspo.envs.tasks.base import Example, RewardFn
 from gspo.envs.tasks.files import load_examples
-from gspo.models.build import build_policy, build_prompt_format, resolve_device, set_threads
+from gspo.models.build import build_prompt_format, resolve_device, set_threads
 from gspo.orchestration import evaluation
 from gspo.rollout.build import build_engine, check_engine_available, close_engine
 
+from .parts import build_policy_for
 
-def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
+
+def eval_examples(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str]:
     """(problems, reward, description) that ``gspo eval`` scores: a data file's rows
     (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
     if cfg.data:
@@ -44,20 +48,30 @@ def eval_examples(cfg: Any) -> tuple[list[Example], RewardFn, str]:
     return list(examples), reward, where
 
 
-def evaluate(cfg: Any) -> dict[str, Any]:
+def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """``gspo eval``: load the model, score the problems, write the JSON report, return it."""
-    check_engine_available(cfg)  # e.g. vLLM missing: say so before loading anything
+    check_engine_available(
+        EngineOptions.of(cfg)
+    )  # e.g. vLLM missing: say so before loading anything
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
     examples, reward, where = eval_examples(cfg)
     if not examples:
         raise ValueError(f"nothing to evaluate: {where} has no problems")
-    model, tokenizer = build_policy(cfg, device)
+    model, tokenizer = build_policy_for(cfg, device)
     model.eval()
-    fmt = build_prompt_format(cfg, tokenizer, model)
+    fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
-    engine = build_engine(cfg, model, tokenizer, pad_id=tokenizer.pad_token_id, eos_id=eos)
+    engine = build_engine(
+        EngineOptions.of(cfg),
+        model,
+        tokenizer,
+        seed=cfg.seed,
+        logprobs=False,  # evaluation reads no log-probs (its top-p may be < 1)
+        pad_id=tokenizer.pad_token_id,
+        eos_id=eos,
+    )
     t_load = time.perf_counter() - t0
     details: list[dict[str, Any]] = []
     try:

@@ -2,44 +2,55 @@
 
 from __future__ import annotations
 
+from ..config.eval_config import EvalConfig
+from ..config.options import ModelOptions, RewardOptions, TaskOptions
+from ..config.train import SFTConfig, TrainConfig
 from ..envs.rewards import combine, format_reward
 from ..envs.sandbox import with_code_limits
 from ..envs.tasks import make_task
 from ..envs.tasks.base import Task
 from ..envs.tasks.files import make_file_task
+from ..models.build import build_policy
 
 
-def build_task(cfg) -> Task:
+def build_policy_for(cfg: TrainConfig | SFTConfig | EvalConfig, device):
+    """(model, tokenizer) of a flat config: its model options, initialized from its seed."""
+    return build_policy(ModelOptions.of(cfg), device, seed=cfg.seed)
+
+
+def build_task(cfg: TrainConfig | SFTConfig) -> Task:
     """A built-in synthetic task, or a task made of the user's data files, with the run's
     code-reward limits (``code_*`` fields) on a reward that runs the sandbox."""
-    task = _build_task(cfg)
-    if hasattr(cfg, "code_test_timeout_s"):  # TrainConfig (SFT has no rewards to limit)
+    demo_key = cfg.demo_key if isinstance(cfg, SFTConfig) else None
+    task = _build_task(TaskOptions.of(cfg), cfg.reward, cfg.seed, demo_key)
+    if isinstance(cfg, TrainConfig):  # (SFT has no rewards to limit)
+        limits = RewardOptions.of(cfg)
         task.reward = with_code_limits(
             task.reward,
-            test_timeout_s=cfg.code_test_timeout_s,
-            total_timeout_s=cfg.code_total_timeout_s or None,
-            memory_mb=cfg.code_memory_mb,
-            run_memory_mb=cfg.code_run_memory_mb,
-            compare=cfg.code_compare,
+            test_timeout_s=limits.code_test_timeout_s,
+            total_timeout_s=limits.code_total_timeout_s or None,
+            memory_mb=limits.code_memory_mb,
+            run_memory_mb=limits.code_run_memory_mb,
+            compare=limits.code_compare,
         )
     return task
 
 
-def _build_task(cfg) -> Task:
-    if cfg.task == "file":
+def _build_task(opts: TaskOptions, reward: str | None, seed: int, demo_key: str | None) -> Task:
+    if opts.task == "file":
         return make_file_task(
-            cfg.train_file,
-            cfg.test_file,
-            cfg.reward,
-            prompt_key=cfg.prompt_key,
-            answer_key=cfg.answer_key,
-            on_error="skip" if getattr(cfg, "bad_rows", "error") == "skip" else "raise",
-            answer_format=getattr(cfg, "answer_format", "raw"),
-            **({"demo_key": cfg.demo_key} if getattr(cfg, "demo_key", None) else {}),
+            opts.train_file,
+            opts.test_file,
+            reward,
+            prompt_key=opts.prompt_key,
+            answer_key=opts.answer_key,
+            on_error="skip" if opts.bad_rows == "skip" else "raise",
+            answer_format=opts.answer_format,
+            **({"demo_key": demo_key} if demo_key else {}),
         )
 
     return make_task(
-        cfg.task, n_train=cfg.n_train, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
+        opts.task, n_train=opts.n_train, n_test=opts.n_test, seed=seed, difficulty=opts.difficulty
     )
 
 
@@ -131,10 +142,10 @@ def limit_prompts(
     return kept, replaced, truncated, skipped
 
 
-def build_train_reward(cfg, task: Task):
+def build_train_reward(opts: RewardOptions, task: Task):
     """The reward RL trains on: the task's reward, plus ``format_reward_weight`` x the format
     reward (answer in ``\\boxed{}`` or after ``####``) when that weight is non-zero."""
-    weight = getattr(cfg, "format_reward_weight", 0.0)
+    weight = opts.format_reward_weight
     if not weight:
         return task.reward
 

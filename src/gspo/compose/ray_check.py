@@ -5,14 +5,14 @@ installed, the cluster reachable)? The fields themselves are plain data in
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 from ..config import ConfigError
+from ..config.options_train import BackendOptions
 
 
-def check_backend_available(cfg: Any, timeout_s: float = 3.0) -> None:
+def check_backend_available(cfg: BackendOptions, timeout_s: float = 3.0) -> None:
     """Before any work: Ray importable (backend='ray') and ``ray_address`` reachable."""
-    if getattr(cfg, "backend", "local") != "ray":
+    if cfg.backend != "ray":
         return
 
     try:

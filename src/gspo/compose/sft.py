@@ -14,15 +14,16 @@ import torch
 from ..backend import checkpoint as ckpt
 from ..backend.update import lr_lambda
 from ..config import ConfigError, SFTConfig, to_dict
+from ..config.options import ModelOptions
 from ..config.train import SFT_SAFE_ON_RESUME
 from ..core.checkpoint_paths import checkpoint_root, latest_checkpoint
 from ..core.seeding import step_generator
 from ..models import moe, save_model, token_logprobs
-from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
+from ..models.build import build_prompt_format, resolve_device, set_threads
 from ..orchestration.evaluation import evaluate_model
 from ..orchestration.logging import progress_bar
 from ..orchestration.signals import StopRequest
-from .parts import build_task
+from .parts import build_policy_for, build_task
 
 
 @dataclass
@@ -87,13 +88,13 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
         ckpt.clean_stale(out)
         if not resume:  # a new SFT never resumes from another one's checkpoints later
             ckpt.discard_run(out)
-    model, tokenizer = build_policy(cfg, device)
+    model, tokenizer = build_policy_for(cfg, device)
     task = build_task(cfg)
     demos = [e for e in task.train if (e.demo if e.demo is not None else e.answer)]
     if not demos:
         raise ValueError(f"task {task.name} has no demonstrations for SFT")
     # Chat models see their template and learn to end on its end-of-turn token (<|im_end|>).
-    fmt = build_prompt_format(cfg, tokenizer, model)
+    fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
     prompts = fmt.encode([e.prompt for e in demos])
     targets = [
         [*ids, fmt.end_token_id]

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
+from ..config.combinations import Options, early_problems, split
 from ..config.resume import check_changes, saved_config
 from ..envs import ENVIRONMENTS, env_for
 from ..envs.episodes import make_episodes
@@ -61,8 +62,12 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     removes an earlier run's checkpoints and final model from ``output_dir``, so that two runs
     never mix there (``gspo train`` refuses such a folder unless ``--overwrite`` moved it
     aside). ``stop_after``: the global step to stop at, with a checkpoint."""
-    check_engine_available(cfg)  # e.g. vLLM missing: say so before any work
-    check_backend_available(cfg)  # backend='ray': Ray installed, ray_address reachable
+    opts = split(cfg)  # the one split of the flat config into each component's options
+    early = early_problems(opts)  # what construction refused before (a config made in Python)
+    if early:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(early))
+    check_engine_available(opts.engine)  # e.g. vLLM missing: say so before any work
+    check_backend_available(opts.backend)  # backend='ray': Ray installed, ray_address reachable
     set_threads(cfg.threads)
     out = Path(cfg.output_dir)
     found = None
@@ -83,7 +88,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     # The run's config at its root, so `gspo report` can group runs by algo and seed.
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
-    parts = build_parts(cfg, out)
+    parts = build_parts(cfg, out, opts)
     state = StepState(seed=cfg.seed)
     try:
         if found is not None:
@@ -110,7 +115,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         parts.backend.close()
 
 
-def _local_parts(cfg, model, tokenizer, device, out, workers, rewards):
+def _local_parts(cfg: Options, model, tokenizer, device, out, workers, rewards):
     """One process: the local backend, and the torch engine (sharing the model unless
     ``engine_dtype``) or vLLM (its own copy, synced every step); rewards scored in-process."""
     engine = policy_engine(cfg, model, tokenizer)
@@ -119,7 +124,7 @@ def _local_parts(cfg, model, tokenizer, device, out, workers, rewards):
     return LocalBackend(cfg, model, device), engine, None
 
 
-def _ray_parts(cfg, model, tokenizer, device, out, workers, rewards):
+def _ray_parts(cfg: Options, model, tokenizer, device, out, workers, rewards):
     """FSDP2 ranks (+ rollout workers) as Ray actors; rewards in Ray tasks where they pay."""
     tasks = workers if use_ray_tasks(cfg, rewards[0]) else 0
     backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
@@ -127,28 +132,30 @@ def _ray_parts(cfg, model, tokenizer, device, out, workers, rewards):
 
 
 BACKENDS = {"local": _local_parts, "ray": _ray_parts}
-"""Training backends by ``backend`` name: ``build(cfg, model, tokenizer, device, out,
+"""Training backends by ``backend`` name: ``build(opts, model, tokenizer, device, out,
 reward_workers, (train_reward, task_reward)) -> (backend, engine, scorer or None)`` (a scorer
 scores the episodes' rewards elsewhere than in this process). ``gspo.config.scale.BACKENDS`` is
 its torch-free copy for config checks (tests/test_config_names.py keeps the two equal)."""
 
 
-def build_parts(cfg: TrainConfig, out: Path) -> Parts:
-    """The run's parts: policy and its backend, rollout engine, task, rewards, prompts."""
+def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Parts:
+    """The run's parts: policy and its backend, rollout engine, task, rewards, prompts. Below
+    here every layer reads its options (``opts``: ``split(cfg)``), not the flat config."""
+    opts = opts if opts is not None else split(cfg)
     device = resolve_device(cfg.device)
-    model, tokenizer = build_policy(cfg, device)
+    model, tokenizer = build_policy(opts.model, device, seed=cfg.seed)
     task = build_task(cfg)
     if not task.train:
         raise ValueError(f"task {task.name} has no training problems")
     # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
-    fmt = build_prompt_format(cfg, tokenizer, model)
-    train_reward = build_train_reward(cfg, task)
+    fmt = build_prompt_format(opts.model, tokenizer, model)
+    train_reward = build_train_reward(opts.reward, task)
     workers = reward_workers(train_reward, cfg.reward_workers)
     # Every task runs episodes of its environment through gspo.envs (single-turn: one turn);
     # without a registered one, the task's reward is its environment (+ the format bonus).
-    env = env_for(task, cfg, fmt.chat)
+    env = env_for(task, opts.task, fmt.chat)
     own = None if task.name in ENVIRONMENTS else train_reward
-    episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=own, workers=workers)
+    episodes = make_episodes(opts, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
@@ -156,7 +163,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     )
     build_backend = BACKENDS[cfg.backend]
     backend, engine, scorer = build_backend(
-        cfg, model, tokenizer, device, out, workers, (train_reward, task.reward)
+        opts, model, tokenizer, device, out, workers, (train_reward, task.reward)
     )
     if scorer is not None:
         episodes.use_scorer(scorer.each)
@@ -167,7 +174,7 @@ def build_parts(cfg: TrainConfig, out: Path) -> Parts:
         stop_token_ids=fmt.stop_token_ids,
     )
     parts = Parts(
-        cfg=cfg,
+        cfg=opts,
         backend=backend,
         engine=engine,
         tokenizer=tokenizer,

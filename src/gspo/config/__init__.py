@@ -30,15 +30,7 @@ from .fields import (
 )
 from .presets import PRESETS
 from .train import SFTConfig, TrainConfig
-from .validation import (
-    _validate_eval,
-    _validate_model_fields,
-    _validate_moe,
-    _validate_train,
-    validate,
-    validate_engine,
-    validate_options,
-)
+from .validation import _validate_eval, _validate_model_fields, validate, validate_engine
 
 __all__ = [
     "CORRECTIONS",
@@ -58,8 +50,6 @@ __all__ = [
     "_doc",
     "_validate_eval",
     "_validate_model_fields",
-    "_validate_moe",
-    "_validate_train",
     "build",
     "coerce",
     "field_docs",
@@ -68,5 +58,4 @@ __all__ = [
     "to_dict",
     "validate",
     "validate_engine",
-    "validate_options",
 ]

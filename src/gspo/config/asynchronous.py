@@ -1,16 +1,14 @@
-"""Asynchronous-RL config fields (``max_staleness``, ``async_partial``, ``async_chunk_tokens``)
-and their checks.
+"""Asynchronous-RL config fields (``max_staleness``, ``async_partial``, ``async_chunk_tokens``).
 
-``AsyncFields`` is a base of ``TrainConfig``. Its checks run when a config is made
-(``__post_init__``), so a bad value stops the run before any work, naming the field.
+``AsyncFields`` is a base of ``TrainConfig``. Its checks: ``AsyncOptions.problems``
+(gspo.config.options) and, across components, ``gspo.config.combinations``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import ConfigError, _doc
-from .names import one_of
+from .fields import _doc
 
 PARTIAL_MODES = ("keep", "mask", "restart")
 
@@ -46,30 +44,3 @@ class AsyncFields:
         "in one call (versions per sample, no pause). A local torch engine pauses at any token.",
         8,
     )
-
-    def __post_init__(self) -> None:
-        problems = async_problems(self)
-        if problems:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
-
-
-def async_problems(cfg: object) -> list[str]:
-    """Every problem with the async fields of ``cfg`` (empty: fine)."""
-    out: list[str] = []
-    k = getattr(cfg, "max_staleness", 0)
-    if not isinstance(k, int) or k < 0:
-        out.append(f"max_staleness must be an integer >= 0, got {k!r}")
-        return out
-    mode = getattr(cfg, "async_partial", "keep")
-    if mode not in PARTIAL_MODES:
-        out.append(one_of("async_partial", mode, PARTIAL_MODES))
-    if k == 0:
-        return out
-    chunk = getattr(cfg, "async_chunk_tokens", 8)
-    if not isinstance(chunk, int) or chunk < 0:
-        out.append(f"async_chunk_tokens must be an integer >= 0, got {chunk!r}")
-    if getattr(cfg, "dynamic_sampling", False):
-        out.append("max_staleness >= 1 does not support dynamic_sampling yet")
-    if getattr(cfg, "routing_replay", None) == "engine":
-        out.append("max_staleness >= 1 does not record MoE routing: routing_replay='engine'")
-    return out

@@ -7,7 +7,6 @@ flags. Unknown keys and bad values are rejected before any work starts, with mes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import types
 import typing
@@ -120,37 +119,12 @@ def build(
         except ConfigError as exc:
             problems.append(str(exc))
             del values[k]
-    try:
-        cfg = cls(**values)
-    except ConfigError as exc:  # a mixin's __post_init__ check (scale, async fields)
-        problems += _listed(exc)
-        cfg = _unchecked(cls, values)
+    cfg = cls(**values)
     for problem in config_problems(cfg):
         if problem not in problems:
             problems.append(problem)
     if problems:
         raise config_error(problems)
-    return cfg
-
-
-def _listed(exc: ConfigError) -> list[str]:
-    """The problems of an "invalid config: ..." error, one per item."""
-    text = str(exc).removeprefix("invalid config:").strip()
-    return [line.strip().removeprefix("- ") for line in text.splitlines() if line.strip()]
-
-
-def _unchecked(cls: type, values: dict[str, Any]) -> Any:
-    """``cls(**values)`` without ``__post_init__``, so validation can list the other problems of
-    a config whose mixin checks already failed."""
-    cfg = object.__new__(cls)
-    for f in fields(cls):
-        if f.name in values:
-            value = values[f.name]
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            value = f.default
-        setattr(cfg, f.name, value)
     return cfg
 
 

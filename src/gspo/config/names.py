@@ -154,6 +154,55 @@ def losses() -> Mapping[str, Any]:
     return registry if registry else BUILTIN_LOSSES
 
 
+# The task, reward and environment registries (gspo.envs) are torch-free but import the config
+# (their options' types): the config reads them as losses() reads its registry, from the loaded
+# module, plus these copies of the built-in entries (tests/test_config_options.py keeps them equal).
+BUILTIN_TASKS = (
+    "addition",
+    "reversal",
+    "sorting",
+    "countdown",
+    "scratchpad",
+    "code",
+    "word_problems",
+    "calculator",
+    "multiply",
+    "code_feedback",
+    "guess",
+)  # gspo.envs.tasks.TASKS
+BUILTIN_REWARDS = (
+    "exact_match",
+    "numeric",
+    "math_verify",
+    "format",
+    "countdown",
+    "code",
+)  # gspo.envs.rewards.REWARDS
+ENVIRONMENT_TASKS = ("calculator", "code_feedback", "guess")  # gspo.envs.base.ENVIRONMENTS
+ANSWER_FORMATS = ("raw", "gsm8k", "boxed")  # gspo.envs.tasks.files.ANSWER_FORMATS
+
+
+def _registry(module: str, name: str, builtin: tuple[str, ...]) -> tuple[str, ...]:
+    # The built-ins first: a registry still being filled (its module mid-import) lacks some.
+    registry = getattr(sys.modules.get(module), name, None) or ()
+    return tuple(dict.fromkeys((*builtin, *registry)))
+
+
+def tasks() -> tuple[str, ...]:
+    """Task names: the loaded registry (with tasks registered at run time), else the built-ins."""
+    return _registry("gspo.envs.tasks", "TASKS", BUILTIN_TASKS)
+
+
+def rewards() -> tuple[str, ...]:
+    """Reward names, as :func:`tasks`."""
+    return _registry("gspo.envs.rewards", "REWARDS", BUILTIN_REWARDS)
+
+
+def environment_tasks() -> tuple[str, ...]:
+    """Tasks with a registered multi-turn environment, as :func:`tasks`."""
+    return _registry("gspo.envs.base", "ENVIRONMENTS", ENVIRONMENT_TASKS)
+
+
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:
     """`` — did you mean 'x'?`` for the closest of ``choices`` to ``value``, or ''."""
     if not isinstance(value, str):

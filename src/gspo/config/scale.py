@@ -2,8 +2,9 @@
 checks: plain data (imports nothing else of gspo).
 
 ``ScaleFields`` is a base of ``TrainConfig`` (flat fields, each with a doc, shown by
-``--help``; the CLI flags ``--backend``, ``--trainer-workers``, ... come from them). Field
-values are checked when the config is built; ``gspo.compose.ray_check.check_backend_available``
+``--help``; the CLI flags ``--backend``, ``--trainer-workers``, ... come from them). Their
+checks are ``BackendOptions.problems`` (gspo.config.options) and, across components,
+``gspo.config.combinations``; ``gspo.compose.ray_check.check_backend_available``
 checks the machine (Ray installed, the cluster reachable) before any work.
 """
 
@@ -12,9 +13,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
-
-from .fields import ConfigError
-from .names import one_of
 
 BACKENDS = ("local", "ray")
 PLACEMENTS = ("colocated", "separate")
@@ -76,56 +74,3 @@ class ScaleFields:
         "(less memory, one more forward per layer; the gradients are the same).",
         False,
     )
-
-    def __post_init__(self) -> None:
-        problems = scale_problems(self)
-        if problems:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
-
-
-def scale_problems(cfg: Any) -> list[str]:
-    """Every problem with the scale-out fields of ``cfg`` (empty: fine)."""
-    problems: list[str] = []
-    if cfg.backend not in BACKENDS:
-        problems.append(one_of("backend", cfg.backend, BACKENDS))
-    if cfg.placement not in PLACEMENTS:
-        problems.append(one_of("placement", cfg.placement, PLACEMENTS))
-    if cfg.reward_placement not in REWARD_PLACEMENTS:
-        problems.append(one_of("reward_placement", cfg.reward_placement, REWARD_PLACEMENTS))
-    if cfg.trainer_workers < 1:
-        problems.append(f"trainer_workers must be >= 1, got {cfg.trainer_workers}")
-    if cfg.rollout_workers < 0:
-        problems.append(f"rollout_workers must be >= 0, got {cfg.rollout_workers}")
-    if cfg.backend == "local":
-        for name, default in (("trainer_workers", 1), ("rollout_workers", 0)):
-            if getattr(cfg, name) != default:
-                problems.append(f"{name}={getattr(cfg, name)} needs backend='ray'")
-        if cfg.ray_address is not None:
-            problems.append("ray_address needs backend='ray'")
-        if cfg.reward_placement == "ray":
-            problems.append("reward_placement='ray' needs backend='ray'")
-        if cfg.fsdp_param_dtype is not None or cfg.activation_checkpointing:
-            problems.append("fsdp_param_dtype and activation_checkpointing need backend='ray'")
-    if cfg.fsdp_param_dtype not in (None, "bfloat16", "float16"):
-        problems.append(
-            f"fsdp_param_dtype must be bfloat16, float16 or None, got {cfg.fsdp_param_dtype!r}"
-        )
-    if cfg.backend == "ray":
-        if getattr(cfg, "model", None) == "tiny-moe" or getattr(
-            cfg, "routing_replay", None
-        ) not in (
-            None,
-            "none",
-        ):
-            problems.append(
-                "backend='ray' does not support MoE models or routing_replay yet; use "
-                "backend='local'"
-            )
-        if getattr(cfg, "lora_rank", 0) > 0:
-            problems.append("backend='ray' does not support LoRA (lora_rank > 0) yet")
-        if cfg.placement == "colocated" and cfg.rollout_workers == 0:
-            problems.append(
-                "placement='colocated' shares bundles with rollout workers: set "
-                "rollout_workers >= 1 (or placement='separate')"
-            )
-    return problems

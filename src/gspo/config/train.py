@@ -8,23 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .asynchronous import AsyncFields
-from .fields import ConfigError, CorrectionFields, EngineFields, SharedFields, _doc
+from .fields import CorrectionFields, EngineFields, SharedFields, _doc
 from .scale import ScaleFields
 
 
 @dataclass
 class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, AsyncFields):
     """Everything that defines an RL run; saved with every checkpoint."""
-
-    def __post_init__(self) -> None:
-        # Each mixin with a __post_init__ checks its own fields; the MRO would run only the first.
-        ScaleFields.__post_init__(self)
-        AsyncFields.__post_init__(self)
-        if self.max_staleness >= 1 and self.backend == "ray" and self.rollout_workers < 1:
-            raise ConfigError(
-                "invalid config:\n  - max_staleness >= 1 with backend='ray' needs "
-                "rollout_workers >= 1 (the workers generate while the ranks train)"
-            )
 
     # --- run, model, task: SharedFields (gspo.config.fields); what differs here ---------------
     output_dir: str = _doc(

@@ -9,11 +9,14 @@ With ``old_logprobs='recompute'`` the trainer scores the rollout with its own pr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from gspo.core.correction import mismatch_ratio, mismatch_weights
+
+if TYPE_CHECKING:  # a type only: the config's --resume checks import gspo.core, no cycle
+    from gspo.config.options_train import LossOptions
 
 
 def mismatch_stats(
@@ -34,7 +37,7 @@ def mismatch_stats(
 
 
 def correction_weights(
-    cfg: Any, recomputed: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor
+    cfg: LossOptions, recomputed: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """(weights [N, L] or [N], metrics) of ``cfg.mismatch_correction``; (None, {}) when off.
 
@@ -42,7 +45,7 @@ def correction_weights(
     'token', responses otherwise) whose weight the cap or floor changed: truncated (TIS) or
     set to 0 (MIS). ``mismatch/weight_mean`` is the mean weight over those units.
     """
-    mode = getattr(cfg, "mismatch_correction", None)
+    mode = cfg.mismatch_correction
     if mode is None:
         return None, {}
     level = cfg.mismatch_level

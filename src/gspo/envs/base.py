@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from gspo.envs.rewards import score_each
 
 if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
+    from gspo.config.options import TaskOptions
     from gspo.envs.tasks.base import Example, RewardFn, Task
 
 Message = dict[str, str]
@@ -138,8 +139,9 @@ class SingleTurnEnv:
 
 
 ENVIRONMENTS: dict[str, Any] = {}
-"""Multi-turn environments by task name: ``name -> factory(task, cfg, chat) -> Environment``
-(``chat``: the run formats prompts with a chat template; else the plain-text conventions)."""
+"""Multi-turn environments by task name: ``name -> factory(task, opts, chat) -> Environment``
+(``opts``: the run's :class:`~gspo.config.options.TaskOptions`;
+``chat``: the run formats prompts with a chat template; else the plain-text conventions)."""
 
 
 def register_env(name: str):
@@ -167,10 +169,10 @@ def format_bonus_refusal(name: str, weight: float) -> str:
     )
 
 
-def env_for(task: Task, cfg: Any = None, chat: bool = False) -> Environment:
-    """The environment of ``task``: its registered multi-turn environment, or the task's
-    reward as a :class:`SingleTurnEnv`."""
+def env_for(task: Task, opts: TaskOptions, chat: bool = False) -> Environment:
+    """The environment of ``task``: its registered multi-turn environment (with the run's
+    task options, e.g. tool_timeout_s), or the task's reward as a :class:`SingleTurnEnv`."""
     factory = ENVIRONMENTS.get(task.name)
     if factory is None:
         return SingleTurnEnv(task.reward, name=task.name)
-    return factory(task, cfg, chat)
+    return factory(task, opts, chat)

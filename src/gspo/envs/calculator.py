@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import random
+from typing import TYPE_CHECKING
 
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, _build, _Spec
@@ -24,6 +25,9 @@ from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, _build, _Spec
 from .base import register_env
 from .tool_env import ToolEnv
 from .tools import CALCULATOR
+
+if TYPE_CHECKING:  # the config validates tasks against gspo.envs: only a type here, no cycle
+    from gspo.config.options import TaskOptions
 
 
 def final_answer_reward(completion: str, example: Example) -> float:
@@ -80,12 +84,12 @@ DIFFICULTIES["multiply"] = (NO_TOOL_SPEC.low, NO_TOOL_SPEC.default, NO_TOOL_SPEC
 
 
 @register_env("calculator")
-def calculator_env(task: Task, cfg, chat: bool) -> ToolEnv:
+def calculator_env(task: Task, opts: TaskOptions, chat: bool) -> ToolEnv:
     return ToolEnv(
         "calculator",
         [CALCULATOR],
         final_answer_reward,
         plain=not chat,
-        tool_timeout_s=getattr(cfg, "tool_timeout_s", 10.0) or 0.0,
+        tool_timeout_s=opts.tool_timeout_s or 0.0,
         error_penalty=0.1,
     )

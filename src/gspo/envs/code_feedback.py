@@ -71,5 +71,5 @@ class CodeFeedbackEnv:
 
 
 @register_env("code_feedback")
-def code_feedback_env(task: Task, cfg, chat: bool) -> CodeFeedbackEnv:
+def code_feedback_env(task: Task, opts, chat: bool) -> CodeFeedbackEnv:
     return CodeFeedbackEnv()

@@ -10,7 +10,7 @@ the trainer's ``advantages`` step like every episode-level reward.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,18 +26,21 @@ from .one_turn import answer_round
 from .rewards import reward_workers
 from .trajectory import Trajectory, make_encoder
 
+if TYPE_CHECKING:  # the config validates tasks against gspo.envs: only a type here, no cycle
+    from gspo.config.combinations import Options
 
-def limits_from(cfg: Any, multi_turn: bool = True) -> Limits:
+
+def limits_from(cfg: Options, multi_turn: bool = True) -> Limits:
     """The run's episode limits; one-turn episodes: one turn of ``max_new_tokens``."""
     if not multi_turn:
-        n = cfg.max_new_tokens
+        n = cfg.rollout.max_new_tokens
         return Limits(max_turns=1, max_tokens_per_turn=n, max_total_tokens=n,
-                      env_timeout_s=cfg.env_timeout_s)  # fmt: skip
+                      env_timeout_s=cfg.task.env_timeout_s)  # fmt: skip
     return Limits(
-        max_turns=cfg.max_turns,
-        max_tokens_per_turn=cfg.max_tokens_per_turn or cfg.max_new_tokens,
-        max_total_tokens=cfg.max_total_tokens,
-        env_timeout_s=cfg.env_timeout_s,
+        max_turns=cfg.task.max_turns,
+        max_tokens_per_turn=cfg.task.max_tokens_per_turn or cfg.rollout.max_new_tokens,
+        max_total_tokens=cfg.task.max_total_tokens,
+        env_timeout_s=cfg.task.env_timeout_s,
     )
 
 
@@ -50,7 +53,7 @@ class Episodes:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: Options,
         env: Environment,
         tokenizer: Any,
         fmt: Any,
@@ -60,7 +63,7 @@ class Episodes:
     ) -> None:
         if env.multi_turn:
             check_multi_turn(cfg)
-        bonus = getattr(cfg, "format_reward_weight", 0.0)
+        bonus = cfg.reward.format_reward_weight
         if train_reward is None and bonus:  # the environment scores alone: no format bonus
             raise ValueError(format_bonus_refusal(env.name, bonus))
         self.eval_env = env
@@ -72,7 +75,7 @@ class Episodes:
                 reward,
                 env.name,
                 task_reward=None if reward is env.reward else env.reward,
-                timeout_s=cfg.reward_timeout_s or None,
+                timeout_s=cfg.reward.reward_timeout_s or None,
                 workers=workers,
             )
         self.cfg = cfg
@@ -131,14 +134,14 @@ class Episodes:
         if all("task" in t.info for t in trajs):  # info["task"]: the reward without the bonus
             task = torch.tensor([t.info["task"] for t in trajs])  # [N]
         batch = RolloutBatch(rollout, returns, errors, task, trajectories=trajs)
-        if self.env.multi_turn and self.cfg.credit == "turn":
+        if self.env.multi_turn and self.cfg.loss.credit == "turn":
             batch.advantages = turn_advantages(
                 turns,
                 finals,
                 rollout.extras["turn_ids"],
                 n,
-                gamma=self.cfg.turn_discount,
-                scale=self.cfg.advantage_scale,
+                gamma=self.cfg.loss.turn_discount,
+                scale=self.cfg.loss.advantage_scale,
             )  # [N, L]
         return batch
 
@@ -177,21 +180,21 @@ class Episodes:
         return out
 
 
-def check_multi_turn(cfg: Any) -> None:
+def check_multi_turn(cfg: Options) -> None:
     """Refuse what multi-turn episodes do not support yet, before any work starts."""
-    check_credit(cfg.algo, cfg.credit)
-    if cfg.max_turns < 1 or cfg.max_total_tokens < 1:
+    check_credit(cfg.loss.algo, cfg.loss.credit)
+    if cfg.task.max_turns < 1 or cfg.task.max_total_tokens < 1:
         raise ValueError("max_turns and max_total_tokens must be >= 1")
-    if cfg.overlong_buffer > 0:
+    if cfg.rollout.overlong_buffer > 0:
         raise ValueError("overlong_buffer applies to single-turn tasks only")
-    if cfg.kl_in_reward:
+    if cfg.loss.kl_in_reward:
         raise ValueError("kl_in_reward applies to single-turn tasks only (for now)")
-    if cfg.dynamic_sampling and cfg.credit == "turn":
+    if cfg.rollout.dynamic_sampling and cfg.loss.credit == "turn":
         raise ValueError(
             "dynamic_sampling keeps episode groups whose returns differ, which needs "
             "credit='episode' (per-turn credit is not split across rounds yet)"
         )
-    if cfg.routing_replay == "engine":
+    if cfg.model.routing_replay == "engine":
         raise ValueError(
             "routing_replay='engine' needs the engine's expert choices, which multi-turn "
             "episodes do not record yet (use 'old' or none)"
@@ -199,7 +202,7 @@ def check_multi_turn(cfg: Any) -> None:
 
 
 def make_episodes(
-    cfg: Any, env: Environment, tokenizer: Any, fmt: Any, *, train_reward: Any = None,
+    cfg: Options, env: Environment, tokenizer: Any, fmt: Any, *, train_reward: Any = None,
     workers: int = 1,
 ) -> Episodes:  # fmt: skip
     """The episodes of a run, single- or multi-turn (one path through the trainer)."""

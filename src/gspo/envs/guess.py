@@ -115,5 +115,5 @@ class GuessEnv:
 
 
 @register_env("guess")
-def guess_env(task: Task, cfg, chat: bool) -> GuessEnv:
+def guess_env(task: Task, opts, chat: bool) -> GuessEnv:
     return GuessEnv(plain=not chat)

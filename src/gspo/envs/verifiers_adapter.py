@@ -177,4 +177,4 @@ def register_verifiers(name: str, load_environment: Callable[[], Any]) -> None:
         return task
 
     TASKS[name] = build
-    ENVIRONMENTS[name] = lambda task, cfg, chat: VerifiersEnv(vf_env, name)
+    ENVIRONMENTS[name] = lambda task, opts, chat: VerifiersEnv(vf_env, name)

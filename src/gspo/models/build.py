@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from gspo.config.options import ModelOptions
+
 from . import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
 from .chat import prompt_format
 from .lora import apply_lora
@@ -35,9 +37,9 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def build_policy(cfg, device: torch.device):
-    """(model, tokenizer): a random-init tiny dense or MoE model, or a local Hugging Face
-    checkpoint."""
+def build_policy(cfg: ModelOptions, device: torch.device, *, seed: int):
+    """(model, tokenizer): a random-init tiny dense or MoE model (initialized from ``seed``,
+    which also seeds LoRA's adapters), or a local Hugging Face checkpoint."""
     if cfg.model in ("tiny", "tiny-moe"):
         tokenizer = build_char_tokenizer()
         experts = {}
@@ -54,7 +56,7 @@ def build_policy(cfg, device: torch.device):
             num_layers=cfg.num_layers,
             num_heads=cfg.num_heads,
             num_kv_heads=cfg.num_kv_heads,
-            seed=cfg.seed,
+            seed=seed,
             **experts,
         )
     else:
@@ -68,14 +70,14 @@ def build_policy(cfg, device: torch.device):
     model = model.to(device=device, dtype=DTYPES[cfg.dtype])
 
     fit_experts_kernel(model)  # MoE: grouped_mm has no float64 kernel (no-op for dense models)
-    if getattr(cfg, "lora_rank", 0) > 0:
+    if cfg.lora_rank > 0:
         model = apply_lora(
             model,
             rank=cfg.lora_rank,
             alpha=cfg.lora_alpha,
             dropout=cfg.lora_dropout,
             target_modules=cfg.lora_target_modules,
-            seed=cfg.seed,
+            seed=seed,
         )
     return model, tokenizer
 
@@ -93,12 +95,12 @@ def ensure_pad_token(tokenizer) -> None:
         tokenizer.pad_token = tokenizer.eos_token
 
 
-def build_prompt_format(cfg, tokenizer, model=None):
+def build_prompt_format(cfg: ModelOptions, tokenizer, model=None):
     """The run's :class:`gspo.models.chat.PromptFormat` from ``cfg.chat_template`` and
     ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token)."""
     return prompt_format(
         tokenizer,
-        mode=getattr(cfg, "chat_template", "auto"),
-        system_prompt=getattr(cfg, "system_prompt", None),
+        mode=cfg.chat_template,
+        system_prompt=cfg.system_prompt,
         model=model,
     )

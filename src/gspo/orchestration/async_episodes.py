@@ -71,23 +71,23 @@ class EpisodeProducer:
     producer's view of the run (its ``engine`` is the place's)."""
 
     def __init__(self, parts: Parts) -> None:
-        self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.async_partial
+        self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.asynchronous.async_partial
 
     def produce(self, step: int, weights: WeightSync, place: Place) -> Produced:
         """Run and score the episodes of ``step`` (on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.prompts_per_step, cfg.seed)
+        idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
         examples = [parts.train_set[i] for i in idx]
         counts = {"async/turn_boundary_syncs": 0.0, "async/mid_turn_syncs": 0.0}
         counts["async/restarts"] = 0.0
         engine, device = place.engine, place.device
         while True:
-            gen = step_generator(cfg.seed, step, stream=0, device=device)
+            gen = step_generator(cfg.run.seed, step, stream=0, device=device)
             hook = place.round_hook(weights, self.mode, counts)
             try:
                 got = parts.episodes.collect(
-                    engine, examples, cfg.group_size, parts.params, gen, weights.version,
+                    engine, examples, cfg.rollout.group_size, parts.params, gen, weights.version,
                     generate=hook,
                 )  # fmt: skip
                 break
@@ -104,7 +104,7 @@ class EpisodeProducer:
         # The step's episode/* metrics, then the producer's weight loads (async/*): the
         # trainer logs them on either side of the buffer's async/* metrics.
         payload.metrics = {**parts.episodes.report(got.trajectories), **counts}
-        size = cfg.group_size
+        size = cfg.rollout.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, payload, time.perf_counter() - t0)
 
@@ -113,8 +113,9 @@ class EpisodeProducer:
     ) -> RolloutBatch:
         """The episodes of the admitted groups with their advantages."""
         batch: RolloutBatch = groups[0].payload
-        if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted groups
-            batch = batch.select(kept_rows(groups, self.cfg.group_size))
+        # Some dropped: keep the admitted groups.
+        if len(groups) < self.cfg.rollout.prompts_per_step:
+            batch = batch.select(kept_rows(groups, self.cfg.rollout.group_size))
         made = batch.metrics
         episodes = {k: v for k, v in made.items() if not k.startswith("async/")}
         counts = {k: v for k, v in made.items() if k.startswith("async/")}

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..rollout.base import PartialGeneration, Rollout, SamplingParams
 from ..rollout.build import close_engine
 from ..rollout.partial import partial_generation
@@ -136,7 +138,7 @@ def round_generate(
     return generate
 
 
-def driver_engine(cfg: Any, model: torch.nn.Module, tokenizer: Any) -> Any:
+def driver_engine(cfg: Options, model: torch.nn.Module, tokenizer: Any) -> Any:
     """A torch engine in the driver on the driver's copy of the weights (which
     ``push_weights`` refreshes every step): the loop's engine when the rollout thread has the
     run's (Ray workers, a local vLLM engine), so an evaluation never waits for the thread nor
@@ -145,20 +147,22 @@ def driver_engine(cfg: Any, model: torch.nn.Module, tokenizer: Any) -> Any:
     from ..rollout.build import build_engine
 
     return build_engine(
-        replace(cfg, rollout_engine="torch"),
+        replace(cfg.engine, rollout_engine="torch"),
         model,
         tokenizer,
+        seed=cfg.run.seed,
+        logprobs=True,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
-        dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-        share_weights=cfg.engine_dtype is None,
+        dtype=DTYPES[cfg.engine.engine_dtype] if cfg.engine.engine_dtype else None,
+        share_weights=cfg.engine.engine_dtype is None,
     )
 
 
 def local_source(parts: Parts, model: torch.nn.Module) -> AsyncSource:
     """The local backend's async source: groups or episodes made by a thread in this process."""
     cfg, engine = parts.cfg, parts.engine
-    chunk = cfg.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
+    chunk = cfg.asynchronous.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
     if isinstance(engine, TorchEngine):
         own = TorchEngine(
             model,

@@ -43,6 +43,8 @@ from typing import Any, Protocol
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..core.seeding import prompt_indices, step_generator
 from ..rollout.base import NO_VERSION, Rollout, SamplingParams
 from ..rollout.batch import RolloutBatch
@@ -114,33 +116,33 @@ class GroupProducer:
     (its ``engine`` is the place's)."""
 
     def __init__(self, parts: Parts) -> None:
-        self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.async_partial
+        self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.asynchronous.async_partial
 
     def produce(self, step: int, weights: WeightSync, place: Place) -> Produced:
         """Generate and score the batch of ``step`` (runs on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.prompts_per_step, cfg.seed)
+        idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
         prompts = [parts.prompt_cache[i] for i in idx]
 
         def generator() -> torch.Generator:
-            return step_generator(cfg.seed, step, stream=0, device=place.device)
+            return step_generator(cfg.run.seed, step, stream=0, device=place.device)
 
         rollout = place.one_turn(
-            prompts, cfg.group_size, parts.params, generator, weights, self.mode
+            prompts, cfg.rollout.group_size, parts.params, generator, weights, self.mode
         )
         if self.mode == "mask":
             rollout = mask_older_tokens(rollout)
         oldest, newest = sample_versions(rollout)  # [N], [N]
         sampled = score_round(parts, rollout.to(parts.device), [parts.train_set[i] for i in idx])
-        size = cfg.group_size
+        size = cfg.rollout.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)
 
     def batch(self, groups: list[Group], metrics: dict[str, float], parts: Parts) -> RolloutBatch:
         batch: RolloutBatch = groups[0].payload
-        if len(groups) < self.cfg.prompts_per_step:  # some dropped: keep the admitted rows
-            batch = batch.select(kept_rows(groups, self.cfg.group_size))
+        if len(groups) < self.cfg.rollout.prompts_per_step:  # some dropped: keep the admitted rows
+            batch = batch.select(kept_rows(groups, self.cfg.rollout.group_size))
         reward_metrics: dict[str, float] = {}
         if batch.task_rewards is not None:
             reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())
@@ -155,7 +157,7 @@ class AsyncSource:
     weights through ``sink``; ``model`` is the trainer's (its weights start the thread)."""
 
     def __init__(
-        self, cfg: Any, producer: Producer, place: Place, sink: WeightSink, model: Any
+        self, cfg: Options, producer: Producer, place: Place, sink: WeightSink, model: Any
     ) -> None:
         self.cfg, self.producer, self.place, self.sink = cfg, producer, place, sink
         self.model = model
@@ -171,8 +173,8 @@ class AsyncSource:
             self.sink.load,
             start=start,
             end=end,
-            group_size=self.cfg.group_size,
-            max_staleness=self.cfg.max_staleness,
+            group_size=self.cfg.rollout.group_size,
+            max_staleness=self.cfg.asynchronous.max_staleness,
         )
         self.thread.start()
 
@@ -186,7 +188,7 @@ class AsyncSource:
         if not groups:
             raise RuntimeError(
                 f"step {state.step}: every group was older than max_staleness="
-                f"{self.cfg.max_staleness} and dropped"
+                f"{self.cfg.asynchronous.max_staleness} and dropped"
             )
         return self.producer.batch(groups, metrics, parts)
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gspo.config.combinations import Options
+
 from ..core.checkpoint_paths import latest_checkpoint
 from . import steps
 from .logging import MetricsLogger, progress_bar, progress_postfix
@@ -87,14 +89,14 @@ def _steps(
     final_eval: dict[str, float] = {}
     if state.step == 0:
         log(parts.data_metrics)
-        if cfg.eval_every > 0 and parts.test_set:
+        if cfg.run.eval_every > 0 and parts.test_set:
             final_eval = steps.evaluate_now(parts, state)
             log(final_eval)
     bar = _progress(cfg, state.step, last)
     # Parts built without a source (tests, tools) train synchronously.
     source = parts.source if parts.source is not None else SyncSource()
     # One warning per run when most responses hit max_new_tokens or most advantages are 0.
-    watch = SignalWatch(cfg.max_new_tokens, echo=_echo(bar))
+    watch = SignalWatch(cfg.rollout.max_new_tokens, echo=_echo(bar))
     stop.echo = _echo(bar)
     while state.step < last:
         # Rollout + rewards from the run's batch source: generated now with the current weights
@@ -108,7 +110,7 @@ def _steps(
         policy_metrics = parts.backend.step_metrics(batch.rollout)  # MoE routing change
         metrics = steps.step_metrics(parts, batch, train_metrics, policy_metrics)
         state.step += 1
-        skipped = train_metrics["faults/skipped_updates"] >= cfg.num_minibatches
+        skipped = train_metrics["faults/skipped_updates"] >= cfg.optim.num_minibatches
         state.bad_streak = state.bad_streak + 1 if skipped else 0
         log(metrics)
         watch.update(
@@ -137,14 +139,14 @@ def _steps(
     if stop.requested and state.step < last:
         result.interrupted = stop.signum
         result.checkpoint = latest_checkpoint(parts.output_dir)
-    elif last == cfg.steps:
+    elif last == cfg.run.steps:
         parts.backend.export(parts.output_dir / "final", parts.tokenizer)
     return result
 
 
 def check_streak(parts: Parts, state: StepState) -> None:
     """Stop after max_bad_steps consecutive steps whose every update was skipped."""
-    if state.bad_streak >= parts.cfg.max_bad_steps:
+    if state.bad_streak >= parts.cfg.run.max_bad_steps:
         raise NonFiniteTrainingError(
             f"step {state.step}: {state.bad_streak} consecutive steps had only non-finite losses "
             f"or gradients (every update skipped); stopping. Last good checkpoint: "
@@ -160,10 +162,10 @@ def _echo(bar):
     return lambda message: bar.write(message, file=sys.stderr)
 
 
-def _progress(cfg: Any, start: int, last: int):
-    if not cfg.progress:
+def _progress(cfg: Options, start: int, last: int):
+    if not cfg.run.progress:
         return None
     # The run's global step out of its total: a resumed run's bar starts where the checkpoint is;
     # the ETA is the average rate of this process's steps, evaluations and checkpoints included
     # (eta_s; tqdm's rate counts the steps since `initial`).
-    return progress_bar(cfg.steps, desc=f"{cfg.algo}", initial=start)
+    return progress_bar(cfg.run.steps, desc=f"{cfg.loss.algo}", initial=start)

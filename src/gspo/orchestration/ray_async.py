@@ -171,7 +171,7 @@ def build_ray_source(parts: Parts, model: torch.nn.Module) -> AsyncSource:
         parts.engine = driver_engine(cfg, model, parts.tokenizer)
         view = copy.copy(parts)  # the producer reads cfg, prompts, tokenizer, rewards from it
         view.engine = pool
-        chunk = cfg.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
+        chunk = cfg.asynchronous.async_chunk_tokens or max(int(parts.params.max_new_tokens), 1)
         place = RayWorkers(pool, chunk, parts.tokenizer)
         multi = parts.episodes.env.multi_turn
         producer = EpisodeProducer(view) if multi else GroupProducer(view)

@@ -1,6 +1,6 @@
 """The Ray backend's parts: the Ray session, placement groups, FSDP2 ranks and rollout workers.
 
-Placement (``cfg.placement``):
+Placement (``cfg.backend.placement``):
 
 - ``separate``: the N training ranks in one placement group and the M rollout workers in
   another, one bundle each (1 CPU, or 1 GPU on CUDA);
@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
 from ..backend.ray_cluster import import_ray, start_ray, stop_ray
 from ..rollout.build import close_engine, colocated_sleep, policy_engine
@@ -29,16 +31,18 @@ from .ray_rollout import RolloutPool
 READY_TIMEOUT_S = 60.0
 
 
-def _cuda(cfg: Any) -> bool:
-    return cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+def _cuda(cfg: Options) -> bool:
+    return cfg.run.device.startswith("cuda") or (
+        cfg.run.device == "auto" and torch.cuda.is_available()
+    )
 
 
-def placement_options(ray: Any, cfg: Any) -> tuple[list[dict], list[dict], list[Any]]:
+def placement_options(ray: Any, cfg: Options) -> tuple[list[dict], list[dict], list[Any]]:
     """(options of each training rank, of each rollout worker, the placement groups)."""
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    n, m = cfg.trainer_workers, cfg.rollout_workers
+    n, m = cfg.backend.trainer_workers, cfg.backend.rollout_workers
     unit = {"GPU": 1} if _cuda(cfg) else {"CPU": 1}
 
     def wait(pg: Any, what: str) -> Any:
@@ -57,7 +61,7 @@ def placement_options(ray: Any, cfg: Any) -> tuple[list[dict], list[dict], list[
         res = {"num_gpus": share, "num_cpus": 0} if "GPU" in unit else {"num_cpus": share}
         return {"scheduling_strategy": strategy, **res}
 
-    if cfg.placement == "colocated":
+    if cfg.backend.placement == "colocated":
         pg = wait(placement_group([dict(unit)] * max(n, m), strategy="PACK"), "the bundles")
         return [on(pg, i, 0.5) for i in range(n)], [on(pg, i, 0.5) for i in range(m)], [pg]
     train_pg = wait(placement_group([dict(unit)] * n, strategy="PACK"), f"{n} training ranks")
@@ -71,7 +75,7 @@ def placement_options(ray: Any, cfg: Any) -> tuple[list[dict], list[dict], list[
 
 
 def build_ray_parts(
-    cfg: Any,
+    cfg: Options,
     model: torch.nn.Module,
     tokenizer: Any,
     output_dir: Any,
@@ -83,9 +87,9 @@ def build_ray_parts(
     ``reward_cpus``: CPUs a private local Ray gets beyond the bundles, for reward tasks."""
     refuse_unsupported(cfg, model)  # before Ray starts
     owns = not import_ray().is_initialized()
-    n, m = cfg.trainer_workers, cfg.rollout_workers
-    bundles = max(n, m) if cfg.placement == "colocated" else n + m
-    ray = start_ray(cfg.ray_address, num_cpus=bundles + reward_cpus, temp_dir=temp_dir)
+    n, m = cfg.backend.trainer_workers, cfg.backend.rollout_workers
+    bundles = max(n, m) if cfg.backend.placement == "colocated" else n + m
+    ray = start_ray(cfg.backend.ray_address, num_cpus=bundles + reward_cpus, temp_dir=temp_dir)
     groups: list[Any] = []
     pool = None
     try:
@@ -110,7 +114,7 @@ def build_ray_parts(
     return backend, engine
 
 
-def attach_sleeper(backend: Any, engine: Any, cfg: Any) -> None:
+def attach_sleeper(backend: Any, engine: Any, cfg: Options) -> None:
     """Colocated vLLM on CUDA: the engine sleeps through each update and wakes before the
     weight sync (``RayFSDPBackend.update`` / ``push_weights``); elsewhere nothing."""
     backend.sleeper = engine if colocated_sleep(cfg) else None

@@ -20,16 +20,18 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from gspo.config.combinations import Options
+
 from ..envs.rewards import score_each, uses_sandbox
 
 logger = logging.getLogger(__name__)
 
 
-def use_ray_tasks(cfg: Any, reward_fn: Any) -> bool:
+def use_ray_tasks(cfg: Options, reward_fn: Any) -> bool:
     """Whether ``reward_placement`` (with ``auto`` resolved) sends rewards to Ray tasks."""
-    if cfg.backend != "ray" or cfg.reward_placement == "driver":
+    if cfg.backend.backend != "ray" or cfg.backend.reward_placement == "driver":
         return False
-    return cfg.reward_placement == "ray" or uses_sandbox(reward_fn)
+    return cfg.backend.reward_placement == "ray" or uses_sandbox(reward_fn)
 
 
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:

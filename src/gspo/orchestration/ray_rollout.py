@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..backend.ray_backend import gather
 from ..models import token_logprobs
 from ..models.build import build_policy, set_threads
@@ -27,10 +29,10 @@ from ..rollout.build import close_engine, policy_engine
 class RolloutWorker:
     """One rollout engine (run as a Ray actor) with its own copy of the policy."""
 
-    def __init__(self, cfg: Any, state: dict[str, torch.Tensor]) -> None:
-        set_threads(cfg.threads)
+    def __init__(self, cfg: Options, state: dict[str, torch.Tensor]) -> None:
+        set_threads(cfg.run.threads)
         self.cfg = cfg
-        model, tokenizer = build_policy(cfg, torch.device("cpu"))
+        model, tokenizer = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
         model.load_state_dict(state)
         model.requires_grad_(False)
         model.eval()
@@ -69,7 +71,7 @@ class RolloutWorker:
                 rollout.prompt_mask,
                 rollout.completion_ids,
                 rollout.completion_mask,
-                temperature=self.cfg.temperature,
+                temperature=self.cfg.rollout.temperature,
             )
         return out
 
@@ -136,7 +138,7 @@ class RolloutPool:
     def __init__(
         self,
         ray: Any,
-        cfg: Any,
+        cfg: Options,
         model: torch.nn.Module,
         pad_id: int,
         workers: int,

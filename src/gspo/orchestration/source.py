@@ -65,7 +65,7 @@ class SyncSource:
 def build_source(parts: Parts, model: Any) -> BatchSource:
     """The run's batch source: synchronous when ``max_staleness`` < 1, else the async source
     for the backend and task (:func:`build_async`)."""
-    if parts.cfg.max_staleness < 1:
+    if parts.cfg.asynchronous.max_staleness < 1:
         return SyncSource()
     return build_async(parts, model)
 
@@ -74,6 +74,6 @@ def build_async(parts: Parts, model: Any) -> AsyncSource:
     """The async source for any ``max_staleness`` (at 0 its thread waits for the newest weights
     before every step): on the Ray backend the rollout workers' (:mod:`.ray_async`), else a
     thread in this process (:mod:`.async_local`); groups or episodes as the task needs."""
-    if getattr(parts.cfg, "backend", "local") == "ray":
+    if parts.cfg.backend.backend == "ray":
         return build_ray_source(parts, model)
     return local_source(parts, model)

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+
 from ..backend.base import TrainingBackend
 from ..core.seeding import step_generator
 from ..envs.episodes import Episodes
@@ -49,8 +51,9 @@ class StepState:
 class Parts:
     """A run's parts, built from the config by the composition root (``gspo.compose.train``)."""
 
-    cfg: Any
-    """The run's :class:`~gspo.config.TrainConfig` (plain data)."""
+    cfg: Options
+    """The run's options, one object per component (``gspo.config.combinations.split`` of its
+    ``TrainConfig``, done once by the composition root; ``cfg.flat()`` gives the flat config)."""
     backend: TrainingBackend
     engine: Any
     """The rollout engine (``gspo.rollout.base``): torch, vLLM, or a pool of workers."""

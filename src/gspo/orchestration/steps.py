@@ -37,14 +37,18 @@ def collect(parts: Parts, state: StepState) -> RolloutBatch:
         rounds.append(sampled(parts, episodes_round(parts, state, k)))
         return rounds[-1]
 
-    if cfg.dynamic_sampling:  # DAPO: only groups whose rewards differ, more rounds if needed
+    if (
+        cfg.rollout.dynamic_sampling
+    ):  # DAPO: only groups whose rewards differ, more rounds if needed
         batch, metrics = fill_batch(
             sample_round,
-            target_groups=cfg.prompts_per_step,
-            group_size=cfg.group_size,
-            max_rounds=cfg.dynamic_sampling_rounds,
+            target_groups=cfg.rollout.prompts_per_step,
+            group_size=cfg.rollout.group_size,
+            max_rounds=cfg.rollout.dynamic_sampling_rounds,
             pad_id=parts.tokenizer.pad_token_id,
-            groups_multiple=cfg.num_minibatches if cfg.minibatch_grouping == "groups" else 1,
+            groups_multiple=cfg.optim.num_minibatches
+            if cfg.optim.minibatch_grouping == "groups"
+            else 1,
             step=state.step,
         )
     else:
@@ -65,15 +69,19 @@ def episodes_round(parts: Parts, state: StepState, k: int) -> RolloutBatch:
     of prompts_per_step problems, from their cached prompt ids, with the step's generator."""
     cfg, engine = parts.cfg, parts.engine
     if k == 0:
-        idx = prompt_indices(len(parts.train_set), state.step, cfg.prompts_per_step, cfg.seed)
+        idx = prompt_indices(
+            len(parts.train_set), state.step, cfg.rollout.prompts_per_step, cfg.run.seed
+        )
         gen = state.generator(0, engine.device)
     else:
-        idx = round_prompts(len(parts.train_set), cfg.prompts_per_step, cfg.seed, state.step, k)
-        gen = round_generator(cfg.seed, state.step, k, engine.device)
+        idx = round_prompts(
+            len(parts.train_set), cfg.rollout.prompts_per_step, cfg.run.seed, state.step, k
+        )
+        gen = round_generator(cfg.run.seed, state.step, k, engine.device)
     got = parts.episodes.collect(
         engine,
         [parts.train_set[i] for i in idx],
-        cfg.group_size,
+        cfg.rollout.group_size,
         parts.params,
         gen,
         version=state.step,
@@ -86,9 +94,9 @@ def sampled(parts: Parts, got: RolloutBatch) -> RolloutBatch:
     """A round as dynamic sampling sees it: the training reward is the episode's return, less
     the overlong penalty (single-turn tasks)."""
     cfg, rewards = parts.cfg, got.rewards  # [N] float64 returns
-    if cfg.overlong_buffer > 0:
+    if cfg.rollout.overlong_buffer > 0:
         penalty = [
-            overlong_penalty(int(n), cfg.max_new_tokens, cfg.overlong_buffer)
+            overlong_penalty(int(n), cfg.rollout.max_new_tokens, cfg.rollout.overlong_buffer)
             for n in got.rollout.completion_lengths()
         ]
         rewards = rewards + torch.tensor(penalty, dtype=torch.float64)  # [N]
@@ -109,7 +117,7 @@ def old_logprobs(parts: Parts, batch: RolloutBatch) -> None:
     rollout = batch.rollout
     batch.old_logprobs, batch.mismatch = parts.backend.old_logprobs(rollout)  # [N, L]
     batch.weights, batch.corrected = correction_weights(
-        parts.cfg, batch.old_logprobs, rollout.logprobs, rollout.policy_mask
+        parts.cfg.loss, batch.old_logprobs, rollout.logprobs, rollout.policy_mask
     )  # [N, L] or [N] or None
     batch.times["recompute"] = time.perf_counter() - t0
 
@@ -121,7 +129,9 @@ def advantages(parts: Parts, batch: RolloutBatch) -> None:
         return
     penalty, kl_metrics = parts.backend.kl_penalty(batch.rollout, batch.old_logprobs)
     shaped = batch.rewards if penalty is None else batch.rewards - penalty  # [N]
-    adv = group_advantages(shaped, parts.cfg.group_size, scale=parts.cfg.advantage_scale)
+    adv = group_advantages(
+        shaped, parts.cfg.rollout.group_size, scale=parts.cfg.loss.advantage_scale
+    )
     batch.advantages = adv.to(parts.device)  # [N]
     batch.metrics.update(kl_metrics)
 
@@ -192,9 +202,9 @@ def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
             parts.tokenizer,
             parts.test_set,
             parts.task.reward,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
             generator=state.generator(3, engine.device),
             prompt_format=parts.fmt,
             env=episodes.eval_env,
@@ -205,9 +215,9 @@ def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
 def eval_due(parts: Parts, state: StepState) -> bool:
     cfg = parts.cfg
     return (
-        cfg.eval_every > 0
+        cfg.run.eval_every > 0
         and bool(parts.test_set)
-        and (state.step % cfg.eval_every == 0 or state.step == cfg.steps)
+        and (state.step % cfg.run.eval_every == 0 or state.step == cfg.run.steps)
     )
 
 
@@ -215,7 +225,7 @@ def checkpoint(parts: Parts, state: StepState, last: int, *, force: bool = False
     """8. The resumable checkpoint every checkpoint_every steps, at the run's last step, and
     when ``force`` (a stop was requested: SIGINT / SIGTERM); whether one was written."""
     cfg = parts.cfg
-    due = cfg.checkpoint_every > 0 and state.step % cfg.checkpoint_every == 0
+    due = cfg.run.checkpoint_every > 0 and state.step % cfg.run.checkpoint_every == 0
     if due or state.step == last or force:
         from ..config.fields import to_dict
 
@@ -223,8 +233,8 @@ def checkpoint(parts: Parts, state: StepState, last: int, *, force: bool = False
             parts.output_dir,
             state.step,
             tokenizer=parts.tokenizer,
-            config=to_dict(cfg),
-            keep=cfg.keep_checkpoints,
+            config=to_dict(cfg.flat()),
+            keep=cfg.run.keep_checkpoints,
             extra=state.to_checkpoint(),  # a resumed run continues the bad-step count
         )
         return True

@@ -1,9 +1,9 @@
-"""Turn a config's engine fields into its rollout engine: the registry of engines (``ENGINES``:
+"""Turn a config's engine options into its rollout engine: the registry of engines (``ENGINES``:
 the torch engine, or vLLM, whose package is imported only when its engine starts) and the call
 that builds a training run's engine (``policy_engine``).
 
-The engine's config fields are plain data in ``gspo.config.fields`` (``EngineFields``) and their
-checks are in ``gspo.config.validation`` (``validate_engine``).
+The engine's options are plain data (``gspo.config.options.EngineOptions``, cut from the flat
+``EngineFields``) and check themselves (``EngineOptions.problems``).
 """
 
 from __future__ import annotations
@@ -14,54 +14,78 @@ from typing import Any
 
 import torch
 
+from gspo.config.combinations import Options
+from gspo.config.options import EngineOptions
 from gspo.models.build import DTYPES
 from gspo.rollout.torch_engine import TorchEngine
 from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions, require_vllm
 
 
-def vllm_options(cfg: Any):
-    """The :class:`gspo.rollout.vllm_engine.VLLMOptions` of a config."""
+def vllm_options(engine: EngineOptions, *, sleep_mode: bool = False):
+    """The :class:`gspo.rollout.vllm_engine.VLLMOptions` of the engine options."""
     return VLLMOptions(
-        dtype=cfg.vllm_dtype,
-        max_model_len=cfg.vllm_max_model_len,
-        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        enforce_eager=cfg.vllm_enforce_eager,
-        tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-        cpu_kv_cache_gib=cfg.vllm_cpu_kv_cache_gib,
-        multiprocess=cfg.vllm_multiprocess,
-        sleep_mode=colocated_sleep(cfg),
+        dtype=engine.vllm_dtype,
+        max_model_len=engine.vllm_max_model_len,
+        gpu_memory_utilization=engine.vllm_gpu_memory_utilization,
+        enforce_eager=engine.vllm_enforce_eager,
+        tensor_parallel_size=engine.vllm_tensor_parallel_size,
+        cpu_kv_cache_gib=engine.vllm_cpu_kv_cache_gib,
+        multiprocess=engine.vllm_multiprocess,
+        sleep_mode=sleep_mode,
     )
 
 
-def colocated_sleep(cfg: Any) -> bool:
+def colocated_sleep(cfg: Options) -> bool:
     """Whether the rollout engine sleeps while the trainer updates: only on the Ray backend with
     colocated placement (training and rollout share the GPUs), an engine that holds its own copy
     of the weights (vLLM) and CUDA. vLLM has no sleep on CPU (a warning) and the torch engine
     holds no separate memory."""
-    device = str(getattr(cfg, "device", "cpu"))
+    device = cfg.run.device
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     return (
-        getattr(cfg, "backend", "local") == "ray"
-        and getattr(cfg, "placement", "separate") == "colocated"
-        and engine_spec(cfg).own_memory
+        cfg.backend.backend == "ray"
+        and cfg.backend.placement == "colocated"
+        and engine_spec(cfg.engine).own_memory
         and cuda
     )
 
 
-def _torch_engine(cfg: Any, model: Any, tokenizer: Any, *, pad_id: int, eos_id: int, **torch_kw):
+def _torch_engine(
+    engine: EngineOptions,
+    model: Any,
+    tokenizer: Any,
+    *,
+    seed: int,
+    logprobs: bool,
+    pad_id: int,
+    eos_id: int,
+    sleep_mode: bool,
+    **torch_kw,
+):
     return TorchEngine(model, pad_id=pad_id, eos_id=eos_id, tokenizer=tokenizer, **torch_kw)
 
 
-def _vllm_engine(cfg: Any, model: Any, tokenizer: Any, *, pad_id: int, eos_id: int, **_torch_kw):
+def _vllm_engine(
+    engine: EngineOptions,
+    model: Any,
+    tokenizer: Any,
+    *,
+    seed: int,
+    logprobs: bool,
+    pad_id: int,
+    eos_id: int,
+    sleep_mode: bool,
+    **_torch_kw,
+):
     # vllm_engine imports the vllm package only when an engine starts (an optional extra).
     return VLLMEngine(
         model,
         pad_id=pad_id,
         eos_id=eos_id,
-        options=vllm_options(cfg),
+        options=vllm_options(engine, sleep_mode=sleep_mode),
         tokenizer=tokenizer,
-        seed=cfg.seed,
-        logprobs=hasattr(cfg, "old_logprobs"),
+        seed=seed,
+        logprobs=logprobs,
     )
 
 
@@ -70,7 +94,8 @@ class EngineSpec:
     """A registered rollout engine."""
 
     build: Callable[..., Any]
-    """``build(cfg, model, tokenizer, *, pad_id, eos_id, **torch_kw)`` -> the engine."""
+    """``build(engine, model, tokenizer, *, seed, logprobs, pad_id, eos_id, sleep_mode,
+    **torch_kw)`` -> the engine."""
     require: Callable[[], None] = lambda: None
     """Fails with an install hint when the engine's optional package is missing."""
     own_memory: bool = False
@@ -85,34 +110,60 @@ ENGINES: dict[str, EngineSpec] = {
 torch-free copy for config checks; tests/test_config_names.py keeps the two equal)."""
 
 
-def engine_spec(cfg: Any) -> EngineSpec:
-    """The registered engine a config names (configs without the field: the torch engine)."""
-    return ENGINES[getattr(cfg, "rollout_engine", "torch")]
+def engine_spec(engine: EngineOptions) -> EngineSpec:
+    """The registered engine the options name."""
+    return ENGINES[engine.rollout_engine]
 
 
-def check_engine_available(cfg: Any) -> None:
+def check_engine_available(engine: EngineOptions) -> None:
     """Fail before any work when the configured engine cannot be imported."""
-    engine_spec(cfg).require()
+    engine_spec(engine).require()
 
 
-def build_engine(cfg: Any, model: Any, tokenizer: Any, *, pad_id: int, eos_id: int, **torch_kw):
+def build_engine(
+    engine: EngineOptions,
+    model: Any,
+    tokenizer: Any,
+    *,
+    seed: int,
+    logprobs: bool,
+    pad_id: int,
+    eos_id: int,
+    sleep_mode: bool = False,
+    **torch_kw,
+):
     """The configured rollout engine for ``model``: ``TorchEngine(model, **torch_kw)`` or a
-    ``VLLMEngine`` started from the model's current weights (top-p < 1 allowed only outside
-    training, where log-probs are not used)."""
-    return engine_spec(cfg).build(cfg, model, tokenizer, pad_id=pad_id, eos_id=eos_id, **torch_kw)
-
-
-def policy_engine(cfg: Any, model: Any, tokenizer: Any):
-    """A training run's engine on its policy ``model``: pad and eos from the tokenizer; the
-    torch engine shares the policy's weights, or keeps its own copy in ``engine_dtype``."""
-    return build_engine(
-        cfg,
+    ``VLLMEngine`` started from the model's current weights (``logprobs``: training, which
+    reads them; evaluation samples with top-p < 1 and no log-probs)."""
+    return engine_spec(engine).build(
+        engine,
         model,
         tokenizer,
+        seed=seed,
+        logprobs=logprobs,
+        pad_id=pad_id,
+        eos_id=eos_id,
+        sleep_mode=sleep_mode,
+        **torch_kw,
+    )
+
+
+def policy_engine(cfg: Options, model: Any, tokenizer: Any):
+    """A training run's engine on its policy ``model`` (log-probs on; vLLM sleeps through updates
+    when colocated): pad and eos from the tokenizer; the torch engine shares the policy's
+    weights, or keeps its own copy in ``engine_dtype``."""
+    dtype = cfg.engine.engine_dtype
+    return build_engine(
+        cfg.engine,
+        model,
+        tokenizer,
+        seed=cfg.run.seed,
+        logprobs=True,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
-        dtype=DTYPES[cfg.engine_dtype] if cfg.engine_dtype else None,
-        share_weights=cfg.engine_dtype is None,
+        sleep_mode=colocated_sleep(cfg),
+        dtype=DTYPES[dtype] if dtype else None,
+        share_weights=dtype is None,
     )
 
 

@@ -1,0 +1,185 @@
+"""The one split of a flat ``TrainConfig`` into its components' options, and the one place that
+refuses bad combinations across components.
+
+The composition root calls :func:`split` once and hands each layer its options;
+:func:`combination_problems` lists every refused combination together (each component's own
+fields: its ``problems()``; names checked against the task and reward registries:
+:mod:`gspo.config.validation`). Torch-free and registry-free, like the options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .options import EngineOptions, ModelOptions, RewardOptions, RunOptions, TaskOptions
+from .options_train import (
+    AsyncOptions,
+    BackendOptions,
+    LossOptions,
+    OptimOptions,
+    RolloutOptions,
+)
+from .train import TrainConfig
+
+
+@dataclass(frozen=True)
+class Options:
+    """A run's options, one object per component (every ``TrainConfig`` field is in one)."""
+
+    run: RunOptions
+    model: ModelOptions
+    task: TaskOptions
+    reward: RewardOptions
+    engine: EngineOptions
+    rollout: RolloutOptions
+    loss: LossOptions
+    optim: OptimOptions
+    backend: BackendOptions
+    asynchronous: AsyncOptions
+
+    def parts(self) -> tuple:
+        return (
+            self.run,
+            self.model,
+            self.task,
+            self.reward,
+            self.engine,
+            self.rollout,
+            self.loss,
+            self.optim,
+            self.backend,
+            self.asynchronous,
+        )
+
+    def flat(self) -> TrainConfig:
+        """The flat config these options were cut from (checkpoints save its fields)."""
+        return TrainConfig(**{k: v for part in self.parts() for k, v in vars(part).items()})
+
+    def problems(self) -> list[str]:
+        """Every problem of every component, then every refused combination, without repeats."""
+        out: list[str] = []
+        for problem in [p for part in self.parts() for p in part.problems()] + (
+            combination_problems(self)
+        ):
+            if problem not in out:
+                out.append(problem)
+        return out
+
+
+def split(cfg: TrainConfig) -> Options:
+    """``cfg`` cut into its components' options (the composition root does it once)."""
+    return Options(
+        run=RunOptions.of(cfg),
+        model=ModelOptions.of(cfg),
+        task=TaskOptions.of(cfg),
+        reward=RewardOptions.of(cfg),
+        engine=EngineOptions.of(cfg),
+        rollout=RolloutOptions.of(cfg),
+        loss=LossOptions.of(cfg),
+        optim=OptimOptions.of(cfg),
+        backend=BackendOptions.of(cfg),
+        asynchronous=AsyncOptions.of(cfg),
+    )
+
+
+def combination_problems(o: Options) -> list[str]:
+    """Every combination of values across components that a run refuses (empty: none)."""
+    return [*scale_combinations(o), *async_combinations(o), *_training_combinations(o)]
+
+
+def scale_combinations(o: Options) -> list[str]:
+    """What backend='ray' does not support yet."""
+    out: list[str] = []
+    if o.backend.backend == "ray":
+        if o.model.model == "tiny-moe" or o.model.routing_replay not in (None, "none"):
+            out.append(
+                "backend='ray' does not support MoE models or routing_replay yet; use "
+                "backend='local'"
+            )
+        if o.model.lora_rank > 0:
+            out.append("backend='ray' does not support LoRA (lora_rank > 0) yet")
+    return out
+
+
+def async_combinations(o: Options) -> list[str]:
+    """What rollouts running ahead of training (max_staleness >= 1) do not support."""
+    a = o.asynchronous
+    if not a.staleness_ok or a.max_staleness == 0:
+        return []
+    out: list[str] = []
+    ray = o.backend.backend == "ray"
+    if o.rollout.dynamic_sampling:
+        out.append("max_staleness >= 1 does not support dynamic_sampling yet")
+    if o.model.routing_replay == "engine":
+        out.append("max_staleness >= 1 does not record MoE routing: routing_replay='engine'")
+    if ray and o.backend.rollout_workers < 1:
+        out.append(
+            "max_staleness >= 1 with backend='ray' needs rollout_workers >= 1 (the workers "
+            "generate while the ranks train)"
+        )
+    return out
+
+
+def _training_combinations(o: Options) -> list[str]:
+    out: list[str] = []
+
+    def need(cond: bool, message: str) -> None:
+        if not cond:
+            out.append(message)
+
+    model, rollout, optim = o.model, o.rollout, o.optim
+    need(
+        model.routing_replay != "old" or rollout.old_logprobs == "recompute",
+        "routing_replay='old' (R2) replays the routing of the old log-prob recompute pass: "
+        "set old_logprobs='recompute', or use routing_replay='engine' (R3)",
+    )
+    if o.engine.rollout_engine == "vllm":
+        need(
+            rollout.top_p == 1.0,
+            f"rollout_engine='vllm' with top_p={rollout.top_p}: vLLM's log-probs are of the "
+            "top-p-truncated distribution, the trainer's of the full one (biased ratios); use "
+            "top_p=1 or rollout_engine='torch'",
+        )
+        need(
+            model.routing_replay != "engine",
+            "routing_replay='engine' (R3) with rollout_engine='vllm': vLLM 0.32 records no expert "
+            "choices on CPU (its enable_return_routed_experts output exists only in the GPU "
+            "model runner and is not wired here); use routing_replay='old' (R2, with "
+            "old_logprobs='recompute') or rollout_engine='torch'",
+        )
+        need(
+            o.engine.engine_dtype is None,
+            "engine_dtype is the torch engine's copy dtype; with rollout_engine='vllm' set "
+            "vllm_dtype instead",
+        )
+    need(
+        o.loss.mismatch_correction is None or rollout.old_logprobs == "recompute",
+        f"mismatch_correction={o.loss.mismatch_correction!r} compares the trainer's old "
+        "log-probs with the engine's: set old_logprobs='recompute'",
+    )
+    batch = rollout.prompts_per_step * rollout.group_size
+    if optim.num_minibatches > 0 and batch > 0:
+        need(
+            batch % optim.num_minibatches == 0,
+            f"prompts_per_step x group_size = {batch} must be divisible by "
+            f"num_minibatches={optim.num_minibatches}",
+        )
+    if optim.minibatch_grouping == "groups" and optim.num_minibatches > 0:
+        need(
+            rollout.prompts_per_step % optim.num_minibatches == 0,
+            "minibatch_grouping='groups' keeps groups whole: "
+            f"prompts_per_step={rollout.prompts_per_step} "
+            f"must be divisible by num_minibatches={optim.num_minibatches}",
+        )
+    return out
+
+
+def early_problems(o: Options) -> list[str]:
+    """The problems a run refuses even when its config was made without validation (Python
+    API): the scale-out and async fields and their combinations, as checked before any work."""
+    return [
+        *o.backend.problems(),
+        *scale_combinations(o),
+        *o.asynchronous.problems(),
+        *async_combinations(o),
+    ]

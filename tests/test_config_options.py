@@ -1,0 +1,108 @@
+"""Each component's options (gspo.config.options): cut once from the flat TrainConfig, each field
+with the flat field's default and doc, each class listing its own problems; every refused
+combination across components in gspo.config.combinations."""
+
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+
+from gspo.compose.train import train
+from gspo.config import ConfigError, TrainConfig, build, field_docs
+from gspo.config.combinations import combination_problems, split
+from gspo.config.options import ModelOptions, RewardOptions
+from gspo.config.options_train import AsyncOptions, BackendOptions, RolloutOptions
+
+
+def test_every_flat_field_is_in_exactly_one_component():
+    owners: dict[str, list[str]] = {}
+    for part in split(TrainConfig()).parts():
+        for f in fields(part):
+            owners.setdefault(f.name, []).append(type(part).__name__)
+    flat = [f.name for f in fields(TrainConfig)]
+    assert sorted(owners) == sorted(flat)
+    assert {name: o for name, o in owners.items() if len(o) > 1} == {}
+
+
+def test_split_keeps_values_and_the_flat_docs_and_defaults():
+    cfg = TrainConfig(lora_rank=4, reward_workers=3, max_staleness=1, top_p=0.5)
+    o = split(cfg)
+    for part in o.parts():
+        docs = field_docs(type(part))
+        for f in fields(part):
+            assert getattr(part, f.name) == getattr(cfg, f.name)
+            assert docs[f.name] == field_docs(TrainConfig)[f.name] != ""
+    assert ModelOptions() == split(TrainConfig()).model  # defaults are the flat defaults
+
+
+def test_each_component_lists_its_own_problems():
+    assert ModelOptions(num_heads=3, num_kv_heads=1).problems() == [
+        "hidden_size must be divisible by num_heads"
+    ]
+    assert RewardOptions(code_memory_mb=8).problems() == ["code_memory_mb must be >= 64, got 8"]
+    assert RolloutOptions(group_size=1, top_p=0).problems() == [
+        "group_size must be >= 2 (group-normalized advantages compare responses to the same "
+        "prompt), got 1",
+        "top_p must be in (0, 1], got 0",
+    ]
+    assert BackendOptions(rollout_workers=2).problems() == ["rollout_workers=2 needs backend='ray'"]
+    assert AsyncOptions(max_staleness=-1).problems() == [
+        "max_staleness must be an integer >= 0, got -1"
+    ]
+    assert all(not part.problems() for part in split(TrainConfig()).parts())
+
+
+def test_combinations_are_refused_in_one_place_all_together():
+    cfg = TrainConfig(
+        backend="ray", rollout_workers=0, max_staleness=1, lora_rank=4, dynamic_sampling=True
+    )
+    assert combination_problems(split(cfg)) == [
+        "backend='ray' does not support LoRA (lora_rank > 0) yet",
+        "max_staleness >= 1 does not support dynamic_sampling yet",
+        "max_staleness >= 1 with backend='ray' needs rollout_workers >= 1 (the workers "
+        "generate while the ranks train)",
+    ]
+    with pytest.raises(ConfigError) as info:
+        build(TrainConfig, overrides={"rollout_engine": "vllm", "top_p": 0.9, "group_size": 1})
+    text = str(info.value)
+    assert "rollout_engine='vllm' with top_p=0.9" in text and "group_size must be >= 2" in text
+
+
+def test_a_config_made_in_python_is_refused_before_any_work(tmp_path):
+    # No __post_init__ checks any more: the composition root refuses the same problems.
+    cfg = TrainConfig(backend="local", rollout_workers=2, output_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match="rollout_workers=2 needs backend='ray'"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_options_import_no_torch():
+    code = (
+        "import sys; import gspo.config.combinations, gspo.config.validation; "
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_config_s_copies_of_the_envs_registries_are_equal_to_them():
+    from gspo.config import names
+    from gspo.config.validation import format_bonus_refusal
+    from gspo.envs import base, rewards, tasks
+    from gspo.envs.tasks.files import ANSWER_FORMATS
+
+    assert tuple(tasks.TASKS) == names.BUILTIN_TASKS
+    assert tuple(rewards.REWARDS) == names.BUILTIN_REWARDS
+    assert tuple(base.ENVIRONMENTS) == names.ENVIRONMENT_TASKS
+    assert names.ANSWER_FORMATS == ANSWER_FORMATS
+    assert format_bonus_refusal("guess", 0.5) == base.format_bonus_refusal("guess", 0.5)
+
+
+def test_a_task_registered_at_run_time_is_a_valid_name():
+    from gspo.envs import tasks
+
+    tasks.TASKS["my_task"] = tasks.TASKS["addition"]
+    try:
+        assert build(TrainConfig, overrides={"task": "my_task"}).task == "my_task"
+    finally:
+        del tasks.TASKS["my_task"]
