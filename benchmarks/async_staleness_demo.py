@@ -35,6 +35,7 @@ from typing import Any
 
 from _results import OUT_HELP, dated_result
 
+DEFAULTS = {"lr": None, "cold_start": "demo"}  # of results files written before these flags
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 
@@ -61,11 +62,26 @@ def demo_sft(work: Path, seed: int) -> Path:
     return out / "sft"
 
 
+def d64_sft(work: Path) -> Path:
+    """benchmarks/async_staleness.py's cold start, shared by every seed: hidden size 64, 250 SFT
+    steps (seed 1); held-out greedy accuracy about 0.26, far from the demo's 0.6-0.9."""
+    out = work / "sft-d64"
+    if not (out / "config.json").is_file():  # written once the SFT has finished
+        shutil.rmtree(out, ignore_errors=True)
+        args = ["sft", "--task", "addition", "--hidden-size", "64", "--num-heads", "2"]
+        args += ["--num-kv-heads", "1", "--steps", "250", "--max-new-tokens", "6", "--seed", "1"]
+        args += ["--device", "cpu", "--threads", "1", "--progress", "false"]
+        gspo([*args, "--output-dir", str(out)], work / "sft-d64.log")
+    return out
+
+
 def run_one(sft: Path, out: Path, k: int, seed: int, a: argparse.Namespace) -> dict[str, Any]:
     args = ["train", "--preset", "demo", "--model", str(sft), "--seed", str(seed)]
     args += ["--algo", a.algo, "--steps", str(a.steps), "--max-staleness", str(k)]
     args += ["--threads", "1", "--device", "cpu", "--progress", "false"]
     args += ["--checkpoint-every", "0", "--output-dir", str(out)]
+    if a.lr is not None:
+        args += ["--lr", str(a.lr)]
     if a.backend == "ray":
         args += ["--backend", "ray", "--trainer-workers", "1", "--rollout-workers", "1"]
     shutil.rmtree(out, ignore_errors=True)  # this benchmark's scratch run from a previous time
@@ -150,7 +166,8 @@ def reused(a: argparse.Namespace) -> dict[tuple[int, int], dict[str, Any]]:
     found: dict[tuple[int, int], dict[str, Any]] = {}
     for name in a.reuse:
         data = json.loads(Path(name).read_text())
-        same = all(data["args"][key] == getattr(a, key) for key in ("steps", "algo", "backend"))
+        keys = ("steps", "algo", "backend", "lr", "cold_start")
+        same = all(data["args"].get(key, DEFAULTS.get(key)) == getattr(a, key) for key in keys)
         for r in data["runs"] if same else []:
             r.setdefault("greedy_mean", statistics.fmean(acc for _, acc in r["greedy"][1:]))
             found.setdefault((r["k"], r["seed"]), {**r, "from": Path(name).name})
@@ -163,6 +180,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ks", type=int, nargs="+", default=[0, 1], help="max staleness values")
     p.add_argument("--steps", type=int, default=800, help="RL steps [the demo's 800]")
     p.add_argument("--algo", default="gspo", help="[the demo's gspo]")
+    p.add_argument("--lr", type=float, default=None, help="[the demo preset's 1e-4]")
+    p.add_argument(
+        "--cold-start",
+        choices=["demo", "d64"],
+        default="demo",
+        help="demo: the demo's own SFT, one per seed; d64: async_staleness.py's hidden-64 one, "
+        "shared by the seeds [demo]",
+    )
     p.add_argument("--backend", choices=["local", "ray"], default="local")
     p.add_argument("--work", default="/tmp/gspo-async-demo-bench", help="scratch runs")
     p.add_argument(
@@ -189,8 +214,9 @@ def main(argv: list[str] | None = None) -> None:
             if (k, seed) in earlier:
                 runs.append(earlier[k, seed])
             else:
-                out = work / f"{a.backend}-{a.algo}-k{k}-s{seed}"
-                runs.append(run_one(demo_sft(work, seed), out, k, seed, a))
+                out = work / f"{a.cold_start}-{a.backend}-{a.algo}-k{k}-s{seed}"
+                sft = demo_sft(work, seed) if a.cold_start == "demo" else d64_sft(work)
+                runs.append(run_one(sft, out, k, seed, a))
                 print(json.dumps({n: v for n, v in runs[-1].items() if n != "pass1"}), flush=True)
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps({**result, "runs": runs}, indent=2))
