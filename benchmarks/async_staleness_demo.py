@@ -73,6 +73,8 @@ def run_one(sft: Path, out: Path, k: int, seed: int, a: argparse.Namespace) -> d
     args += ["--checkpoint-every", "0", "--output-dir", str(out)]
     if a.lr is not None:
         args += ["--lr", str(a.lr)]
+    if a.decoupled and k >= 1:
+        args += ["--old-logprobs", "recompute", "--mismatch-correction", "truncate"]
     if a.backend == "ray":
         args += ["--backend", "ray", "--trainer-workers", "1", "--rollout-workers", "1"]
     shutil.rmtree(out, ignore_errors=True)  # this benchmark's scratch run from a previous time
@@ -87,6 +89,7 @@ def run_one(sft: Path, out: Path, k: int, seed: int, a: argparse.Namespace) -> d
     return {
         "k": k,
         "seed": seed,
+        "decoupled": a.decoupled and k >= 1,
         "greedy": [(r["step"], r["eval/greedy_accuracy"]) for r in evals],
         "pass1": [(r["step"], r["eval/pass@1"]) for r in evals],
         "greedy_final": evals[-1]["eval/greedy_accuracy"],
@@ -159,7 +162,10 @@ def reused(a: argparse.Namespace) -> dict[tuple[int, int], dict[str, Any]]:
         data = json.loads(Path(name).read_text())
         keys = ("steps", "algo", "backend", "lr", "cold_start")
         same = all(data["args"].get(key, DEFAULTS.get(key)) == getattr(a, key) for key in keys)
+        decoupled = data["args"].get("decoupled", False)
         for r in data["runs"] if same else []:
+            if r["k"] >= 1 and decoupled != a.decoupled:  # the synchronous runs are the same
+                continue
             r.setdefault("greedy_mean", statistics.fmean(acc for _, acc in r["greedy"][1:]))
             found.setdefault((r["k"], r["seed"]), {**r, "from": Path(name).name})
     return found
@@ -181,6 +187,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--backend", choices=["local", "ray"], default="local")
     p.add_argument("--work", default="/tmp/gspo-async-demo-bench", help="scratch runs")
+    p.add_argument(
+        "--decoupled",
+        action="store_true",
+        help="K >= 1 runs with the decoupled objective: --old-logprobs recompute (the trainer's "
+        "weights before the step are the clip's old policy) --mismatch-correction truncate "
+        "(weights pi_old / pi_behaviour, capped at 2)",
+    )
     p.add_argument(
         "--reuse",
         nargs="+",
@@ -205,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
             if (k, seed) in earlier:
                 runs.append(earlier[k, seed])
             else:
-                out = work / f"{a.cold_start}-{a.backend}-{a.algo}-k{k}-s{seed}"
+                name = f"{a.cold_start}-{a.backend}-{a.algo}-k{k}-s{seed}"
+                out = work / (name + ("-decoupled" if a.decoupled and k >= 1 else ""))
                 sft = demo_sft(work, seed) if a.cold_start == "demo" else STORED
                 runs.append(run_one(sft, out, k, seed, a))
                 print(json.dumps({n: v for n, v in runs[-1].items() if n != "pass1"}), flush=True)
