@@ -3,6 +3,8 @@
     python benchmarks/async_staleness_demo.py                    # seeds 0 1 2, K 0 and 1, local
     python benchmarks/async_staleness_demo.py --seeds 0 1 2 3 4 --steps 400
     python benchmarks/async_staleness_demo.py --backend ray      # 1 FSDP2 rank + 1 rollout worker
+    python benchmarks/async_staleness_demo.py --cold-start stored --lr 3e-4 --steps 300 \
+        --seeds 0 1 2 3 4 [--decoupled]      # a mid-range start, where a slowdown has room to show
 
 Per seed S: the demo's own cold start, made once per seed and shared by both settings
 (``gspo demo --seed S --threads 1 --steps 1``: its ``sft/`` folder is the checkpoint the demo's
@@ -12,8 +14,13 @@ evaluation every 25) for K = 0 (the synchronous loop) and K = 1 (``--max-stalene
 a fresh process. The two settings alternate, in ABBA order over seeds (0: K0 K1, 1: K1 K0, ...),
 so that a change in the machine's load falls on both alike.
 
-Per setting: the final held-out greedy accuracy (200 problems) and the mean of the last four
-evaluations (steps 725-800, less noisy than one), the training reward of the last 50 steps, as
+``--cold-start stored``: the learning tests' stored checkpoint instead, shared by every seed.
+``--decoupled``: the K >= 1 runs recompute the old log-probs and weight by pi_old / pi_behaviour
+(truncated). ``--reuse FILE``: take the runs an earlier invocation made with the same settings.
+Results and their reading: benchmarks/results/async_staleness_demo.md.
+
+Per setting: the final held-out greedy accuracy (200 problems), the mean of the last four
+evaluations (less noisy than one) and of all after step 0 (learning speed), the training reward of the last 50 steps, as
 mean ± standard error over seeds (sample sd / sqrt(n)); the same for the paired difference
 K1 - K0 (same seed, same start); and wall time of the RL process. Writes a new dated
 benchmarks/results/async_staleness_demo-YYYYMMDD-HHMMSS.json (or --out) and prints Markdown.
