@@ -56,7 +56,9 @@ def gspo(args: list[str], log: Path) -> float:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
     t0 = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.call([sys.executable, "-m", "gspo.interface.cli", *args], stdout=f, stderr=f, env=env)
+        rc = subprocess.call(
+            [sys.executable, "-m", "gspo.interface.cli", *args], stdout=f, stderr=f, env=env
+        )
     wall = time.perf_counter() - t0
     if rc != 0:
         sys.exit(f"gspo {' '.join(args)} exited {rc}; its output: {log}")
