@@ -21,8 +21,9 @@ import torch
 
 from gspo.config.combinations import Options
 
+from ..models.build import DTYPES
 from ..rollout.base import PartialGeneration, Rollout, SamplingParams
-from ..rollout.build import close_engine
+from ..rollout.build import build_engine, close_engine
 from ..rollout.partial import partial_generation
 from ..rollout.torch_engine import TorchEngine
 from .async_episodes import EpisodeProducer, Restart, turn_boundary
@@ -143,9 +144,6 @@ def driver_engine(cfg: Options, model: torch.nn.Module, tokenizer: Any) -> Any:
     ``push_weights`` refreshes every step): the loop's engine when the rollout thread has the
     run's (Ray workers, a local vLLM engine), so an evaluation never waits for the thread nor
     sees its (older) weights."""
-    from ..models.build import DTYPES
-    from ..rollout.build import build_engine
-
     return build_engine(
         replace(cfg.engine, rollout_engine="torch"),
         model,
