@@ -41,6 +41,9 @@ _HOMES = {
     "RolloutEngine": "gspo.rollout.base",
     "Rollout": "gspo.rollout.base",
     "SamplingParams": "gspo.rollout.base",
+    "ResumableEngine": "gspo.rollout.base",
+    "PartialGeneration": "gspo.rollout.base",
+    "RolloutBatch": "gspo.rollout.batch",
     "TorchEngine": "gspo.rollout.torch_engine",
     # models: a policy and its prompt format from a config, and log-probs of completions
     "build_policy": "gspo.models.build",
