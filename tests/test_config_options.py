@@ -106,3 +106,21 @@ def test_a_task_registered_at_run_time_is_a_valid_name():
         assert build(TrainConfig, overrides={"task": "my_task"}).task == "my_task"
     finally:
         del tasks.TASKS["my_task"]
+
+
+def test_multi_turn_refusals_come_from_the_one_place_at_build_and_at_run_time():
+    # A task with a registered environment: refused when the config is built, every problem
+    # together (before, the run found them one at a time once it built its episodes).
+    with pytest.raises(ConfigError) as built:
+        build(TrainConfig, overrides={"task": "calculator", "overlong_buffer": 4, "kl_coef": 0.1,
+                                      "kl_in_reward": True})  # fmt: skip
+    assert "overlong_buffer applies to single-turn tasks only" in str(built.value)
+    assert "kl_in_reward applies to single-turn tasks only" in str(built.value)
+    # A single-turn task with the same values has no multi-turn problem.
+    opts = split(TrainConfig(task="addition", overlong_buffer=4))
+    assert not any("single-turn tasks only" in p for p in combination_problems(opts))
+    # The run's own check (for an environment the config cannot know) says the same.
+    from gspo.envs.episodes import check_multi_turn
+
+    with pytest.raises(ValueError, match="overlong_buffer applies to single-turn tasks only"):
+        check_multi_turn(split(TrainConfig(task="calculator", overlong_buffer=4)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .names import environment_tasks
 from .options import EngineOptions, ModelOptions, RewardOptions, RunOptions, TaskOptions
 from .options_train import (
     AsyncOptions,
@@ -84,7 +85,37 @@ def split(cfg: TrainConfig) -> Options:
 
 def combination_problems(o: Options) -> list[str]:
     """Every combination of values across components that a run refuses (empty: none)."""
-    return [*scale_combinations(o), *async_combinations(o), *_training_combinations(o)]
+    multi_turn = o.task.task in environment_tasks()  # a registered multi-turn environment
+    return [
+        *scale_combinations(o),
+        *async_combinations(o),
+        *_training_combinations(o),
+        *(multi_turn_combinations(o) if multi_turn else []),
+    ]
+
+
+def multi_turn_combinations(o: Options) -> list[str]:
+    """What multi-turn episodes do not support yet. Checked here for the tasks with a
+    registered environment, and again when the run builds its episodes (an environment the
+    config cannot know, e.g. one made in Python, is multi-turn only then)."""
+    out: list[str] = []
+    if o.task.max_turns < 1 or o.task.max_total_tokens < 1:
+        out.append("max_turns and max_total_tokens must be >= 1")
+    if o.rollout.overlong_buffer > 0:
+        out.append("overlong_buffer applies to single-turn tasks only")
+    if o.loss.kl_in_reward:
+        out.append("kl_in_reward applies to single-turn tasks only (for now)")
+    if o.rollout.dynamic_sampling and o.loss.credit == "turn":
+        out.append(
+            "dynamic_sampling keeps episode groups whose returns differ, which needs "
+            "credit='episode' (per-turn credit is not split across rounds yet)"
+        )
+    if o.model.routing_replay == "engine":
+        out.append(
+            "routing_replay='engine' needs the engine's expert choices, which multi-turn "
+            "episodes do not record yet (use 'old' or none)"
+        )
+    return out
 
 
 def scale_combinations(o: Options) -> list[str]:

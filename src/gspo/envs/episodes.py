@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gspo.config.combinations import multi_turn_combinations
 from gspo.core.metrics import CORRECT, mean_and_se
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
@@ -181,24 +182,12 @@ class Episodes:
 
 
 def check_multi_turn(cfg: Options) -> None:
-    """Refuse what multi-turn episodes do not support yet, before any work starts."""
+    """Refuse what multi-turn episodes do not support yet, before any work starts (the rules
+    are the config's, :func:`gspo.config.combinations.multi_turn_combinations`)."""
     check_credit(cfg.loss.algo, cfg.loss.credit)
-    if cfg.task.max_turns < 1 or cfg.task.max_total_tokens < 1:
-        raise ValueError("max_turns and max_total_tokens must be >= 1")
-    if cfg.rollout.overlong_buffer > 0:
-        raise ValueError("overlong_buffer applies to single-turn tasks only")
-    if cfg.loss.kl_in_reward:
-        raise ValueError("kl_in_reward applies to single-turn tasks only (for now)")
-    if cfg.rollout.dynamic_sampling and cfg.loss.credit == "turn":
-        raise ValueError(
-            "dynamic_sampling keeps episode groups whose returns differ, which needs "
-            "credit='episode' (per-turn credit is not split across rounds yet)"
-        )
-    if cfg.model.routing_replay == "engine":
-        raise ValueError(
-            "routing_replay='engine' needs the engine's expert choices, which multi-turn "
-            "episodes do not record yet (use 'old' or none)"
-        )
+    problems = multi_turn_combinations(cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def make_episodes(
