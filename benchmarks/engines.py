@@ -56,7 +56,7 @@ def _load(name: str, device: str):
     import torch
 
     from gspo.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
-    from gspo.models.build import ensure_pad_token
+    from gspo.models.policy import ensure_pad_token
 
     shape = MODELS[name]
     if shape is None:

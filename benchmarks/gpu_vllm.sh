@@ -77,7 +77,7 @@ python3 -m gspo.interface.cli train --model "$QWEN" --rollout-engine vllm --vllm
 #    worker, colocated (rank and worker each hold half of the GPU's bundle; separate placement
 #    would need two GPUs). This is the colocated path: vLLM starts with enable_sleep_mode, sleeps
 #    (level 1: weights offloaded to CPU, KV cache dropped) through every update and wakes before
-#    the weight sync (rollout/build.py colocated_sleep, RayFSDPBackend.update / push_weights).
+#    the weight sync (rollout/engines.py colocated_sleep, RayFSDPBackend.update / push_weights).
 #    The sync itself is still the CPU path: the rank gathers the full weights to CPU, the driver
 #    sends them through Ray's object store and the worker reloads them into vLLM; vLLM's NCCL /
 #    CUDA-IPC weight transfer is not in the code (docs/architecture.md, "GPU weight sync").

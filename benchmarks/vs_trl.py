@@ -349,7 +349,7 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
         name = system.removeprefix("gspo-no-")
         _ablate(["fast-decoder", name] if name == "shared-prefill" else [name])
     from gspo.compose.parts import build_task
-    from gspo.models.build import build_prompt_format
+    from gspo.models.policy import build_prompt_format
 
     ends: list[float] = []
     base = trainer_mod.MetricsLogger
@@ -412,7 +412,7 @@ def run_init_eval(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(spec["threads"])
     from gspo.compose.parts import build_task
-    from gspo.models.build import build_policy, build_prompt_format
+    from gspo.models.policy import build_policy, build_prompt_format
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-init-") as tmp:
         cfg = _train_config(spec, tmp)
@@ -438,7 +438,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer
 
     from gspo.compose.parts import build_task
-    from gspo.models.build import build_policy, build_prompt_format
+    from gspo.models.policy import build_policy, build_prompt_format
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-trl-") as tmp:
         cfg = _train_config(spec, tmp)

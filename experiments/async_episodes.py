@@ -25,7 +25,7 @@ from gspo.config import SFTConfig, TrainConfig
 from gspo.envs import env_for
 from gspo.envs.episodes import Episodes
 from gspo.models import load_model, load_tokenizer
-from gspo.models.build import build_prompt_format
+from gspo.models.policy import build_prompt_format
 from gspo.rollout.torch_engine import TorchEngine
 
 SHAPE = dict(hidden_size=128, num_layers=3, seed=0, device="cpu", threads=1)

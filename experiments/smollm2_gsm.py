@@ -36,7 +36,7 @@ from gspo.compose.sft import run_sft
 from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig, build, to_dict
 from gspo.core.seeding import step_generator
-from gspo.models.build import build_policy, build_prompt_format, set_threads
+from gspo.models.policy import build_policy, build_prompt_format, set_threads
 from gspo.orchestration.evaluation import CORRECT, evaluate_model, mean_and_se
 
 ROOT = Path(__file__).resolve().parent

@@ -18,7 +18,7 @@ if os.environ.get("GSPO_REQUIRE_RAY") != "1":
 
 from gspo.config import TrainConfig
 from gspo.config.combinations import Options, split
-from gspo.rollout.build import colocated_sleep
+from gspo.rollout.engines import colocated_sleep
 
 
 def _cfg(**kw) -> Options:

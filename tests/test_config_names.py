@@ -54,7 +54,7 @@ def test_name_tuples_equal_their_registries():
 
 def test_engine_names_equal_the_engine_registry():
     from gspo.config.fields import ROLLOUT_ENGINES
-    from gspo.rollout.build import ENGINES
+    from gspo.rollout.engines import ENGINES
 
     assert tuple(ENGINES) == ROLLOUT_ENGINES
 

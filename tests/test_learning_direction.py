@@ -26,7 +26,7 @@ from gspo.config import TrainConfig, build
 from gspo.config.options import ModelOptions
 from gspo.core.losses import LOSSES
 from gspo.envs.tasks.base import Example, Task
-from gspo.models.build import build_prompt_format
+from gspo.models.policy import build_prompt_format
 
 MIN_RISE = 0.08
 """Every prompt's P(rewarded) must rise by at least this much (it starts near 0.49). Measured

@@ -15,7 +15,7 @@ from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
 from gspo.config.combinations import Options, split
 from gspo.models import token_logprobs
-from gspo.models.build import build_policy
+from gspo.models.policy import build_policy
 from gspo.rollout.base import Rollout
 
 # Per row: the advantage and the engine's per-token log-prob offset from the current policy,

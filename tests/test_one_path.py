@@ -5,6 +5,7 @@ protocol alone trains like the built-in task."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -210,7 +211,11 @@ def test_multi_turn_episodes_train_with_dynamic_sampling_and_the_off_policy_mask
     ],
 )
 def test_multi_turn_episodes_refuse_what_they_cannot_do_yet(tmp_path, overrides, match):
-    cfg = make_cfg(tmp_path, task="guess", max_new_tokens=12, max_total_tokens=40, **overrides)
+    shape = dict(task="guess", max_new_tokens=12, max_total_tokens=40)
+    with pytest.raises(ConfigError, match=match):  # a built config: refused when built
+        make_cfg(tmp_path, **shape, **overrides)
+    # Made in Python without validation: the run refuses it when it builds its episodes.
+    cfg = dataclasses.replace(make_cfg(tmp_path, **shape), **overrides)
     with pytest.raises(ValueError, match=match):
         trainer_module.build_parts(cfg, Path(tmp_path))
 

@@ -31,8 +31,8 @@ from gspo.config import SFTConfig, TrainConfig, build
 from gspo.config.options import ModelOptions
 from gspo.envs.tasks import make_task
 from gspo.models import build_char_tokenizer, pretrained, save_model, token_logprobs
-from gspo.models.build import build_prompt_format
 from gspo.models.chat import prompt_format
+from gspo.models.policy import build_prompt_format
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 

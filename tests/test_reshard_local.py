@@ -21,7 +21,7 @@ from gspo.backend.fsdp import FSDPRank
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
 from gspo.config.combinations import Options, split
-from gspo.models.build import build_policy
+from gspo.models.policy import build_policy
 from gspo.rollout.base import Rollout
 
 # The thread-local process-group world of PyTorch's own multi-threaded distributed tests: each

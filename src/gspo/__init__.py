@@ -46,8 +46,8 @@ _HOMES = {
     "RolloutBatch": "gspo.rollout.batch",
     "TorchEngine": "gspo.rollout.torch_engine",
     # models: a policy and its prompt format from a config, and log-probs of completions
-    "build_policy": "gspo.models.build",
-    "build_prompt_format": "gspo.models.build",
+    "build_policy": "gspo.models.policy",
+    "build_prompt_format": "gspo.models.policy",
     "token_logprobs": "gspo.models",
     "decode_completions": "gspo.models.text",
     # runs

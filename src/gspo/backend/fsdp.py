@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..models import token_logprobs
-from ..models.build import build_policy, set_threads
+from ..models.policy import build_policy, set_threads
 from ..rollout.base import Rollout
 from .accumulator import Accumulator
 from .options import reference_logprobs, reward_kl_penalty

@@ -17,9 +17,9 @@ from gspo.envs.rewards import get_reward, uses_sandbox
 from gspo.envs.tasks import make_task
 from gspo.envs.tasks.base import Example, RewardFn
 from gspo.envs.tasks.files import load_examples
-from gspo.models.build import build_prompt_format, resolve_device, set_threads
+from gspo.models.policy import build_prompt_format, resolve_device, set_threads
 from gspo.orchestration import evaluation
-from gspo.rollout.build import build_engine, check_engine_available, close_engine
+from gspo.rollout.engines import build_engine, check_engine_available, close_engine
 
 from .parts import build_policy_for
 

@@ -10,7 +10,7 @@ from ..envs.sandbox import with_code_limits
 from ..envs.tasks import make_task
 from ..envs.tasks.base import Task
 from ..envs.tasks.files import make_file_task
-from ..models.build import build_policy
+from ..models.policy import build_policy
 
 
 def build_policy_for(cfg: TrainConfig | SFTConfig | EvalConfig, device):

@@ -22,7 +22,7 @@ from ..envs.episodes import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
 from ..envs.sandbox import isolation
 from ..models import moe
-from ..models.build import build_policy, build_prompt_format, resolve_device, set_threads
+from ..models.policy import build_policy, build_prompt_format, resolve_device, set_threads
 from ..orchestration.logging import MetricsLogger, read_metrics
 from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
 from ..orchestration.ray_parts import build_ray_parts, ray_scorer
@@ -30,7 +30,7 @@ from ..orchestration.ray_rewards import use_ray_tasks
 from ..orchestration.source import build_source
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
-from ..rollout.build import check_engine_available, close_engine, policy_engine
+from ..rollout.engines import check_engine_available, close_engine, policy_engine
 from .parts import (
     build_task,
     build_train_reward,

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, RuntimeError) as exc:
         # What the preflight could not see (a --resume run's config is read from its checkpoint
         # later): a missing extra, whose message names the pip command, or CUDA asked for
-        # without one (gspo.models.build.resolve_device). Other errors keep their traceback.
+        # without one (gspo.models.policy.resolve_device). Other errors keep their traceback.
         if "pip install" in str(exc) or "sees no CUDA device" in str(exc):
             print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
             return 2

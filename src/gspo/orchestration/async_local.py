@@ -21,9 +21,9 @@ import torch
 
 from gspo.config.combinations import Options
 
-from ..models.build import DTYPES
+from ..models.policy import DTYPES
 from ..rollout.base import PartialGeneration, Rollout, SamplingParams
-from ..rollout.build import build_engine, close_engine
+from ..rollout.engines import build_engine, close_engine
 from ..rollout.partial import partial_generation
 from ..rollout.torch_engine import TorchEngine
 from .async_episodes import EpisodeProducer, Restart, turn_boundary

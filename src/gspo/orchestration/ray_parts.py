@@ -24,7 +24,7 @@ from gspo.config.combinations import Options
 
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
 from ..backend.ray_cluster import import_ray, start_ray, stop_ray
-from ..rollout.build import close_engine, colocated_sleep, policy_engine
+from ..rollout.engines import close_engine, colocated_sleep, policy_engine
 from .ray_rewards import RayScorer
 from .ray_rollout import RolloutPool
 

@@ -21,9 +21,9 @@ from gspo.config.combinations import Options
 
 from ..backend.ray_backend import gather
 from ..models import token_logprobs
-from ..models.build import build_policy, set_threads
+from ..models.policy import build_policy, set_threads
 from ..rollout.base import Rollout, SamplingParams
-from ..rollout.build import close_engine, policy_engine
+from ..rollout.engines import close_engine, policy_engine
 
 
 class RolloutWorker:

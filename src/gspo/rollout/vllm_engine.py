@@ -27,7 +27,7 @@ embeddings the CPU backend keeps a pre-packed copy of the output head, so after 
 head's packed weight is rebuilt from the new embedding (a stale head = new body + old head).
 
 Sleep mode. With ``VLLMOptions.sleep_mode`` (set for colocated vLLM on CUDA, see
-``rollout.build.colocated_sleep``) vLLM starts with ``enable_sleep_mode``; ``sleep`` (vLLM
+``rollout.engines.colocated_sleep``) vLLM starts with ``enable_sleep_mode``; ``sleep`` (vLLM
 ``sleep(level=1)``) frees the GPU memory while the trainer updates and ``wake`` takes it back
 before the weight sync. On CPU vLLM refuses ``enable_sleep_mode`` and its sleep/wake only log a
 warning; this path has never run on a GPU.

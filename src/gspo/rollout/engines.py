@@ -16,7 +16,7 @@ import torch
 
 from gspo.config.combinations import Options
 from gspo.config.options import EngineOptions
-from gspo.models.build import DTYPES
+from gspo.models.policy import DTYPES
 from gspo.rollout.torch_engine import TorchEngine
 from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions, require_vllm
 
