@@ -5,11 +5,12 @@ forgets the slow evaluation steps between them and was off by up to 140% in the 
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
 
 import pytest
 from tqdm import tqdm
 
+from gspo.config import TrainConfig
+from gspo.config.combinations import split
 from gspo.orchestration.logging import eta_s, progress_bar
 from gspo.orchestration.loop import _progress
 
@@ -40,7 +41,7 @@ def test_the_bars_show_the_average_rate_eta(make):
     if make == "sft":
         bar = progress_bar(800, desc="sft", file=io.StringIO())
     else:
-        cfg = SimpleNamespace(progress=True, algo="gspo", steps=800)
+        cfg = split(TrainConfig(progress=True, algo="gspo", steps=800))
         bar = _progress(cfg, 0, 800)
         bar.fp = io.StringIO()
     for _ in range(5):
