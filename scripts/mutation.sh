@@ -50,10 +50,10 @@ module_of() {
 
 tests_of() {
     case "$1" in
-        losses) echo "tests/test_losses.py tests/test_loss_checks.py" ;;
+        losses) echo "tests/test_losses.py tests/test_losses_registry.py tests/test_losses_properties.py tests/test_loss_checks.py" ;;
         advantages) echo "tests/test_advantages.py" ;;
-        trainer) echo "tests/test_trainer.py tests/test_wiring.py tests/test_learning_direction.py tests/test_engine_contract.py tests/test_moe.py" ;;
-        engine) echo "tests/test_rollout.py tests/test_engine_contract.py" ;;
+        trainer) echo "tests/test_trainer.py tests/test_trainer_zero_advantage.py tests/test_wiring.py tests/test_wiring_optimizer.py tests/test_learning_direction.py tests/test_engine_contract.py tests/test_moe.py tests/test_moe_training.py" ;;
+        engine) echo "tests/test_rollout.py tests/test_rollout_sampling.py tests/test_engine_contract.py" ;;
     esac
 }
 

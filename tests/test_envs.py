@@ -7,59 +7,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from envs_support import TOK, ScriptedEngine
 
 from gspo.backend.update import _rows
 from gspo.core.losses import policy_loss
 from gspo.envs import SingleTurnEnv, Step
-from gspo.envs.credit import check_credit, episode_advantages, returns_to_go, turn_advantages
 from gspo.envs.driver import Limits, episode_metrics, run_episodes
 from gspo.envs.tasks import make_task
 from gspo.envs.tasks.base import Example
 from gspo.envs.tool_env import ToolEnv
 from gspo.envs.tools import CALCULATOR, Tool, calculate, parse_calls
 from gspo.envs.trajectory import ChatEncoder, PlainEncoder
-from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.models import build_tiny_model, token_logprobs
+from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
-TOK = build_char_tokenizer()
 EX = Example(prompt="12*34=", answer="408")
-
-
-class ScriptedEngine:
-    """Answers each context with the next scripted turn (by how many turns it already holds)."""
-
-    def __init__(self, turns: list[str], logprob: float = -0.5) -> None:
-        self.turns = turns
-        self.logprob = logprob
-        self.calls = 0
-
-    def generate(self, prompts, n, params, generator=None) -> Rollout:
-        self.calls += 1
-        rows = []
-        for p in prompts:
-            for _ in range(n):
-                text = self.turns[min(self.calls - 1, len(self.turns) - 1)]
-                ids = TOK(text, add_special_tokens=False)["input_ids"] + [TOK.eos_token_id]
-                if text.endswith(("]]", " ")):
-                    ids = ids[:-1]  # a stop string ends the turn, no EOS
-                cut = ids[: params.max_new_tokens]
-                rows.append((p, cut, "stop" if len(cut) == len(ids) else "length"))
-        width = max(len(r[1]) for r in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, (_, c, _) in enumerate(rows):
-            ids[i, : len(c)] = torch.tensor(c)
-            mask[i, : len(c)] = 1
-        return Rollout(
-            prompt_ids=torch.ones((len(rows), 1), dtype=torch.long),
-            prompt_mask=torch.ones((len(rows), 1), dtype=torch.long),
-            completion_ids=ids,
-            completion_mask=mask,
-            logprobs=mask * self.logprob,
-            finish_reasons=[r[2] for r in rows],
-            prompt_index=torch.arange(len(rows)) // n,
-        )
 
 
 class EchoEnv:
@@ -287,185 +250,6 @@ def test_incremental_chat_template_equals_whole_render(smol):
     assert tok.decode(whole["input_ids"][len(seq) :]) == "\n"
 
 
-def test_credit_turn_equals_episode_without_turn_rewards():
-    turns = [[0.0, 0.0], [0.0], [0.0, 0.0, 0.0], [0.0]]
-    finals = [1.0, 0.0, 1.0, 1.0]
-    ids = torch.tensor([[0, -1, 1, -1], [0, -1, -1, -1], [0, 1, -1, 2], [0, 0, -1, -1]])
-    per_token = turn_advantages(turns, finals, ids, group_size=2)
-    per_ep = episode_advantages(turns, finals, group_size=2, scale="std")
-    expected = per_ep[:, None] * (ids >= 0)
-    torch.testing.assert_close(per_token, expected.double(), atol=0, rtol=0)
-
-
-def test_credit_turn_rewards_hand_computed():
-    # Episode 0: turn rewards [-0.1, 0], final 1 -> G = [0.9, 1.0]; episode 1: G = [0.0].
-    assert returns_to_go([-0.1, 0.0], 1.0, 1.0) == pytest.approx([0.9, 1.0])
-    assert returns_to_go([1.0, 1.0], 2.0, 0.5) == pytest.approx([1 + 0.5 * 3, 3.0])
-    ids = torch.tensor([[0, -1, 1], [0, 0, -1]])
-    adv = turn_advantages([[-0.1, 0.0], [0.0]], [1.0, 0.0], ids, group_size=2)
-    # Group mean of G_1 = 0.45, population std 0.45.
-    s = 0.45 + 1e-6
-    assert adv[0].tolist() == pytest.approx([0.45 / s, 0.0, 0.55 / s])
-    assert adv[1].tolist() == pytest.approx([-0.45 / s, -0.45 / s, 0.0])
-
-
-def test_unsupported_credit_pairings_are_refused():
-    check_credit("gspo_token", "turn")
-    check_credit("grpo", "turn")
-    for algo in ("gspo", "luspo"):
-        check_credit(algo, "episode")
-        with pytest.raises(ValueError, match="needs a token-level loss"):
-            check_credit(algo, "turn")
-    with pytest.raises(ValueError, match="credit must be"):
-        check_credit("gspo", "step")
-
-
-def _cfg(tmp_path, **kw):
-    from gspo.config import TrainConfig
-
-    base = dict(
-        output_dir=str(tmp_path / "run"), task="calculator", steps=1, prompts_per_step=2,
-        group_size=2, max_new_tokens=12, n_train=8, n_test=4, eval_every=1, progress=False,
-        device="cpu", threads=1, max_total_tokens=40, num_minibatches=1,
-    )  # fmt: skip
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def test_trainer_runs_a_multi_turn_task(tmp_path):
-    from gspo.compose.train import train
-
-    result = train(_cfg(tmp_path, algo="gspo_token", credit="turn"))
-    step = next(h for h in result.history if "reward/mean" in h)
-    for key in ("episode/turns_mean", "episode/tool_calls_mean", "episode/tool_errors",
-                "episode/env_tokens_mean", "episode/policy_tokens_mean"):  # fmt: skip
-        assert key in step
-    assert "eval/greedy_accuracy" in result.final_eval
-
-
-def test_trainer_refuses_turn_credit_with_a_sequence_loss(tmp_path):
-    from gspo.compose.train import train
-
-    with pytest.raises(ValueError, match="token-level loss"):
-        train(_cfg(tmp_path, algo="gspo", credit="turn"))
-
-
-def test_guessing_game():
-    from gspo.envs.guess import GuessEnv, binary_search
-
-    task = make_task("guess", n_train=20, n_test=10, difficulty=4)
-    assert not {e.answer for e in task.train} & {e.answer for e in task.test}
-    ex = task.test[0]
-    turns = [f"{g} " for g, _ in binary_search(int(ex.answer), 15)]
-    turns[-1] = turns[-1].strip()  # the winning guess ends the turn with EOS
-    _, (t,) = run_episodes(
-        ScriptedEngine(turns), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
-        SamplingParams(stop_strings=(" ",)), Limits(max_turns=6),
-    )  # fmt: skip
-    assert t.reward == pytest.approx(1.0 - 0.1 * (len(turns) - 1)) and t.num_turns == len(turns)
-    assert t.turn_rewards == [0.0] * len(turns)
-    assert TOK.decode(t.ids, skip_special_tokens=True) == ex.demo
-    # Never guessing right: the turn limit ends it, each wrong guess costs 0.1.
-    _, (t,) = run_episodes(
-        ScriptedEngine(["0 "]), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
-        SamplingParams(), Limits(max_turns=3),
-    )  # fmt: skip
-    assert t.finish == "turns" and t.reward == 0.0 and t.turn_rewards == [0.0] * 3
-    # Invalid guesses (the cut one too) cost 0.1 each as turn rewards; quitting scores 0.
-    _, (t,) = run_episodes(
-        ScriptedEngine(["x ", "a long turn"]), GuessEnv(plain=True), PlainEncoder(TOK), [ex], 1,
-        SamplingParams(), Limits(max_turns=3, max_tokens_per_turn=4),
-    )  # fmt: skip
-    assert t.turn_rewards == [-0.1, -0.1] and t.reward == 0.0 and t.finish == "length"
-
-
-def test_config_refuses_turn_credit_with_a_sequence_loss():
-    from gspo.config import ConfigError, TrainConfig, build
-
-    with pytest.raises(ConfigError, match="token-level loss"):
-        build(TrainConfig, overrides={"algo": "luspo", "credit": "turn"})
-    with pytest.raises(ConfigError, match="max_turns"):
-        build(TrainConfig, overrides={"max_turns": 0})
-    assert build(TrainConfig, overrides={"algo": "grpo", "credit": "turn"}).credit == "turn"
-
-
-class CounterEnv:
-    """A TRL-style environment_factory class: reset(**row), tools as methods, get_reward()."""
-
-    def reset(self, answer: str) -> None:
-        self.target = int(answer)
-        self.total = 0
-
-    def add(self, n: str) -> str:
-        """Add n to the counter."""
-        self.total += int(n)
-        return str(self.total)
-
-    def get_reward(self) -> float:
-        return float(self.total == self.target)
-
-
-def test_trl_style_environment_factory():
-    from gspo.envs.adapters import FactoryEnv
-
-    env = FactoryEnv(CounterEnv, plain=True)
-    ex = Example(prompt="make 7:", answer="7")
-    _, (t,) = run_episodes(
-        ScriptedEngine(["[[add:3]]", "[[add:4]]", "done"]), env, PlainEncoder(TOK), [ex], 1,
-        SamplingParams(), Limits(),
-    )  # fmt: skip
-    assert t.reward == 1.0 and t.tool_calls == 2 and t.num_turns == 3
-    assert TOK.decode(t.ids, skip_special_tokens=True) == "[[add:3]] => 3 [[add:4]] => 7 done"
-    # Qwen-style: JSON arguments become keyword arguments; wrong ones are a malformed call.
-    env = FactoryEnv(CounterEnv, plain=False)
-    state = env.reset(ex)
-    ok = env.step(state, '<tool_call>{"name": "add", "arguments": {"n": "5"}}</tool_call>', True)
-    assert ok.messages == [{"role": "tool", "content": "5"}]
-    bad = env.step(state, '<tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>', True)
-    assert bad.tool_errors == 1 and not bad.done and "bad arguments" in bad.messages[0]["content"]
-    assert env.step(state, "finished", True).reward == 0.0  # total 5, target 7
-
-
-def test_python_tool_runs_in_the_sandbox():
-    from gspo.envs.sandbox import SandboxError
-    from gspo.envs.tools import python_tool
-
-    tool = python_tool(timeout_s=5.0)
-    try:
-        out = tool.fn("print(6 * 7)")
-    except SandboxError as exc:  # no sandbox on this machine (e.g. no python for the boot)
-        pytest.skip(f"sandbox unavailable: {exc}")
-    assert out == "42\n"
-    assert "error: " in tool.fn("import socket; socket.socket().connect(('1.1.1.1', 80))")
-    env = ToolEnv("py", [tool], lambda t, e: 0.0, plain=False)
-    step = env.step(None, '<tool_call>{"name": "python", "arguments": {"code": "print(1+1)"}}'
-                    "</tool_call>", True)  # fmt: skip
-    assert step.messages == [{"role": "tool", "content": "2\n"}]
-
-
-def test_code_with_execution_feedback():
-    from gspo.envs.code_feedback import CodeFeedbackEnv
-    from gspo.envs.sandbox import SandboxError
-
-    task = make_task("code_feedback", n_train=1, n_test=1, difficulty=1)
-    ex = task.test[0]
-    env = CodeFeedbackEnv(retries=1)
-    state = env.reset(ex)
-    try:
-        first = env.step(state, "```python\ndef f(x):\n    return 0\n```", True)
-    except SandboxError as exc:
-        pytest.skip(f"sandbox unavailable: {exc}")
-    assert not first.done and "tests failed" in first.messages[0]["content"]
-    assert "assert f(" in first.messages[0]["content"]  # the failing test goes back
-    second = env.step(state, ex.demo, True)
-    assert second.done and second.reward == 1.0
-    # Out of retries: the episode ends with the share of tests passed.
-    state = env.reset(ex)
-    env.step(state, "no code here", True)
-    last = env.step(state, "```python\ndef f(x):\n    return 0\n```", True)
-    assert last.done and 0.0 <= last.reward < 1.0
-
-
 QWEN_LIKE = (
     "{% for m in messages %}"
     "{% if m.role == 'tool' %}"
@@ -529,14 +313,3 @@ def test_episode_metrics_per_turn_rewards():
     assert m["episode/turn1_reward_mean"] == pytest.approx(0.2)
     assert m["episode/turn2_reward_mean"] == 0.0
     assert "episode/turn1_reward_mean" not in episode_metrics([b.__class__([1], [])])
-
-
-def test_verifiers_adapter_names_its_install_command():
-    import importlib.util
-
-    from gspo.envs.verifiers_adapter import VerifiersEnv
-
-    if importlib.util.find_spec("verifiers") is not None:
-        pytest.skip("verifiers is installed (tests/test_envs_verifiers.py covers the adapter)")
-    with pytest.raises(ImportError, match=r"verifiers>=0.3.1,<0.4"):
-        VerifiersEnv(object())

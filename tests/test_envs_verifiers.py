@@ -18,7 +18,7 @@ else:
     vf = pytest.importorskip("verifiers")
 datasets = pytest.importorskip("datasets")
 
-from test_envs import TOK, ScriptedEngine  # noqa: E402
+from envs_support import TOK, ScriptedEngine  # noqa: E402
 
 from gspo.envs.driver import Limits, run_episodes  # noqa: E402
 from gspo.envs.trajectory import PlainEncoder  # noqa: E402

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import torch
-from test_envs import EX, TOK, EchoEnv, calc_env
+from envs_support import TOK
+from test_envs import EX, EchoEnv, calc_env
 from vllm_support import LOGPROB_TOL, needs_vllm, vllm_engine
 
 from gspo.envs.driver import Limits, run_episodes

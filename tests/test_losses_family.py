@@ -2,8 +2,8 @@
 closed forms, and cross-checks against peers' formulas as published.
 
 Gradients are of the objective J = -loss with respect to the current log-probs. The registry-wide
-checks (gradcheck, micro-batch invariance, permutation invariance) live in test_losses.py and
-cover these losses through ``all_settings()``.
+checks (gradcheck, micro-batch invariance, permutation invariance) live in
+test_losses_properties.py and cover these losses through ``all_settings()``.
 
 Peer formulas are transcribed (never imported) from:
 * verl, verl/trainer/ppo/core_algos.py at commit 1dda039b9c6311889a9c9a26040677e1254814f9;

@@ -1,9 +1,9 @@
 """The sandbox against the attacks of its hardening round, one class per section.
 
-Kernel keyrings; memory outside the per-process limits (memfd, shared memory, tmpfs, many
-processes); nested user namespaces and the rest of the seccomp deny list; uid slots shared
-by trainers with different TMPDIR; malformed result records; near-miss large integers; the
-base interpreter's site-packages. Each section asserts the isolation asked for, observed
+Kernel keyrings; uid slots shared by trainers with different TMPDIR; malformed result
+records; near-miss large integers; the base interpreter's site-packages. (The seccomp deny
+list and nested namespaces are in test_sandbox_seccomp; memory and task bounds in
+test_sandbox_memory.) Each section asserts the isolation asked for, observed
 from inside the sandbox, not what the sandbox reports it applied. Tests that need root, a
 cgroup or a particular interpreter skip with a reason (and fail in CI, see sandbox_checks).
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -22,7 +21,15 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sandbox_checks import history_mark, leftovers, needs, needs_root
+from sandbox_checks import needs
+from sandbox_hardening_support import (
+    MACHINE,
+    SYSCALL,
+    ex,
+    inside,
+    needs_full_isolation,
+    no_leftovers,  # noqa: F401 (autouse fixture)
+)
 
 from gspo.envs.sandbox import (
     SandboxConfig,
@@ -35,64 +42,12 @@ from gspo.envs.sandbox import (
 from gspo.envs.sandbox import seccomp as sandbox_seccomp
 from gspo.envs.sandbox.cgroup import detect as detect_cgroup
 from gspo.envs.sandbox.compare import parse_results, values_match
-from gspo.envs.tasks.base import Example
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-MACHINE = os.uname().machine
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 # A uid range of this test process's own for tests that pin a slot (other suites may run at
 # the same time; the default range stays theirs).
 PRIVATE_BASE_UID = 63000 + (os.getpid() % 900) * 2
-
-
-def ex(**meta: object) -> Example:
-    return Example(prompt="", answer="", meta=dict(meta))
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    mark = history_mark()
-    yield
-    assert leftovers(mark) == [], "a sandboxed process outlived its run"
-
-
-def needs_seccomp() -> None:
-    needs(
-        MACHINE in sandbox_seccomp.AUDIT_ARCH,
-        f"the seccomp filter is for x86_64/aarch64, not {MACHINE}",
-    )
-
-
-def needs_full_isolation() -> None:
-    needs_root()
-    missing = {"mountns", "netns", "pidns", "uid", "seccomp", "keyring"} - isolation().mechanisms
-    needs(not missing, f"needs {sorted(missing)} (missing: {isolation().missing})")
-
-
-def needs_cgroup() -> None:
-    needs_root()
-    backend, why = detect_cgroup()
-    needs(backend is not None, f"needs a writable cgroup (v2 delegated or v1 memory+pids): {why}")
-
-
-def inside(code: str, **config: object) -> dict:
-    """Run ``code`` (which prints one JSON object last) in the sandbox; return that object."""
-    result = run_python(textwrap.dedent(code), config=SandboxConfig(timeout_s=20, **config))
-    assert result.ok, (result.returncode, result.stderr[-2000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-# A ctypes syscall(2) for programs in the sandbox.
-SYSCALL = """
-import ctypes, errno, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def call(nr, *args):
-    ctypes.set_errno(0)
-    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    return r, ctypes.get_errno()
-"""
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,123 +107,6 @@ def test_isolation_is_what_was_asked() -> None:
     assert seen["nproc"] == config.max_processes and seen["as"] == config.memory_mb << 20
     if detect_cgroup()[0] is not None:
         assert "gspo-sandbox-" in seen["cgroup"]
-
-
-# --------------------------------------------------------------------------------------------
-# seccomp
-# --------------------------------------------------------------------------------------------
-
-
-def test_seccomp_filter_program_decides_every_call() -> None:
-    """The BPF program, interpreted: denied calls EPERM, clone3 ENOSYS, clone with namespace
-    flags EPERM, other calls allowed, a foreign ABI killed; on both architectures."""
-    for machine, arch in sandbox_seccomp.AUDIT_ARCH.items():
-        program = sandbox_seccomp.build_filter(machine)
-        assert program is not None and len(program) < 200
-        run = sandbox_seccomp.run_filter
-        denied = sandbox_seccomp.denied_syscalls(machine)
-        for name in (
-            "keyctl",
-            "add_key",
-            "request_key",
-            "unshare",
-            "mount",
-            "memfd_create",
-            "bpf",
-            "ptrace",
-            "io_uring_setup",
-            "io_uring_enter",
-            "io_uring_register",
-            "perf_event_open",
-            "setns",
-            "shmget",
-            "userfaultfd",
-        ):
-            assert run(program, denied[name], arch) == 0x00050000 | errno.EPERM, (machine, name)
-        assert run(program, sandbox_seccomp.CLONE3, arch) == 0x00050000 | errno.ENOSYS
-        clone = sandbox_seccomp.CLONE[machine]
-        assert run(program, clone, arch, 0x10000000 | 17) == 0x00050000 | errno.EPERM  # NEWUSER
-        assert run(program, clone, arch, 0x40000000) == 0x00050000 | errno.EPERM  # NEWNET
-        assert run(program, clone, arch, 0x003D0F00) == 0x7FFF0000  # pthread_create's flags
-        allowed = {0, 1, 2, 3, 9, 59, 60, 231} - set(denied.values())  # read, write, ...
-        assert all(run(program, nr, arch) == 0x7FFF0000 for nr in allowed)
-        assert run(program, 0, 0x40000003) == 0x80000000  # i386: kill
-    x86 = sandbox_seccomp.build_filter("x86_64")
-    assert sandbox_seccomp.run_filter(x86, 0x40000000 | 1, 0xC000003E) == 0x80000000  # x32
-    assert sandbox_seccomp.build_filter("riscv64") is None
-
-
-def test_seccomp_numbers_match_the_kernel_headers() -> None:
-    header = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
-    needs(header.exists(), f"needs the x86_64 kernel headers ({header})")
-    table = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR_(\w+) (\d+)", header.read_text())}
-    for name, number in sandbox_seccomp.denied_syscalls("x86_64").items():
-        assert table[name] == number, name
-    assert table["clone"] == sandbox_seccomp.CLONE["x86_64"] and table["clone3"] == 435
-
-
-def test_each_denied_call_fails_inside() -> None:
-    needs_seccomp()
-    needs_full_isolation()
-    denied = sandbox_seccomp.denied_syscalls(MACHINE)
-    clone = sandbox_seccomp.CLONE[MACHINE]
-    code = (
-        SYSCALL
-        + f"""
-denied = {denied!r}
-out = {{name: call(nr, 0, 0, 0, 0, 0)[1] for name, nr in denied.items()}}
-for name, flag in (("clone_newuser", 0x10000000), ("clone_newns", 0x20000), ("clone_newnet", 0x40000000)):
-    r, e = call({clone}, flag | 17, 0, 0, 0, 0)
-    if r == 0:
-        os._exit(0)  # (the child, were it allowed)
-    out[name] = e
-out["clone3"] = call(435, 0, 0)[1]
-print(json.dumps(out))
-"""
-    )
-    seen = inside(code)
-    wrong = {
-        k: errno.errorcode.get(v, v) for k, v in seen.items() if v != errno.EPERM and k != "clone3"
-    }
-    assert wrong == {}, wrong
-    assert seen["clone3"] == errno.ENOSYS
-
-
-def test_normal_programs_still_run() -> None:
-    needs_seccomp()
-    code = """
-    import json, os, subprocess, sys, threading, multiprocessing, tempfile, time, select
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("thread", True)); t.start(); t.join()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(7)
-    out["fork"] = os.WEXITSTATUS(os.waitpid(pid, 0)[1])
-    out["subprocess"] = subprocess.run([sys.executable, "-S", "-c", "print(6*7)"],
-                                       capture_output=True, text=True).stdout.strip()
-    out["echo"] = subprocess.run(["/bin/echo", "hi"], capture_output=True, text=True).stdout.strip()
-    with tempfile.TemporaryFile() as f:
-        f.write(b"x" * 100000); f.seek(0); out["file"] = len(f.read())
-    r, w = os.pipe(); os.write(w, b"p"); out["pipe"] = os.read(r, 1).decode()
-    out["seccomp"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("Seccomp:")][0]
-    out["sum"] = sum(range(10**6))
-    print(json.dumps(out))
-    """
-    seen = inside(code)
-    assert seen == {
-        "thread": True,
-        "fork": 7,
-        "subprocess": "42",
-        "echo": "hi",
-        "file": 100000,
-        "pipe": "p",
-        "seccomp": "2",
-        "sum": 499999500000,
-    }
-    assert (
-        code_reward("```python\ndef f(x):\n    return 2 * x\n```", ex(tests=["assert f(2) == 4"]))
-        == 1.0
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,175 +181,6 @@ print(json.dumps([call(n, 0, 0, 0, 0, 0)[1] for n in {[sandbox_seccomp.denied_sy
 """
     )
     assert blocked == [errno.EPERM] * 3
-
-
-# --------------------------------------------------------------------------------------------
-# Memory outside the per-process limits
-# --------------------------------------------------------------------------------------------
-
-MEMORY_ROUTES = """
-import ctypes, errno, json, mmap, os
-MB = 1 << 20
-libc = ctypes.CDLL(None, use_errno=True)
-out = {}
-try:
-    fd = os.memfd_create("hog"); os.ftruncate(fd, 256 * MB)
-    m = mmap.mmap(fd, 256 * MB); m.write(b"x" * (256 * MB)); out["memfd"] = "held"
-except OSError as e:
-    out["memfd"] = errno.errorcode[e.errno]
-held = 0
-try:
-    with open("/dev/shm/hog", "wb") as f:
-        for _ in range(256):
-            f.write(b"x" * MB); f.flush(); held += 1
-except OSError as e:
-    pass
-out["dev_shm_mb"] = held
-os.remove("/dev/shm/hog")
-shmid = libc.shmget(0, ctypes.c_size_t(256 * MB), 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
-out["sysv_shm"] = "held" if shmid >= 0 else errno.errorcode[ctypes.get_errno()]
-r = libc.unshare(0x10000000 | 0x20000)  # a user + mount namespace to mount a tmpfs in
-out["userns_for_tmpfs"] = "made" if r == 0 else errno.errorcode[ctypes.get_errno()]
-r = libc.mount(b"none", b"/tmp", b"tmpfs", 0, b"size=4g")
-out["mount_tmpfs"] = "mounted" if r == 0 else errno.errorcode[ctypes.get_errno()]
-print(json.dumps(out))
-"""
-
-
-def test_memory_outside_process_limits_is_bounded() -> None:
-    """memfd, SysV shm, a fresh tmpfs: refused; /dev/shm: within the run's 64 MB tmpfs."""
-    needs_seccomp()
-    needs_full_isolation()
-    seen = inside(MEMORY_ROUTES, memory_mb=512, tmpfs_mb=64)
-    assert seen["memfd"] == "EPERM" and seen["sysv_shm"] == "EPERM"
-    assert seen["userns_for_tmpfs"] == "EPERM" and seen["mount_tmpfs"] == "EPERM"
-    assert seen["dev_shm_mb"] < 64
-
-
-MANY_PROCESSES = """
-import os, sys, time
-MB = 1 << 20
-children = []
-for i in range(4):
-    pid = os.fork()
-    if pid == 0:
-        hog = b"x" * (60 * MB)  # touched: resident, within each process's RLIMIT_AS
-        print("held", i, flush=True)
-        time.sleep(3)
-        os._exit(0)
-    children.append(pid)
-codes = [os.waitpid(pid, 0)[1] for pid in children]
-print("statuses", codes, flush=True)
-"""
-
-
-def test_run_memory_is_bounded_by_its_cgroup() -> None:
-    """Four processes of 60 MB each fit their RLIMIT_AS but not the run's 128 MB cgroup."""
-    needs_cgroup()
-    result = run_python(
-        MANY_PROCESSES,
-        config=SandboxConfig(timeout_s=20, memory_mb=256, run_memory_mb=128, max_processes=8),
-    )
-    # Some child was stopped (killed by the cgroup's OOM killer, or failed to allocate).
-    assert (
-        result.stdout.count("held") < 4
-        or "statuses" not in result.stdout
-        or any(code != 0 for code in json.loads(result.stdout.split("statuses", 1)[1].strip()))
-    ), result.stdout
-    assert result.memory_limit and "cgroup" in result.isolation.mechanisms
-    # The same program with room to spare runs to the end.
-    roomy = run_python(
-        MANY_PROCESSES,
-        config=SandboxConfig(timeout_s=20, memory_mb=256, run_memory_mb=512, max_processes=8),
-    )
-    assert roomy.ok and roomy.stdout.count("held") == 4 and not roomy.memory_limit, roomy.stderr
-
-
-JOIN_AND_FORK = """
-import os, sys, time
-with open(sys.argv[1], "w") as f:
-    f.write(str(os.getpid()))
-n = 0
-for _ in range(32):
-    try:
-        if os.fork() == 0:
-            time.sleep(3)
-            os._exit(0)
-        n += 1
-    except OSError:
-        break
-print(n, flush=True)
-"""
-
-
-def test_run_cgroup_bounds_tasks_by_itself() -> None:
-    """pids.max of a run's cgroup, alone (in a run RLIMIT_NPROC applies as well): a root
-    process in a cgroup with pids.max 4 starts 3 children, then fork fails."""
-    needs_cgroup()
-    from gspo.envs.sandbox.cgroup import RunCgroup
-
-    backend, _ = detect_cgroup()
-    cgroup = RunCgroup(backend, 256 << 20, 4)
-    try:
-        # The pids hierarchy (v1: after memory) or the one cgroup (v2).
-        procs_file = cgroup.procs_files[len(backend.parents) - 1]
-        out = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", JOIN_AND_FORK, procs_file],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert out.stdout.strip() == "3", out.stderr
-    finally:
-        assert cgroup.kill_all()
-        cgroup.remove()
-    assert not any(os.path.exists(d) for d in cgroup.dirs)
-
-
-# --------------------------------------------------------------------------------------------
-# Nested user namespaces and netfilter
-# --------------------------------------------------------------------------------------------
-
-
-def test_no_nested_namespaces_or_capabilities() -> None:
-    needs_seccomp()
-    needs_full_isolation()
-    code = (
-        SYSCALL
-        + """
-import socket
-out = {}
-for name, flags in (("user", 0x10000000), ("net", 0x40000000), ("user+net", 0x50000000)):
-    out[name] = errno.errorcode.get(libc.unshare(flags) and ctypes.get_errno(), "made")
-out["setns"] = errno.errorcode[call(308 if os.uname().machine == "x86_64" else 268, 0, 0)[1]]
-caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith(("CapEff", "CapPrm", "CapBnd", "CapAmb"))]
-out["caps"] = [int(c, 16) for c in caps]
-# Netfilter needs CAP_NET_ADMIN in the namespace owning the netns: a rule change is refused.
-try:
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
-    s.bind((0, 0))
-    import struct
-    # nfnetlink NFNL_SUBSYS_NFTABLES (10) NFT_MSG_NEWTABLE (0), with NLM_F_REQUEST|ACK|CREATE.
-    msg = struct.pack("=IHHII", 20, (10 << 8) | 0, 0x1 | 0x4 | 0x400, 1, 0) + struct.pack("=BBH", 2, 0, 0)
-    s.sendto(msg, (0, 0))
-    reply = s.recv(4096)
-    out["netfilter"] = -struct.unpack("=i", reply[16:20])[0]
-except OSError as e:
-    out["netfilter"] = e.errno
-print(json.dumps(out))
-"""
-    )
-    seen = inside(code)
-    assert seen["user"] == seen["net"] == seen["user+net"] == "EPERM"
-    assert seen["setns"] == "EPERM"
-    assert seen["caps"][:2] == [0, 0]  # no effective or permitted capability
-    assert seen["netfilter"] in (
-        errno.EPERM,
-        errno.EACCES,
-        errno.EAFNOSUPPORT,
-        errno.EPROTONOSUPPORT,
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -703,44 +372,3 @@ def test_base_site_packages_hidden_when_running_from_a_venv(tmp_path: Path) -> N
     report = json.loads(proc.stdout)
     seen = json.loads(report["stdout"])
     assert seen["listing"] == [] and not seen["imported"], (packages[0], report)
-
-
-def test_cgroup_v2_files_on_a_stand_in_hierarchy(tmp_path: Path, monkeypatch) -> None:
-    """The v2 backend's file protocol (this project's machines have controllers on v1 only,
-    so the real v2 path cannot run here): detection through mountinfo and /proc/self/cgroup,
-    enabling memory+pids for children, the limits written, and removal."""
-    from gspo.envs.sandbox import cgroup as sandbox_cgroup
-
-    root = tmp_path / "cgroup2"
-    own = root / "trainer.scope"
-    own.mkdir(parents=True)
-    (own / "cgroup.controllers").write_text("cpu memory pids\n")
-    (own / "cgroup.subtree_control").write_text("cpu\n")
-    mountinfo = tmp_path / "mountinfo"
-    mountinfo.write_text(f"41 31 0:38 / {root} rw,relatime - cgroup2 cgroup2 rw\n")
-    self_cgroup = tmp_path / "cgroup"
-    self_cgroup.write_text("0::/trainer.scope\n")
-    monkeypatch.setattr(sandbox_cgroup, "_MOUNTINFO", str(mountinfo))
-    monkeypatch.setattr(sandbox_cgroup, "_SELF_CGROUP", str(self_cgroup))
-    monkeypatch.setattr(sandbox_cgroup, "_detected", {})
-    backend, why = sandbox_cgroup.detect()
-    assert backend == sandbox_cgroup.Backend("v2", (str(own),)) and why == ""
-    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
-    run = sandbox_cgroup.RunCgroup(backend, 256 << 20, 10)
-    (child,) = run.dirs
-    assert Path(child).parent == own and Path(child).name.startswith("gspo-sandbox-")
-    assert (Path(child) / "memory.max").read_text() == str(256 << 20)
-    assert (Path(child) / "pids.max").read_text() == "10"
-    assert run.procs_files == [f"{child}/cgroup.procs"] and run.pids() == []
-    (Path(child) / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-    assert run.memory_limit_hit()
-    for f in Path(child).iterdir():  # cgroupfs drops its files itself on rmdir
-        f.unlink()
-    run.remove()
-    assert not Path(child).exists()
-    # A parent without the controllers to give: no backend, and the reason.
-    (own / "cgroup.controllers").write_text("cpu\n")
-    monkeypatch.setattr(sandbox_cgroup, "_detected", {})
-    monkeypatch.setattr(sandbox_cgroup, "_own_paths", lambda: {"": "/trainer.scope"})
-    backend, why = sandbox_cgroup.detect()
-    assert backend is None and "not memory+pids" in why

@@ -26,7 +26,7 @@ import errno
 import struct
 
 # Denied with EPERM. Numbers from the kernel's unistd tables (asm/unistd_64.h for x86_64,
-# asm-generic/unistd.h for aarch64); tests/test_sandbox_hardening.py checks the x86_64 ones
+# asm-generic/unistd.h for aarch64); tests/test_sandbox_seccomp.py checks the x86_64 ones
 # against the installed header when it is present.
 DENIED_EPERM: dict[str, tuple[int, int]] = {
     # name: (x86_64, aarch64)

@@ -1,0 +1,101 @@
+"""The sandbox against runs outliving their callers (its second attack round, issue 34,
+class 3): a caller that stops waiting, or is interrupted while waiting, kills its runs, and
+the cgroups of dead callers are swept; live runs never outnumber the workers. Each asserts
+what is observed of the runs' processes, not what the sandbox reports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sandbox_containment_support import (
+    ex,
+    needs_full_isolation,
+    no_leftovers,  # noqa: F401 (autouse fixture)
+)
+
+from gspo.envs.rewards import score
+from gspo.envs.sandbox import (
+    SandboxConfig,
+    code_reward,
+    with_timeout,
+)
+from gspo.envs.sandbox.slots import live_runs, processes_of
+from gspo.envs.tasks.base import Example
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+# A uid range of this test process's own (other suites may run sandboxes at the same time),
+# so "no process of these uids is alive" means "none of ours is".
+PRIVATE_BASE_UID = 64000 + (os.getpid() % 400) * 8
+PRIVATE_SLOTS = 8
+
+
+# --------------------------------------------------------------------------------------------
+# 3: no orphans; live runs never outnumber the workers
+# --------------------------------------------------------------------------------------------
+
+SLEEPER = "```python\nimport time\ndef f(x):\n    time.sleep(1000)\n```"
+
+
+def private_reward(completion: str, example: Example) -> float:
+    config = SandboxConfig(base_uid=PRIVATE_BASE_UID, uid_slots=PRIVATE_SLOTS)
+    return code_reward(completion, example, config=config)
+
+
+def live_processes() -> list[int]:
+    return [p for i in range(PRIVATE_SLOTS) for p in processes_of(PRIVATE_BASE_UID + i)]
+
+
+def test_runs_end_when_their_caller_stops_waiting() -> None:
+    needs_full_isolation()
+    live_runs(reset_peak=True)
+    rewards, errors = score(
+        private_reward, [SLEEPER] * 6, [ex(tests=["assert f(1)"])] * 6, timeout_s=1.0, workers=2
+    )
+    assert rewards == [0.0] * 6 and errors == 6
+    now, peak = live_runs()
+    assert now == 0 and peak <= 2, (now, peak)
+    assert live_processes() == [], "a run outlived its caller"
+
+
+def test_runs_end_when_the_waiting_caller_is_interrupted() -> None:
+    """A cancelled Ray task raises KeyboardInterrupt in the thread that waits."""
+    needs_full_isolation()
+    bounded = with_timeout(private_reward, 600.0)
+
+    def interrupt_once_running() -> None:
+        deadline = time.monotonic() + 60
+        while live_processes() == [] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the waiting caller
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        bounded(SLEEPER, ex(tests=["assert f(1)"]))
+    # Interrupted, not ended by itself (its wall-clock backstop is 25 s per test).
+    assert time.monotonic() - start < 20
+    assert live_runs()[0] == 0 and live_processes() == []
+
+
+def test_cgroups_of_dead_callers_are_swept(tmp_path: Path) -> None:
+    """A caller killed outright leaves its runs' empty cgroups behind; the next one removes
+    them (and only those of callers that are gone)."""
+    from gspo.envs.sandbox.cgroup import Backend, sweep_stale
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"gspo-sandbox-{dead.pid}-0-abcd"
+    ours = tmp_path / f"gspo-sandbox-{os.getpid()}-0-abcd"
+    other = tmp_path / "unrelated"
+    for path in (stale, ours, other):
+        path.mkdir()
+    sweep_stale(Backend("v2", (str(tmp_path),)))
+    assert not stale.exists() and ours.exists() and other.exists()
