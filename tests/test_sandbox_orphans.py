@@ -65,9 +65,13 @@ def test_runs_end_when_their_caller_stops_waiting() -> None:
     assert live_processes() == [], "a run outlived its caller"
 
 
-def test_runs_end_when_the_waiting_caller_is_interrupted() -> None:
+def test_runs_end_when_the_waiting_caller_is_interrupted(request) -> None:
     """A cancelled Ray task raises KeyboardInterrupt in the thread that waits."""
     needs_full_isolation()
+    # Python's own SIGINT handler, whatever an earlier test of this process left installed
+    # (in the whole suite the signal was once swallowed: the call returned after it was sent).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     bounded = with_timeout(private_reward, 600.0)
     # Up to three tries: on a loaded machine a run can end (its slot busy, say) before the
     # watcher sees it running; the test is about a run interrupted while it runs.
