@@ -22,6 +22,7 @@ from gspo.orchestration import evaluation
 from gspo.rollout.engines import build_engine, check_engine_available, close_engine
 
 from .parts import build_policy_for
+from .prompts import eval_prompt_rules
 
 
 def eval_examples(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str]:
@@ -62,6 +63,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     model, tokenizer = build_policy_for(cfg, device)
     model.eval()
     fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
+    examples, prompt_rules = eval_prompt_rules(cfg, examples, fmt, model, where)  # as training
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
     engine = build_engine(
         EngineOptions.of(cfg),
@@ -99,6 +101,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "chat_template": fmt.chat,
         "stop_token_ids": list(fmt.stop_token_ids),
         "metrics": metrics,
+        "prompts": prompt_rules,
         "seconds": {"load": t_load, "total": time.perf_counter() - t0},
         "config": dataclasses.asdict(cfg),
         "examples": details[: cfg.show] if cfg.show > 0 else details,

@@ -9,6 +9,7 @@ from ..envs.rewards import combine, format_reward
 from ..envs.sandbox import with_code_limits
 from ..envs.tasks import make_task
 from ..envs.tasks.base import Task
+from ..envs.tasks.checks import check_duplicates, check_held_out
 from ..envs.tasks.files import make_file_task
 from ..models.policy import build_policy
 
@@ -22,7 +23,13 @@ def build_task(cfg: TrainConfig | SFTConfig) -> Task:
     """A built-in synthetic task, or a task made of the user's data files, with the run's
     code-reward limits (``code_*`` fields) on a reward that runs the sandbox."""
     demo_key = cfg.demo_key if isinstance(cfg, SFTConfig) else None
-    task = _build_task(TaskOptions.of(cfg), cfg.reward, cfg.seed, demo_key)
+    opts = TaskOptions.of(cfg)
+    task = _build_task(opts, cfg.reward, cfg.seed, demo_key)
+    # Duplicates counted (data/duplicates...) and, with dedupe, dropped; a run that evaluates
+    # (train: eval_every > 0, SFT: n_test > 0) stops here if its held-out set ends up empty.
+    evaluates = cfg.eval_every > 0 if isinstance(cfg, TrainConfig) else cfg.n_test > 0
+    checked = check_duplicates(task, dedupe=opts.dedupe)
+    task = check_held_out(task, checked, opts.test_file, evaluates)
     if isinstance(cfg, TrainConfig):  # (SFT has no rewards to limit)
         limits = RewardOptions.of(cfg)
         task.reward = with_code_limits(
@@ -64,13 +71,18 @@ def context_length(model) -> int | None:
 
 
 def prompt_token_limit(
-    max_prompt_tokens: int, max_new_tokens: int, context: int | None
+    max_prompt_tokens: int,
+    max_new_tokens: int,
+    context: int | None,
+    *,
+    reserved_by: str = "max_new_tokens",
 ) -> tuple[int, str]:
     """(longest prompt in tokens, how to name that limit in messages).
 
-    A prompt plus ``max_new_tokens`` must fit the model's context: ``max_prompt_tokens`` 0
-    means exactly the room the context leaves; a larger explicit value is an error. Models
-    without a known context keep ``max_prompt_tokens`` (0: no limit).
+    A prompt plus the tokens generated after it (``max_new_tokens``; a multi-turn run passes
+    ``max_total_tokens`` and names it in ``reserved_by``) must fit the model's context:
+    ``max_prompt_tokens`` 0 means exactly the room the context leaves; a larger explicit value
+    is an error. Models without a known context keep ``max_prompt_tokens`` (0: no limit).
     """
     named = f"max_prompt_tokens={max_prompt_tokens}"
     if context is None:
@@ -78,19 +90,19 @@ def prompt_token_limit(
     room = context - max_new_tokens
     if room < 1:
         raise ValueError(
-            f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+            f"{reserved_by}={max_new_tokens} leaves no room for a prompt in the model's "
             f"{context}-token context"
         )
     if max_prompt_tokens > room:
         raise ValueError(
-            f"max_prompt_tokens={max_prompt_tokens} plus max_new_tokens={max_new_tokens} exceeds "
+            f"max_prompt_tokens={max_prompt_tokens} plus {reserved_by}={max_new_tokens} exceeds "
             f"the model's {context}-token context: set max_prompt_tokens <= {room} (0: {room})"
         )
     if max_prompt_tokens:
         return max_prompt_tokens, named
     return room, (
         f"the {room} tokens the model's {context}-token context leaves after "
-        f"max_new_tokens={max_new_tokens}"
+        f"{reserved_by}={max_new_tokens}"
     )
 
 

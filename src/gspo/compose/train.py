@@ -31,14 +31,8 @@ from ..orchestration.source import build_source
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
 from ..rollout.engines import check_engine_available, close_engine, policy_engine
-from .parts import (
-    build_task,
-    build_train_reward,
-    context_length,
-    count_unknown,
-    limit_prompts,
-    prompt_token_limit,
-)
+from .parts import build_task, build_train_reward
+from .prompts import prepare_prompts
 from .ray_check import check_backend_available
 
 __all__ = ["NonFiniteTrainingError", "RunResult", "ensure_writable", "train"]
@@ -159,7 +153,7 @@ def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Par
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
-        cfg, task, fmt, tokenizer, model
+        cfg, task, fmt, tokenizer, model, env.multi_turn
     )
     build_backend = BACKENDS[cfg.backend]
     backend, engine, scorer = build_backend(
@@ -194,41 +188,3 @@ def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Par
     )
     parts.source = build_source(parts, model)  # synchronous unless max_staleness >= 1
     return parts
-
-
-def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model):
-    """(train problems, their prompt token ids, held-out problems, ``data/*`` counts): prompts
-    over the context limit truncated, skipped or refused as ``long_prompts`` says."""
-    encoded = fmt.encode([e.prompt for e in task.train])
-    # A prompt and its completion must fit the model's context (max_prompt_tokens 0: all of it).
-    limit, named = prompt_token_limit(
-        cfg.max_prompt_tokens, cfg.max_new_tokens, context_length(model)
-    )
-    kept, replaced, n_truncated, n_skipped = limit_prompts(
-        encoded, limit, cfg.long_prompts, limit=named
-    )
-    if not kept:
-        raise ValueError(f"no training problem has a prompt within {named}")
-    train_set = [task.train[i] for i in kept]
-    prompt_cache = [replaced.get(i, encoded[i]) for i in kept]
-    # Held-out problems are scored whole: one over the limit stops the run ('error') or is left
-    # out of the evaluation (counted).
-    test_encoded = fmt.encode([e.prompt for e in task.test]) if task.test else []
-    test_kept, *_ = limit_prompts(
-        test_encoded,
-        limit,
-        "skip" if cfg.long_prompts != "error" else "error",
-        limit=named,
-        what="held-out problem",
-    )
-    test_set = [task.test[i] for i in test_kept]
-    data = {
-        "data/train_problems": len(train_set),
-        "data/test_problems": len(test_set),
-        "data/prompts_truncated": n_truncated,
-        "data/prompts_skipped": n_skipped,
-        "data/test_prompts_skipped": len(task.test) - len(test_set),
-        "data/prompts_with_unknown_chars": count_unknown(tokenizer, encoded),
-        "data/skipped_rows": len(task.skipped_rows),
-    }
-    return train_set, prompt_cache, test_set, data

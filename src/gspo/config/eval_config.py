@@ -45,6 +45,16 @@ class EvalConfig(EngineFields):
     reward: str = _doc(
         "Reward for --data (exact_match, numeric, math_verify, format).", "math_verify"
     )
+    max_prompt_tokens: int = _doc(
+        "Longest prompt in tokens; 0: what the model's context leaves after max_new_tokens "
+        "(training's rule). A larger value is an error.",
+        0,
+    )
+    long_prompts: str = _doc(
+        "Prompts over max_prompt_tokens: 'error' (stop, naming the row), 'truncate' (keep the "
+        "prompt's end) or 'skip'; truncated and skipped rows are counted in the report.",
+        "error",
+    )
     limit: int = _doc("Score only the first N problems; 0: all.", 0)
     samples: int = _doc("Sampled completions per problem (k of avg@k and pass@k); 0: none.", 4)
     greedy: bool = _doc("Also score one greedy completion per problem.", True)

@@ -125,6 +125,12 @@ class SharedFields:
         "Reward name for data files (exact_match, numeric, math_verify, format, countdown, code).",
         None,
     )
+    dedupe: bool = _doc(
+        "Drop duplicate prompts within each split and held-out prompts that also appear in "
+        "training (whitespace-insensitive; the first of each stays). Either way they are "
+        "counted: data/duplicates, data/test_duplicates, data/train_test_overlap.",
+        False,
+    )
 
 
 @dataclass

@@ -192,6 +192,7 @@ class TaskOptions(_Options):
     bad_rows: str
     max_prompt_tokens: int
     long_prompts: str
+    dedupe: bool
     max_turns: int
     max_tokens_per_turn: int
     max_total_tokens: int

@@ -132,6 +132,9 @@ def _validate_eval(cfg: EvalConfig, need: Any) -> None:
     need(device_ok(cfg.device), bad_device(cfg.device))
     need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")
     need(0 < cfg.top_p <= 1, f"top_p must be in (0, 1], got {cfg.top_p}")
+    need(cfg.max_prompt_tokens >= 0, f"max_prompt_tokens must be >= 0, got {cfg.max_prompt_tokens}")
+    rules = ("error", "truncate", "skip")  # training's long_prompts (TaskOptions)
+    need(cfg.long_prompts in rules, one_of("long_prompts", cfg.long_prompts, rules))
 
 
 def validate_engine(cfg: TrainConfig | EvalConfig, need: Any) -> None:

@@ -36,3 +36,5 @@ class Task:
     description: str = ""
     skipped_rows: list[str] = field(default_factory=list)
     """Messages for data-file rows dropped as malformed (``bad_rows="skip"``), one per row."""
+    data_checks: dict[str, int] = field(default_factory=dict)
+    """``data/*`` counts of the duplicate checks (:mod:`gspo.envs.tasks.checks`)."""
