@@ -1,10 +1,12 @@
-"""Data checks of a task's splits: duplicate prompts within a split and held-out prompts that
+"""Data checks of a task's splits: duplicate problems within a split and held-out problems that
 also appear in training, counted for every task (data files and procedural generators alike)
 and, with ``dedupe``, dropped; and a held-out set that ends up empty, which stops the run
 (an evaluation of nothing would log a silent 0).
 
-Two prompts are the same when they are equal after whitespace is collapsed (a trailing newline
-or a doubled space does not make a new problem). The first occurrence of a prompt is kept.
+Two rows are the same problem when their prompts are equal after whitespace is collapsed (a
+trailing newline or a doubled space does not make a new problem) and their answers are equal:
+an environment whose opening prompt is always the same (``guess 1-16:``) differs in its answer,
+and is a repeat only when that repeats too. The first occurrence of a problem is kept.
 """
 
 from __future__ import annotations
@@ -14,16 +16,16 @@ import sys
 
 from gspo.envs.tasks.base import Example, Task
 
-__all__ = ["EmptyHeldOutError", "check_duplicates", "check_held_out", "prompt_key"]
+__all__ = ["EmptyHeldOutError", "check_duplicates", "check_held_out", "problem_key"]
 
 
 class EmptyHeldOutError(ValueError):
     """A run that evaluates has no held-out problem left (``gspo`` exits 2 with its line)."""
 
 
-def prompt_key(prompt: str) -> str:
-    """The form of a prompt two rows are compared in: whitespace runs collapsed, ends stripped."""
-    return " ".join(prompt.split())
+def problem_key(example: Example) -> tuple[str, str]:
+    """What two rows are compared by: the prompt with whitespace runs collapsed, the answer."""
+    return " ".join(example.prompt.split()), example.answer.strip()
 
 
 def _first_of_each(examples: list[Example]) -> tuple[list[int], int]:
@@ -31,7 +33,7 @@ def _first_of_each(examples: list[Example]) -> tuple[list[int], int]:
     seen: set[str] = set()
     kept: list[int] = []
     for i, e in enumerate(examples):
-        key = prompt_key(e.prompt)
+        key = problem_key(e)
         if key not in seen:
             seen.add(key)
             kept.append(i)
@@ -39,16 +41,16 @@ def _first_of_each(examples: list[Example]) -> tuple[list[int], int]:
 
 
 def check_duplicates(task: Task, *, dedupe: bool = False, echo: bool = True) -> Task:
-    """``task`` with its ``data_checks`` counts set (``data/duplicates``: training rows whose
-    prompt repeats an earlier training row; ``data/test_duplicates``: the same within the
-    held-out split; ``data/train_test_overlap``: held-out rows whose prompt is also a training
-    prompt). With ``dedupe`` those rows are dropped (the first of each prompt stays; an
+    """``task`` with its ``data_checks`` counts set (``data/duplicates``: training rows that
+    repeat an earlier training row's problem; ``data/test_duplicates``: the same within the
+    held-out split; ``data/train_test_overlap``: held-out rows whose problem is also a training
+    one). With ``dedupe`` those rows are dropped (the first of each prompt stays; an
     overlapping held-out row goes, the training row stays). A line on stderr says what was
     found and, with ``dedupe``, dropped; nothing is printed for clean data."""
     train_kept, train_dups = _first_of_each(task.train)
     test_kept, test_dups = _first_of_each(task.test)
-    train_keys = {prompt_key(e.prompt) for e in task.train}
-    overlapping = {i for i, e in enumerate(task.test) if prompt_key(e.prompt) in train_keys}
+    train_keys = {problem_key(e) for e in task.train}
+    overlapping = {i for i, e in enumerate(task.test) if problem_key(e) in train_keys}
     counts = {
         "data/duplicates": train_dups,
         "data/test_duplicates": test_dups,
@@ -58,9 +60,9 @@ def check_duplicates(task: Task, *, dedupe: bool = False, echo: bool = True) -> 
     if echo and found:
         verb = "dropped" if dedupe else "kept (--dedupe true drops them)"
         print(
-            f"data: task {task.name}: {train_dups} duplicate training prompts, {test_dups} "
-            f"duplicate held-out prompts, {len(overlapping)} held-out prompts also in training; "
-            f"{verb}",
+            f"data: task {task.name}: {train_dups} duplicate training problems, {test_dups} "
+            f"duplicate held-out problems, {len(overlapping)} held-out problems also in "
+            f"training; {verb}",
             file=sys.stderr,
             flush=True,
         )
@@ -81,8 +83,8 @@ def check_held_out(before: Task, after: Task, test_file: str | None, needed: boo
         return after
     if before.test:
         raise EmptyHeldOutError(
-            f"the held-out set is empty: dedupe dropped all {len(before.test)} held-out prompts "
-            f"of task {before.name} (each repeats a training prompt or an earlier held-out one); "
+            f"the held-out set is empty: dedupe dropped all {len(before.test)} held-out problems "
+            f"of task {before.name} (each repeats a training problem or an earlier held-out one); "
             "give held-out rows that differ from the training rows, or set dedupe false"
         )
     if test_file is not None:
