@@ -109,7 +109,7 @@ def test_held_out_set_emptied_by_dedupe_stops_the_run(tmp_path, cls):
 def test_held_out_file_of_malformed_rows_only_stops_the_run(tmp_path):
     cfg = file_cfg(tmp_path, ["1+1="], ["2+2="], bad_rows="skip")
     (tmp_path / "test.jsonl").write_text('{"prompt": "", "answer": "2"}\n')
-    with pytest.raises(EmptyHeldOutError, match="every row of .*test.jsonl was skipped"):
+    with pytest.raises(EmptyHeldOutError, match=r"every row of .*test\.jsonl was skipped"):
         build_task(cfg)
 
 
@@ -156,7 +156,7 @@ def test_multi_turn_prompts_leave_room_for_max_total_tokens():
     cfg = TrainConfig(max_new_tokens=8, max_total_tokens=40)
     task = task_of(["y" * 30], ["1+1="])
     prepare(cfg, task)  # one turn: 31 tokens + 8 fit in 64
-    with pytest.raises(ValueError, match="training problem 0 has a 31-token prompt.*max_total"):
+    with pytest.raises(ValueError, match=r"training problem 0 has a 31-token prompt.*max_total"):
         prepare(cfg, task, multi_turn=True)  # 31 + 40 do not
     with pytest.raises(ValueError, match="max_total_tokens=64 leaves no room"):
         run_prompt_limit(0, 8, 64, True, model_of(64))
