@@ -47,7 +47,8 @@ class EvalConfig(EngineFields):
     )
     max_prompt_tokens: int = _doc(
         "Longest prompt in tokens; 0: what the model's context leaves after max_new_tokens "
-        "(training's rule). A larger value is an error.",
+        "(training's rule; multi-turn tasks: after max_total_tokens). A larger value is an "
+        "error.",
         0,
     )
     long_prompts: str = _doc(

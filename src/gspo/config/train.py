@@ -69,14 +69,15 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
     )
     max_prompt_tokens: int = _doc(
         "Longest prompt in tokens; 0: what the model's context length (max_position_embeddings; "
-        "256 for the tiny models) leaves after max_new_tokens. A larger value is an error.",
+        "256 for the tiny models) leaves after max_new_tokens (multi-turn tasks: after "
+        "max_total_tokens). A larger value is an error.",
         0,
     )
     long_prompts: str = _doc(
         "Prompts over max_prompt_tokens: 'error', 'truncate' (keep the last tokens) or 'skip'; "
-        "counts are logged as data/prompts_truncated and data/prompts_skipped. Held-out "
-        "prompts are never truncated: 'error' stops, otherwise they are left out "
-        "(data/test_prompts_skipped).",
+        "counts are logged as data/prompts_truncated and data/prompts_skipped, and for "
+        "held-out prompts (cut on their text) data/test_prompts_truncated and "
+        "data/test_prompts_skipped. A held-out set left empty stops the run.",
         "error",
     )
 
