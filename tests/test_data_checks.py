@@ -214,3 +214,11 @@ def test_a_constant_opening_prompt_is_one_problem_per_answer():
                 reward=lambda c, e: 0.0)  # fmt: skip
     counts = check_duplicates(task).data_checks
     assert counts["data/duplicates"] == 0 and counts["data/train_test_overlap"] == 1
+
+
+def test_training_refusal_names_the_held_out_file_row(tmp_path):
+    cfg = file_cfg(tmp_path, ["1+1="], ["2+2=", "x" * 100])
+    task = build_task(cfg)
+    cfg.max_new_tokens = 8
+    with pytest.raises(ValueError, match=r"test\.jsonl row 1 has a 101-token prompt"):
+        prepare(cfg, task)

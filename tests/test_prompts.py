@@ -79,7 +79,7 @@ def test_prompt_past_the_context_is_an_error_by_default(tmp_path):
     with pytest.raises(ValueError) as info:
         train(file_cfg(tmp_path, ["1+1=", long]))
     message = str(info.value)
-    assert "training problem 1 has a 10003-token prompt" in message
+    assert "train.jsonl row 1 has a 10003-token prompt" in message  # the file and its row
     assert "256-token context" in message and "max_new_tokens=4" in message
     assert "long_prompts" in message
 

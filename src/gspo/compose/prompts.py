@@ -85,6 +85,16 @@ def held_out_prompts(
     return out, truncated, skipped
 
 
+def _rows(cfg: TrainConfig, task, split: str) -> str:
+    """How a refusal names a row of ``split``: the data file's row where the problems are the
+    file's rows one for one (nothing skipped or deduplicated), else the problem's index."""
+    path = cfg.train_file if split == "train" else cfg.test_file
+    dropped = task.skipped_rows or (cfg.dedupe and any(task.data_checks.values()))
+    if cfg.task == "file" and path is not None and not dropped:
+        return f"{path} row"
+    return "training problem" if split == "train" else "held-out problem"
+
+
 def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: bool = False):
     """(train problems, their prompt token ids, held-out problems, ``data/*`` counts): prompts
     over the context limit truncated, skipped or refused as ``long_prompts`` says."""
@@ -94,14 +104,14 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
         cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.max_total_tokens, multi_turn, model
     )
     kept, replaced, n_truncated, n_skipped = limit_prompts(
-        encoded, limit, cfg.long_prompts, limit=named
+        encoded, limit, cfg.long_prompts, limit=named, what=_rows(cfg, task, "train")
     )
     if not kept:
         raise ValueError(f"no training problem has a prompt within {named}")
     train_set = [task.train[i] for i in kept]
     prompt_cache = [replaced.get(i, encoded[i]) for i in kept]
     test_set, test_truncated, test_skipped = held_out_prompts(
-        task.test, fmt, limit, named, cfg.long_prompts, "held-out problem"
+        task.test, fmt, limit, named, cfg.long_prompts, _rows(cfg, task, "test")
     )
     if task.test and not test_set and cfg.eval_every > 0:
         raise EmptyHeldOutError(

@@ -88,9 +88,11 @@ def check_held_out(before: Task, after: Task, test_file: str | None, needed: boo
             "give held-out rows that differ from the training rows, or set dedupe false"
         )
     if test_file is not None:
+        # (load_examples refuses a file without rows: here every row was malformed and skipped)
+        mine = [m for m in before.skipped_rows if m.startswith(str(test_file))]
+        first = f"; the first: {mine[0]}" if mine else ""
         raise EmptyHeldOutError(
             f"the held-out set is empty: every row of {test_file} was skipped as malformed "
-            f"({len(before.skipped_rows)} rows skipped in all; the first: "
-            f"{before.skipped_rows[0] if before.skipped_rows else '?'})"
+            f"(bad_rows='skip'){first}"
         )
     return after
