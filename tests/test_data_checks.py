@@ -222,3 +222,17 @@ def test_training_refusal_names_the_held_out_file_row(tmp_path):
     cfg.max_new_tokens = 8
     with pytest.raises(ValueError, match=r"test\.jsonl row 1 has a 101-token prompt"):
         prepare(cfg, task)
+
+
+def test_gspo_train_dedupe_emptying_the_held_out_set_exits_2(tmp_path, capsys):
+    data = write_rows(tmp_path / "rows.jsonl", ["1+1=", "2+2="])
+    argv = [
+        "train", "--preset", "smoke", "--task", "file", "--train-file", data, "--test-file", data,
+        "--reward", "exact_match", "--dedupe", "true", "--eval-every", "2", "--device", "cpu",
+        "--threads", "1",
+        "--output-dir", str(tmp_path / "run"), "--progress", "false",
+    ]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "gspo train: error: the held-out set is empty: dedupe dropped all 2" in err
+    assert "Traceback" not in err
