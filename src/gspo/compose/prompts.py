@@ -42,7 +42,7 @@ def run_prompt_limit(
 
 def fit_text(fmt, prompt: str, limit: int) -> str | None:
     """The longest end of ``prompt`` whose encoding (``fmt``: template and special tokens
-    included) has at most ``limit`` tokens; None when not even an empty prompt fits. Cut on
+    included) has at most ``limit`` tokens; None when no character of it fits. Cut on
     text, not ids, so the result encodes as any prompt does (a chat template stays whole)."""
     if len(fmt.encode([prompt])[0]) <= limit:
         return prompt
@@ -55,14 +55,14 @@ def fit_text(fmt, prompt: str, limit: int) -> str | None:
             hi = mid
         else:
             lo = mid + 1
-    return prompt[hi:]
+    return prompt[hi:] or None  # (nothing of the prompt left: no problem to pose)
 
 
 def held_out_prompts(
     examples: Sequence[Example], fmt, limit: int, named: str, policy: str, what: str
 ) -> tuple[list[Example], int, int]:
     """(held-out problems within ``limit``, n truncated, n skipped) under ``policy``
-    (``long_prompts``); ``error`` raises naming ``what`` (e.g. "file x.jsonl row"), the row
+    (``long_prompts``); ``error`` raises naming ``what`` (e.g. "data/test.jsonl row"), the row
     and its length."""
     encoded = fmt.encode([e.prompt for e in examples]) if examples else []
     # 'truncate' is applied on the text below; here it only marks which prompts are long.
@@ -114,10 +114,11 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
         task.test, fmt, limit, named, cfg.long_prompts, _rows(cfg, task, "test")
     )
     if task.test and not test_set and cfg.eval_every > 0:
+        way_out = "truncate" if cfg.long_prompts == "skip" else "a shorter chat template"
         raise EmptyHeldOutError(
             f"the held-out set is empty: all {len(task.test)} held-out prompts are over {named} "
-            f"and long_prompts={cfg.long_prompts!r} leaves them out (use a shorter held-out set, "
-            "raise the limit, or long_prompts 'truncate')"
+            f"and long_prompts={cfg.long_prompts!r} leaves them out (use shorter held-out "
+            f"prompts, a larger limit or {way_out}; eval_every 0 runs without evaluation)"
         )
     if test_truncated or test_skipped:
         print(
