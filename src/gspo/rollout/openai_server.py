@@ -253,44 +253,10 @@ class OpenAIEndpoint:
     def app(self):
         """The FastAPI application serving this endpoint."""
         try:
-            from fastapi import FastAPI, Request
-            from fastapi.responses import JSONResponse
+            from .openai_app import build_app
         except ImportError as err:
             raise ImportError(INSTALL_HINT) from err
-
-        app = FastAPI(title="gspo rollout endpoint")
-
-        async def call(handler, episode: str | None, request: Request):
-            try:
-                try:
-                    body = await request.json()
-                except ValueError:
-                    raise HTTPError(400, "the request body is not JSON") from None
-                if not isinstance(body, dict):
-                    raise HTTPError(400, "the request body must be a JSON object")
-                return await handler(episode, body)
-            except HTTPError as err:
-                error = {"message": err.message, "type": err.kind, "code": err.kind}
-                return JSONResponse({"error": error}, status_code=err.status)
-            except Exception as err:  # the engine failed: the client gets the reason
-                error = {"message": f"{type(err).__name__}: {err}", "type": "server_error"}
-                return JSONResponse({"error": error}, status_code=500)
-
-        for prefix in ("", "/episodes/{episode}"):
-
-            @app.post(prefix + "/v1/chat/completions")
-            async def chat(request: Request, episode: str | None = None):
-                return await call(self.chat, episode, request)
-
-            @app.post(prefix + "/v1/completions")
-            async def completions(request: Request, episode: str | None = None):
-                return await call(self.completions, episode, request)
-
-            @app.get(prefix + "/v1/models")
-            async def models(episode: str | None = None):
-                return self.models()
-
-        return app
+        return build_app(self)
 
 
 class ServerThread:
