@@ -30,15 +30,12 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from .base import SamplingParams
+from .openai_errors import EpisodeLimit, HTTPError
 from .request_batcher import RequestBatcher, Sample
 
 INSTALL_HINT = 'the endpoint needs FastAPI and uvicorn: pip install "gspo[serve]"'
 CACHE = 64
 """Conversations remembered per scope for token-in, token-out chat continuation."""
-
-
-class EpisodeLimit(Exception):
-    """An episode asked past its limits (answered with HTTP 400, type "episode_limit")."""
 
 
 class EpisodeHooks(Protocol):
@@ -52,12 +49,6 @@ class EpisodeHooks(Protocol):
     def record(self, episode: str, prompt: list[int], sample: Sample) -> None:
         """Keep one sampled completion of the episode."""
         ...
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
 
 
 class OpenAIEndpoint:
