@@ -83,7 +83,7 @@ class OpenAIEndpoint:
     def _params(self, body: dict) -> tuple[int, SamplingParams]:
         if body.get("stream"):
             raise HTTPError(400, "streaming is not supported by this endpoint (send stream: false)")
-        n = _int(body, "n", 1)
+        n = _int(body, "n", 1 if body.get("n") is None else body["n"])
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
         max_new = self.defaults.max_new_tokens
         if asked is not None:  # training: at most the run's tokens per turn
