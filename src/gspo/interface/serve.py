@@ -9,6 +9,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from gspo.config import EvalConfig, build
@@ -51,6 +52,9 @@ def add_serve_parser(sub: Any) -> None:
     add_log_level(p)
 
 
+BUILT_IN_MODELS = ("tiny", "smollm2-135m-instruct", "tiny-moe")
+"""Models ``--model`` names without a folder (gspo.models.pretrained.NAMED_MODELS + tiny)."""
+
 SERVE_FIELDS = (
     "model", "rollout_engine", "device", "dtype", "chat_template", "max_new_tokens",
     "temperature", "top_p", "seed", "threads",
@@ -61,6 +65,11 @@ def serve_config(args: argparse.Namespace) -> EvalConfig:
     """The model, engine and sampling defaults of ``gspo serve`` (checked, torch-free)."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.model not in BUILT_IN_MODELS and not Path(args.model).expanduser().exists():
+        raise FileNotFoundError(  # the loader's message, before torch loads
+            f"--model {args.model!r}: no such checkpoint directory, and not a named model "
+            f"({', '.join(name for name in BUILT_IN_MODELS if name != 'tiny-moe')})"
+        )
     cfg = build(EvalConfig, overrides={k: getattr(args, k) for k in SERVE_FIELDS})
     problems = machine_problems(cfg)
     if problems:
