@@ -166,7 +166,10 @@ class OpenAIEndpoint:
         if not isinstance(messages, list) or not messages:
             raise HTTPError(400, "messages must be a non-empty list of {role, content} objects")
         messages = [_message(m, i) for i, m in enumerate(messages)]
-        ids = self._chat_prompt(episode, messages)
+        try:
+            ids = self._chat_prompt(episode, messages)
+        except ValueError as err:  # a template that cannot be applied incrementally
+            raise HTTPError(400, str(err)) from None
         samples = await self._sample(episode, ids, n, params)
         choices = []
         for i, s in enumerate(samples):
