@@ -28,15 +28,19 @@ def test_an_agent_program_trains_two_steps_through_the_endpoint(tmp_path, monkey
     env = ProgramAgentEnv(["python", str(PROGRAM)], name="program")
     monkeypatch.setitem(ENVIRONMENTS, "addition", lambda task, opts, chat: env)
     overrides = {"device": "cpu", "threads": 1, "output_dir": str(tmp_path), "task": "addition",
-                 "max_turns": 2, "max_total_tokens": 24, "steps": 2}  # fmt: skip
+                 "max_turns": 2, "max_total_tokens": 24, "steps": 2, "eval_every": 2}  # fmt: skip
     cfg = build(TrainConfig, preset="smoke", overrides=overrides)
-    steps = [r for r in trainer_module.train(cfg).history if "reward/mean" in r]
+    history = trainer_module.train(cfg).history
+    steps = [r for r in history if "reward/mean" in r]
     assert len(steps) == 2
     for record in steps:
         # Two chat calls per episode, one row each: no failed or cut episode.
         assert record["episode/turns_mean"] == 2 and record["episode/failed"] == 0
         assert record["episode/env_tokens_mean"] > 0  # the user's second message
         assert record["episode/policy_tokens_mean"] > 0
+    # The held-out evaluation plays the program's episodes too (greedy, through the endpoint).
+    evals = [r for r in history if "eval/turns_mean" in r]
+    assert evals and evals[-1]["eval/turns_mean"] == 2 and evals[-1]["eval/failed"] == 0
 
 
 def test_an_agent_programs_last_line_is_its_result():
