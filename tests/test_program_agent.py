@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,9 @@ pytest.importorskip("uvicorn", reason="the endpoint needs the serve extra (fasta
 pytest.importorskip("httpx", reason="the example agent program calls the endpoint with httpx")
 
 import gspo.compose.train as trainer_module
-from gspo.config import TrainConfig, build
+from gspo.config import ConfigError, TrainConfig, build
 from gspo.envs import ENVIRONMENTS
+from gspo.envs.agent import AgentOutcome
 from gspo.envs.program_agent import ProgramAgentEnv, parse_result
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,3 +96,36 @@ def test_gspo_serve_refuses_bad_flags_in_one_line_before_torch_loads():
         "gspo serve: error: --model 'nothere': no such checkpoint directory, and not a named "
         "model (tiny, smollm2-135m-instruct)"
     ]
+
+
+class UrlAgent:
+    """Records the base URL each episode was given; one completions call per episode."""
+
+    name = "url_agent"
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+
+    async def run_episode(self, example, client):
+        import httpx
+
+        self.urls.append(client.base_url)
+        async with httpx.AsyncClient(base_url=client.base_url, timeout=60) as http:
+            reply = await http.post("/completions", json={"prompt": example.prompt})
+            reply.raise_for_status()
+        return AgentOutcome(reward=float(reply.json()["choices"][0]["text"] == example.answer))
+
+
+def test_the_training_endpoint_listens_where_the_config_says(tmp_path, monkeypatch):
+    with socket.socket() as s:  # a port free now, chosen at run time
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = UrlAgent()
+    monkeypatch.setitem(ENVIRONMENTS, "addition", lambda task, opts, chat: agent)
+    overrides = {"device": "cpu", "threads": 1, "output_dir": str(tmp_path), "task": "addition",
+                 "steps": 1, "endpoint_port": port}  # fmt: skip
+    trainer_module.train(build(TrainConfig, preset="smoke", overrides=overrides))
+    assert len(agent.urls) == 8  # 2 prompts x 4 episodes
+    assert all(u.startswith(f"http://127.0.0.1:{port}/episodes/") for u in agent.urls)
+    with pytest.raises(ConfigError, match=r"endpoint_port must be in 0\.\.65535"):
+        build(TrainConfig, preset="smoke", overrides={"endpoint_port": 70000})
