@@ -221,3 +221,24 @@ def test_chat_continuation_keeps_sampled_ids_that_the_text_cannot_hold(template)
         srv.stop()
     served = first["prompt_token_ids"] + engine.ids
     assert second["prompt_token_ids"][: len(served)] == served
+
+
+def test_a_round_waits_for_every_live_episode_and_falls_back_when_one_waits_elsewhere():
+    engine = FixedEngine()
+    prompt = TOK("1+1=", add_special_tokens=True)["input_ids"]
+
+    async def play(chained: bool) -> tuple[int, int]:
+        batcher = RequestBatcher(engine.generate, patience_s=0.05)
+        runner = asyncio.create_task(batcher.run())
+        batcher.register("a")
+        batcher.register("b")
+        if chained:  # b asks only once a has its answer: a round cannot wait for both
+            await batcher.submit("a", prompt, 1, PARAMS)
+            await batcher.submit("b", prompt, 1, PARAMS)
+        else:
+            await asyncio.gather(*(batcher.submit(e, prompt, 1, PARAMS) for e in "ab"))
+        runner.cancel()
+        return batcher.rounds, batcher.fallback_rounds
+
+    assert asyncio.run(play(chained=False)) == (1, 0)  # one generate call for both
+    assert asyncio.run(play(chained=True)) == (2, 2)  # the liveness fallback, twice
