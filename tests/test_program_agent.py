@@ -129,3 +129,13 @@ def test_the_training_endpoint_listens_where_the_config_says(tmp_path, monkeypat
     assert all(u.startswith(f"http://127.0.0.1:{port}/episodes/") for u in agent.urls)
     with pytest.raises(ConfigError, match=r"endpoint_port must be in 0\.\.65535"):
         build(TrainConfig, preset="smoke", overrides={"endpoint_port": 70000})
+
+
+def test_agent_episodes_train_asynchronously_through_the_generate_hook(tmp_path, monkeypatch):
+    agent = UrlAgent()
+    monkeypatch.setitem(ENVIRONMENTS, "addition", lambda task, opts, chat: agent)
+    overrides = {"device": "cpu", "threads": 1, "output_dir": str(tmp_path), "task": "addition",
+                 "steps": 3, "max_staleness": 1}  # fmt: skip
+    history = trainer_module.train(build(TrainConfig, preset="smoke", overrides=overrides)).history
+    steps = [r for r in history if "reward/mean" in r]
+    assert len(steps) == 3 and all(r["episode/turns_mean"] == 1 for r in steps)
