@@ -139,3 +139,42 @@ def test_agent_episodes_train_asynchronously_through_the_generate_hook(tmp_path,
     history = trainer_module.train(build(TrainConfig, preset="smoke", overrides=overrides)).history
     steps = [r for r in history if "reward/mean" in r]
     assert len(steps) == 3 and all(r["episode/turns_mean"] == 1 for r in steps)
+
+
+STUBBORN = """
+import json, os, sys, time, httpx
+example = json.load(sys.stdin)
+open(os.environ["PID_DIR"] + f"/{os.getpid()}", "w").close()
+with httpx.Client(base_url=os.environ["OPENAI_BASE_URL"], timeout=60) as http:
+    while http.post("/completions", json={"prompt": example["prompt"]}).status_code == 200:
+        pass
+time.sleep(600)  # an agent that does not stop by itself after its episode's limit
+"""
+
+
+def test_a_cut_agent_program_is_killed_and_earns_its_cut_reward(tmp_path):
+    import torch
+
+    from gspo.envs.driver import Limits, run_episodes
+    from gspo.envs.tasks.base import Example
+    from gspo.envs.trajectory import PlainEncoder
+    from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model
+    from gspo.rollout import SamplingParams, TorchEngine
+
+    (tmp_path / "stubborn.py").write_text(STUBBORN)
+    env = ProgramAgentEnv(["python", str(tmp_path / "stubborn.py")], cut_reward=-0.5,
+                          env={"PID_DIR": str(tmp_path)})  # fmt: skip
+    tok = build_char_tokenizer()
+    engine = TorchEngine(build_tiny_model(len(tok), hidden_size=32, num_layers=1, num_heads=2,
+                                          num_kv_heads=1), pad_id=PAD_ID, eos_id=EOS_ID)  # fmt: skip
+    limits = Limits(max_turns=2, max_tokens_per_turn=3, max_total_tokens=100)
+    _, trajs = run_episodes(engine, env, PlainEncoder(tok), [Example("1+1=", "2")], 2,
+                            SamplingParams(), limits, torch.Generator().manual_seed(0))  # fmt: skip
+    assert [(t.finish, t.reward) for t in trajs] == [("turns", -0.5)] * 2
+    # Both calls sent the same prompt: two chains; the row is the last one's, the other counted.
+    assert [(t.num_turns, t.info["unchained_calls"]) for t in trajs] == [(1, 1.0)] * 2
+    pids = [int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()]
+    assert len(pids) == 2
+    for pid in pids:  # killed and reaped
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
