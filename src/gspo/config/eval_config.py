@@ -31,7 +31,9 @@ class EvalConfig(EngineFields):
         None,
     )
     task: str = _doc(
-        "Built-in task whose held-out split is scored when --data is not given.", "word_problems"
+        "Task whose held-out split is scored when --data is not given: built-in, registered by "
+        "a plugin, or module:builder.",
+        "word_problems",
     )
     difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
     n_test: int = _doc("Held-out problems drawn from the built-in task.", 200)
@@ -43,7 +45,19 @@ class EvalConfig(EngineFields):
         "raw",
     )
     reward: str = _doc(
-        "Reward for --data (exact_match, numeric, math_verify, format).", "math_verify"
+        "Reward for --data (exact_match, numeric, math_verify, format, one a plugin registers, "
+        "or module:function).",
+        "math_verify",
+    )
+    env: str | None = _doc(
+        "module:factory of the task's environment (as --env of gspo train); None: the one "
+        "registered for the task, if any.",
+        None,
+    )
+    plugins: tuple[str, ...] = _doc(
+        "Modules imported first, each registering what it defines: --plugin NAME, repeatable; "
+        "in config files a list.",
+        (),
     )
     limit: int = _doc("Score only the first N problems; 0: all.", 0)
     samples: int = _doc("Sampled completions per problem (k of avg@k and pass@k); 0: none.", 4)

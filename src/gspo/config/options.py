@@ -197,6 +197,8 @@ class TaskOptions(_Options):
     max_total_tokens: int
     env_timeout_s: float
     tool_timeout_s: float
+    env: str | None
+    plugins: tuple[str, ...]
 
     def problems(self) -> list[str]:
         problems, need = _collect()

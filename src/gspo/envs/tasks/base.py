@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,3 +37,18 @@ class Task:
     description: str = ""
     skipped_rows: list[str] = field(default_factory=list)
     """Messages for data-file rows dropped as malformed (``bad_rows="skip"``), one per row."""
+
+
+def call_builder(builder: Callable[..., Task], **kwargs: Any) -> Task:
+    """Call a task builder with the keywords its signature accepts (all of them when it takes
+    ``**kwargs``): builders written before the file arguments (``train_file``, ``test_file``,
+    ``prompt_key``, ``answer_key``, ``answer_format``) existed take only ``n_train, n_test,
+    seed, difficulty`` and keep working."""
+    try:
+        params = inspect.signature(builder).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): pass everything
+        return builder(**kwargs)
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return builder(**kwargs)
+    accepted = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return builder(**{k: v for k, v in kwargs.items() if k in accepted})
