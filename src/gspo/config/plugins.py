@@ -25,7 +25,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-
 KINDS = {"reward": "function", "env": "factory", "task": "builder"}
 """What each config field's ``module:attribute`` names (for messages)."""
 

@@ -16,8 +16,8 @@ from .combinations import split
 from .eval_config import EvalConfig
 from .fields import DTYPES, ConfigError
 from .names import ANSWER_FORMATS, CHAT_MODES, environment_tasks, one_of, rewards, tasks
-from .plugins import is_ref, load_plugins, ref_problem
 from .options import EngineOptions, ModelOptions, bad_device, device_ok
+from .plugins import is_ref, load_plugins, ref_problem
 from .train import SFTConfig, TrainConfig
 
 Config = TrainConfig | SFTConfig | EvalConfig
