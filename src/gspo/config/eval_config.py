@@ -37,6 +37,14 @@ class EvalConfig(EngineFields):
     )
     difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
     n_test: int = _doc("Held-out problems drawn from the built-in task.", 200)
+    train_file: str | None = _doc(
+        "Passed to a task builder that takes it (--task module:builder), as gspo train does.",
+        None,
+    )
+    test_file: str | None = _doc(
+        "Passed to a task builder that takes it (--task module:builder), as gspo train does.",
+        None,
+    )
     prompt_key: str = _doc("Prompt column of --data (GSM8K: question, MATH: problem).", "prompt")
     answer_key: str = _doc("Answer column of --data (MATH: solution).", "answer")
     answer_format: str = _doc(
