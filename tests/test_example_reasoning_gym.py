@@ -20,6 +20,9 @@ else:
     pytest.importorskip("reasoning_gym")
 
 ROOT = Path(__file__).resolve().parents[1]
+# What the `gspo` script runs: main() with no working directory on sys.path (`python -c` puts
+# one first: removed), so the CLI must find the user's modules itself.
+GSPO_SCRIPT = "import sys; del sys.path[0]; from gspo.interface.cli import main; sys.exit(main())"
 SRC = str(ROOT / "src")
 
 
@@ -50,7 +53,7 @@ def test_the_example_trains_from_the_command_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = tmp_path / "rg"
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "gspo.interface.cli", "train", "--task",
+        [sys.executable, "-c", GSPO_SCRIPT, "train", "--task",
          "examples.reasoning_gym_reward:build", "--preset", "demo", "--steps", "2",
          "--n-train", "64", "--n-test", "8", "--threads", "1", "--progress", "false",
          "--output-dir", str(out)],

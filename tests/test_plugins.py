@@ -176,7 +176,7 @@ def test_a_named_environment_is_multi_turn_for_the_config_checks(cwd):
 
 def run_main(argv: list[str], cwd: Path) -> tuple[int, str, list[str]]:
     """(exit code, stderr, heavy modules imported) of ``main(argv)`` run from ``cwd`` in a fresh
-    interpreter that, like the ``gspo`` script, has no working directory on its path (-P)."""
+    interpreter that, like the ``gspo`` script, has no working directory on its path."""
     code = (
         "import json, sys\nfrom gspo.interface.cli import main\n"
         f"rc = main({argv!r})\n"
@@ -185,7 +185,11 @@ def run_main(argv: list[str], cwd: Path) -> tuple[int, str, list[str]]:
     )
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
-        [sys.executable, "-P", "-c", code], capture_output=True, text=True, env=env, cwd=cwd
+        [sys.executable, "-c", "import sys; del sys.path[0]\n" + code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
     )
     assert proc.stdout.strip(), proc.stderr
     rc, heavy = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -229,3 +233,32 @@ def test_cli_errors_name_module_and_attribute_before_torch_loads(tmp_path):
         ["compare", "--algos", "gspo", "--env", "mymod:make", "--output-dir", out], tmp_path
     )
     assert rc == 2 and heavy == [] and "has no factory 'make'" in one_line(err)
+
+
+LOSS_PLUGIN = """
+from gspo import register_loss
+
+
+@register_loss("plug_loss", clip_low=0.2, clip_high=0.2, aggregations=("token_mean",),
+               token_advantages=True)
+def terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
+    raise NotImplementedError  # only its name is checked here
+"""
+
+
+def test_a_loss_a_plugin_registers_validates_before_the_loss_module_loads(tmp_path):
+    # The plugin imports only the registry's module (gspo.core.loss_terms), not gspo.core.losses
+    # where the config's check used to look: a fresh interpreter, so neither is loaded before.
+    (tmp_path / "plug_loss.py").write_text(LOSS_PLUGIN)
+    code = (
+        "import sys\nfrom gspo.config import TrainConfig, build\n"
+        "cfg = build(TrainConfig, overrides={'plugins': ['plug_loss'], 'algo': 'plug_loss'})\n"
+        "print(cfg.algo, 'gspo.core.losses' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; del sys.path[0]\n" + code],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["plug_loss", "False"]

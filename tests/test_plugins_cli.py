@@ -1,7 +1,7 @@
 """A user's reward module and environment module train, evaluate and compare from the command
 line with no launcher: plain modules written into the working directory, named as
 ``module:attribute`` or loaded with ``--plugin``, the CLI run from that directory the way the
-``gspo`` script runs (no working directory on sys.path: ``python -P``). Demo-sized, 2 steps."""
+``gspo`` script runs (no working directory on sys.path: the test removes it). Demo-sized, 2 steps."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# What the `gspo` script runs: main() with no working directory on sys.path (`python -c` puts
+# one first: removed), so the CLI must find the user's modules itself.
+GSPO_SCRIPT = "import sys; del sys.path[0]; from gspo.interface.cli import main; sys.exit(main())"
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 SMALL = ["--preset", "demo", "--steps", "2", "--threads", "1", "--progress", "false"]
 
@@ -68,7 +71,7 @@ register_env("game")(make_env)  # under the name of the task build() makes
 def gspo(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "gspo.interface.cli", *args],
+        [sys.executable, "-c", GSPO_SCRIPT, *args],
         capture_output=True,
         text=True,
         env=env,
