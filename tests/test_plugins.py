@@ -262,3 +262,14 @@ def test_a_loss_a_plugin_registers_validates_before_the_loss_module_loads(tmp_pa
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["plug_loss", "False"]
+
+
+def test_debug_log_level_adds_the_traceback_of_an_import_error(tmp_path):
+    (tmp_path / "broken.py").write_text("def helper():\n    raise KeyError('deep')\n\nhelper()\n")
+    argv = ["sft", "--plugin", "broken", "--output-dir", str(tmp_path / "out")]
+    rc, err, _ = run_main(argv, tmp_path)
+    assert rc == 2 and "Traceback" not in err
+    rc, err, _ = run_main([*argv, "--log-level", "debug"], tmp_path)
+    assert rc == 2 and "Traceback" in err and "in helper" in err
+    assert err.strip().splitlines()[-1].endswith("failed: KeyError: 'deep' (--log-level debug "
+                                                  "shows the traceback)")  # fmt: skip
