@@ -4,11 +4,16 @@ reasoning-gym procedural dataset, and a reward that calls that dataset's ``score
 Named on the command line, from the repository root (no launcher; needs the extra:
 ``pip install -e ".[reasoning-gym]"``)::
 
-    gspo sft --task examples.reasoning_gym_reward:build --steps 300 --output-dir runs/rg-sft
-    gspo train --task examples.reasoning_gym_reward:build --model runs/rg-sft --preset demo \\
-        --steps 40 --output-dir runs/rg
+    gspo sft --task examples.reasoning_gym_reward:build --difficulty 2 --steps 300 \\
+        --output-dir runs/rg-sft
+    gspo train --task examples.reasoning_gym_reward:build --difficulty 2 --model runs/rg-sft \\
+        --preset demo --steps 40 --output-dir runs/rg
 
-``--difficulty`` is the number of digits per operand (1 to 4, default 1). The dataset is
+(the README's "Your own code" section gives what they printed). ``--difficulty`` is the number
+of digits per operand (1 to 4, default 1). At 1 there are only 200 problems and the training
+split holds nearly all of those not held out: the same two commands without ``--difficulty 2``
+memorized them (training reward 0.98 to 0.995 per 5 RL steps) while held-out greedy accuracy
+was 0.035 after SFT and 0.055 after RL. The dataset is
 ``basic_arithmetic`` with two terms, + and - only, so the tiny character model that
 ``gspo train`` starts from can learn it on a CPU; change ``DATASET``/``CONFIG`` for another
 reasoning-gym dataset (every one has ``score_answer``). Prompts are the bare expression
