@@ -48,10 +48,24 @@ def write_module(folder: Path, name: str, text: str = MODULE) -> Path:
 
 @pytest.fixture
 def cwd(tmp_path, monkeypatch):
-    """The working directory a user runs gspo from (on sys.path, as `python -m` puts it)."""
+    """The working directory a user runs gspo from (on sys.path, as `python -m` puts it). The
+    registries and sys.modules are restored afterwards: other tests compare the registries
+    with the docs, and each test's modules are its own."""
+    from gspo.envs.base import ENVIRONMENTS
+    from gspo.envs.rewards import REWARDS
+    from gspo.envs.tasks import TASKS
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
+    saved = [(r, dict(r)) for r in (TASKS, REWARDS, ENVIRONMENTS)]
+    modules = set(sys.modules)
+    yield tmp_path
+    for registry, before in saved:
+        registry.clear()
+        registry.update(before)
+    for name in set(sys.modules) - modules:
+        if name.startswith("plug_"):
+            del sys.modules[name]
 
 
 def test_a_misspelt_function_is_named_with_the_closest_one(cwd):
