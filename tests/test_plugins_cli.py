@@ -148,3 +148,12 @@ def test_an_environment_module_trains_evaluates_and_compares(folder):
          "--output-dir", "cmp")  # fmt: skip
     assert (folder / "env_made_by_2").exists()
     assert (folder / "cmp" / "report" / "summary.md").is_file()
+
+
+def test_a_run_with_a_plugin_resumes_from_its_saved_config(folder):
+    # config.json and the checkpoint hold plugins: ["game"] (a JSON list); resuming re-imports it
+    gspo(folder, "train", *SMALL, "--plugin", "game", "--task", "game", "--train-file",
+         "rows.jsonl", "--steps", "3", "--stop-after", "1", "--output-dir", "run")  # fmt: skip
+    proc = gspo(folder, "train", "--output-dir", "run", "--resume", "--progress", "false")
+    assert "resuming run at step 1 of 3" in proc.stdout
+    assert len([m for m in metrics(folder / "run") if "reward/mean" in m]) == 3
