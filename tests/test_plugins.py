@@ -86,6 +86,13 @@ def test_a_misspelt_module_is_named_with_the_closest_file_of_the_working_directo
         "--reward plug_mdo:score: no module 'plug_mdo' in the working directory or installed; "
         "did you mean 'plug_mod'?"
     )
+    (cwd / "plug_pkg").mkdir()
+    (cwd / "plug_pkg" / "__init__.py").write_text("")
+    write_module(cwd / "plug_pkg", "rewards")
+    assert ref_problem("reward", "plug_pkg.rewards:score") is None
+    assert ref_problem("reward", "plug_pkg.rewrds:score").endswith(
+        "did you mean 'plug_pkg.rewards'?"
+    )
     assert "expected module:function" in ref_problem("reward", "plug_mod:")
     assert "expected module:factory" in ref_problem("env", ":make")
 

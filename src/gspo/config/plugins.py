@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import pkgutil
 import sys
 import traceback
 from pathlib import Path
@@ -67,15 +68,22 @@ def _shown(path: str | None) -> str:
         return path
 
 
-def _local_modules() -> list[str]:
-    """Modules in the working directory (``x.py`` files and packages), for did-you-mean."""
-    found = []
-    for p in Path.cwd().iterdir():
-        if p.suffix == ".py":
-            found.append(p.stem)
-        elif p.is_dir() and (p / "__init__.py").is_file():
-            found.append(p.name)
-    return sorted(found)
+def _neighbours(module: str) -> list[str]:
+    """The modules a misspelt ``module`` may have meant, for did-you-mean: those of the working
+    directory (``x.py`` files and packages), or for ``pkg.x`` the modules of ``pkg``."""
+    parent, _, _ = module.rpartition(".")
+    if not parent:
+        return sorted(
+            p.stem if p.suffix == ".py" else p.name
+            for p in Path.cwd().iterdir()
+            if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").is_file())
+        )
+    try:
+        spec = importlib.util.find_spec(parent)
+    except Exception:  # the parent itself is missing or broken: nothing to suggest
+        return []
+    where = spec.submodule_search_locations if spec is not None else None
+    return [f"{parent}.{m.name}" for m in pkgutil.iter_modules(where)] if where else []
 
 
 def _find(module: str, what: str) -> Any:
@@ -83,12 +91,12 @@ def _find(module: str, what: str) -> Any:
     _cwd_on_path()
     try:
         spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError) as exc:  # a dotted name whose parent is missing or broken
+    except Exception as exc:  # a dotted name whose parent package is missing or fails to import
         spec, why = None, f" ({type(exc).__name__}: {exc})"
     else:
         why = ""
     if spec is None:
-        hint = _closest(module, _local_modules())
+        hint = _closest(module, _neighbours(module))
         raise PluginError(
             f"{what}: no module {module!r} in the working directory or installed{why}{hint}"
         )
