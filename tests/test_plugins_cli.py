@@ -142,6 +142,10 @@ def test_an_environment_module_trains_evaluates_and_compares(folder):
          "run/final", "--train-file", "rows.jsonl", "--n-test", "4", "--samples", "0",
          "--max-new-tokens", "8", "--threads", "1", "--progress", "false", "--output", "eval.json")  # fmt: skip
     assert json.loads((folder / "eval.json").read_text())["metrics"]["problems"] == 4
+    proc = gspo(folder, "sft", "--task", "game:build", "--train-file", "rows.jsonl", "--steps",
+                "2", "--n-test", "4", "--threads", "1", "--progress", "false",
+                "--output-dir", "sft")  # fmt: skip
+    assert "sft: 2 steps" in proc.stdout and (folder / "sft" / "config.json").is_file()
     # The same game from a plugin module: --plugin imports it, its registered names validate.
     gspo(folder, "compare", "--algos", "grpo,gspo", "--seeds", "1", *SMALL, "--plugin", "game",
          "--task", "game", "--train-file", "rows.jsonl", "--max-turns", "2",
