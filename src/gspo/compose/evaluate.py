@@ -41,7 +41,17 @@ def eval_examples(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str]:
         where = f"file {cfg.data} (reward {cfg.reward})"
     else:
         task = make_task(
-            cfg.task, n_train=0, n_test=cfg.n_test, seed=cfg.seed, difficulty=cfg.difficulty
+            cfg.task,
+            n_train=0,
+            n_test=cfg.n_test,
+            seed=cfg.seed,
+            difficulty=cfg.difficulty,
+            # for a user's builder that reads its own files (gspo.envs.tasks.base.call_builder)
+            train_file=cfg.train_file,
+            test_file=cfg.test_file,
+            prompt_key=cfg.prompt_key,
+            answer_key=cfg.answer_key,
+            answer_format=cfg.answer_format,
         )
         examples, reward, where = task.test, task.reward, f"task {task.description}, test split"
     if cfg.limit > 0:

@@ -56,8 +56,19 @@ def _build_task(opts: TaskOptions, reward: str | None, seed: int, demo_key: str 
             **({"demo_key": demo_key} if demo_key else {}),
         )
 
+    # A user's builder (module:builder, or one a plugin registers) also gets the file
+    # arguments its signature names: it may read the run's data files itself.
     return make_task(
-        opts.task, n_train=opts.n_train, n_test=opts.n_test, seed=seed, difficulty=opts.difficulty
+        opts.task,
+        n_train=opts.n_train,
+        n_test=opts.n_test,
+        seed=seed,
+        difficulty=opts.difficulty,
+        train_file=opts.train_file,
+        test_file=opts.test_file,
+        prompt_key=opts.prompt_key,
+        answer_key=opts.answer_key,
+        answer_format=opts.answer_format,
     )
 
 

@@ -17,7 +17,8 @@ from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
 from ..config.combinations import Options, early_problems, split
 from ..config.resume import check_changes, saved_config
-from ..envs import ENVIRONMENTS, env_for
+from ..envs import env_for
+from ..envs.base import env_factory
 from ..envs.episodes import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
 from ..envs.sandbox import isolation
@@ -148,7 +149,7 @@ def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Par
     # Every task runs episodes of its environment through gspo.envs (single-turn: one turn);
     # without a registered one, the task's reward is its environment (+ the format bonus).
     env = env_for(task, opts.task, fmt.chat)
-    own = None if task.name in ENVIRONMENTS else train_reward
+    own = None if env_factory(task, opts.task) is not None else train_reward
     episodes = make_episodes(opts, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         print(isolation().summary(), file=sys.stderr, flush=True)

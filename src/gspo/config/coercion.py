@@ -40,6 +40,12 @@ def coerce(cls: type, key: str, value: Any) -> Any:
         valid = "" if hint else f"; valid keys: {', '.join(by_name)}"
         raise ConfigError(f"unknown config key {key!r}{hint}{valid}")
     typ, optional = _base_type(by_name[key].type)
+    if typing.get_origin(typ) is tuple:  # a list of names (plugins): a list, or "a,b"
+        if isinstance(value, str) or value is None:
+            value = (value or "").split(",")
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key}: expected a list of names, got {value!r}")
+        return tuple(dict.fromkeys(v.strip() for v in value if v.strip()))
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
         if optional:
             return None

@@ -85,7 +85,8 @@ def split(cfg: TrainConfig) -> Options:
 
 def combination_problems(o: Options) -> list[str]:
     """Every combination of values across components that a run refuses (empty: none)."""
-    multi_turn = o.task.task in environment_tasks()  # a registered multi-turn environment
+    # A registered multi-turn environment, or one named by --env module:factory.
+    multi_turn = o.task.task in environment_tasks() or o.task.env is not None
     return [
         *scale_combinations(o),
         *async_combinations(o),

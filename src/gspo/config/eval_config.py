@@ -31,10 +31,20 @@ class EvalConfig(EngineFields):
         None,
     )
     task: str = _doc(
-        "Built-in task whose held-out split is scored when --data is not given.", "word_problems"
+        "Task whose held-out split is scored when --data is not given: built-in, registered by "
+        "a plugin, or module:builder.",
+        "word_problems",
     )
     difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
     n_test: int = _doc("Held-out problems drawn from the built-in task.", 200)
+    train_file: str | None = _doc(
+        "Passed to a task builder that takes it (--task module:builder), as gspo train does.",
+        None,
+    )
+    test_file: str | None = _doc(
+        "Passed to a task builder that takes it (--task module:builder), as gspo train does.",
+        None,
+    )
     prompt_key: str = _doc("Prompt column of --data (GSM8K: question, MATH: problem).", "prompt")
     answer_key: str = _doc("Answer column of --data (MATH: solution).", "answer")
     answer_format: str = _doc(
@@ -43,7 +53,19 @@ class EvalConfig(EngineFields):
         "raw",
     )
     reward: str = _doc(
-        "Reward for --data (exact_match, numeric, math_verify, format).", "math_verify"
+        "Reward for --data (exact_match, numeric, math_verify, format, one a plugin registers, "
+        "or module:function).",
+        "math_verify",
+    )
+    env: str | None = _doc(
+        "module:factory of the task's environment (as --env of gspo train); None: the one "
+        "registered for the task, if any.",
+        None,
+    )
+    plugins: tuple[str, ...] = _doc(
+        "Modules imported first, each registering what it defines: --plugin NAME, repeatable; "
+        "in config files a list.",
+        (),
     )
     max_prompt_tokens: int = _doc(
         "Longest prompt in tokens; 0: what the model's context leaves after max_new_tokens "

@@ -101,8 +101,9 @@ class SharedFields:
 
     task: str = _doc(
         "Built-in task (addition, reversal, sorting, countdown, scratchpad, multiply, "
-        "word_problems, code; multi-turn: calculator, guess, code_feedback) or 'file' for "
-        "--train-file.",
+        "word_problems, code; multi-turn: calculator, guess, code_feedback), 'file' for "
+        "--train-file, a task a plugin registers, or module:builder (your builder, see "
+        "docs/plugins.md).",
         "addition",
     )
     difficulty: int | None = _doc(
@@ -122,7 +123,8 @@ class SharedFields:
         "raw",
     )
     reward: str | None = _doc(
-        "Reward name for data files (exact_match, numeric, math_verify, format, countdown, code).",
+        "Reward name for data files (exact_match, numeric, math_verify, format, countdown, code, "
+        "or one a plugin registers) or module:function (your reward, see docs/plugins.md).",
         None,
     )
     dedupe: bool = _doc(
@@ -130,6 +132,16 @@ class SharedFields:
         "training (whitespace-insensitive; the first of each stays). Either way they are "
         "counted: data/duplicates, data/test_duplicates, data/train_test_overlap.",
         False,
+    )
+    env: str | None = _doc(
+        "module:factory of the task's environment, factory(task, opts, chat) -> Environment "
+        "(as register_env's); None: the environment registered for the task, if any.",
+        None,
+    )
+    plugins: tuple[str, ...] = _doc(
+        "Modules imported first, each registering what it defines (tasks, rewards, "
+        "environments, losses): --plugin NAME, repeatable; in config files a list.",
+        (),
     )
 
 

@@ -151,7 +151,12 @@ def losses() -> Mapping[str, Any]:
     built-in table above. Either way each entry has the :class:`LossInfo` fields."""
     module = sys.modules.get("gspo.core.losses")
     registry = getattr(module, "LOSSES", None)
-    return registry if registry else BUILTIN_LOSSES
+    if registry:
+        return registry
+    # A plugin that registered a loss loaded only the registry's module (gspo.core.loss_terms),
+    # which holds the built-ins once gspo.core.losses is imported: both, until then.
+    registered = getattr(sys.modules.get("gspo.core.loss_terms"), "LOSSES", None) or {}
+    return {**BUILTIN_LOSSES, **registered} if registered else BUILTIN_LOSSES
 
 
 # The task, reward and environment registries (gspo.envs) are torch-free but import the config

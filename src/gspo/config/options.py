@@ -198,6 +198,8 @@ class TaskOptions(_Options):
     max_total_tokens: int
     env_timeout_s: float
     tool_timeout_s: float
+    env: str | None
+    plugins: tuple[str, ...]
     endpoint_host: str = "127.0.0.1"
     endpoint_port: int = 0
 

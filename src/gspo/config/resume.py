@@ -91,6 +91,8 @@ def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> dict[str, 
     for key, value in requested.items():
         new = coerce(TrainConfig, key, value)
         old = saved.get(key, getattr(defaults, key))
+        if isinstance(old, list):  # a list field (plugins) read back from JSON: a tuple
+            old = tuple(old)
         if key == "output_dir":
             same = Path(str(old)).resolve() == Path(str(new)).resolve()
         else:
@@ -163,7 +165,9 @@ def sft_resume_config(
     changes = {}
     for key, value in requested.items():
         new = coerce(SFTConfig, key, value)
-        if key != "output_dir" and saved.get(key) != new:
+        old = saved.get(key)
+        old = tuple(old) if isinstance(old, list) else old  # plugins, read back from JSON
+        if key != "output_dir" and old != new:
             changes[key] = new
     unsafe = sorted(k for k in changes if k not in SFT_SAFE_ON_RESUME)
     if unsafe:

@@ -17,6 +17,7 @@ from .eval_config import EvalConfig
 from .fields import DTYPES, ConfigError
 from .names import ANSWER_FORMATS, CHAT_MODES, environment_tasks, one_of, rewards, tasks
 from .options import EngineOptions, ModelOptions, bad_device, device_ok
+from .plugins import is_ref, load_plugins, ref_problem
 from .train import SFTConfig, TrainConfig
 
 Config = TrainConfig | SFTConfig | EvalConfig
@@ -80,7 +81,7 @@ def train_problems(cfg: TrainConfig) -> list[str]:
     _validate_file_task(cfg, need)
     if cfg.format_reward_weight:  # a task with its own environment: the env gives the rewards
         need(
-            cfg.task not in environment_tasks(),
+            cfg.task not in environment_tasks() and cfg.env is None,
             format_bonus_refusal(cfg.task, cfg.format_reward_weight),
         )
     problems += [p for p in split(cfg).problems() if p not in problems]
@@ -103,13 +104,30 @@ def _validate_file_task(cfg: Config, need: Any) -> None:
 
 
 def _validate_task(cfg: Config, need: Any) -> None:
-    """The task and reward names, against their registries (torch-free modules)."""
+    """The plugins (imported here: the names they register must exist next), then the task,
+    reward and environment: names against their registries (torch-free modules), or user code
+    named ``module:attribute``, checked without importing it (gspo.config.plugins)."""
+    plugin_problems = load_plugins(cfg.plugins)
+    for problem in plugin_problems:
+        need(False, problem)
     files = ("file",) if not isinstance(cfg, EvalConfig) else ()  # eval reads --data instead
-    names = (*tasks(), *files)
-    need(cfg.task in names, one_of("task", cfg.task, names, noun="task"))
+    _validate_name(need, "task", cfg.task, (*tasks(), *files), bool(plugin_problems))
     if cfg.reward is not None:
-        known = rewards()
-        need(cfg.reward in known, one_of("reward", cfg.reward, known, noun="reward"))
+        _validate_name(need, "reward", cfg.reward, rewards(), bool(plugin_problems))
+    if cfg.env is not None:
+        if is_ref(cfg.env):
+            problem = ref_problem("env", cfg.env)
+            need(problem is None, problem or "")
+        else:
+            need(False, f"env must be module:factory (e.g. mymodule:make_env), got {cfg.env!r}")
+
+
+def _validate_name(need: Any, field: str, value: str, names: tuple, plugins_failed: bool) -> None:
+    if is_ref(value):
+        problem = ref_problem(field, value)
+        need(problem is None, problem or "")
+    elif not plugins_failed:  # else the name may be one the failed plugin registers
+        need(value in names, one_of(field, value, names, noun=field))
 
 
 def _validate_model_fields(cfg: Config, need: Any) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from gspo.config.plugins import resolve
 from gspo.envs.rewards import score_each
 
 if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
@@ -169,10 +170,19 @@ def format_bonus_refusal(name: str, weight: float) -> str:
     )
 
 
+def env_factory(task: Task, opts: TaskOptions) -> Any:
+    """The environment factory of ``task``: the one ``opts.env`` names (``module:factory``,
+    imported now), else the one registered for the task's name, else None (single-turn)."""
+    if opts.env is not None:
+        return resolve("env", opts.env)
+    return ENVIRONMENTS.get(task.name)
+
+
 def env_for(task: Task, opts: TaskOptions, chat: bool = False) -> Environment:
-    """The environment of ``task``: its registered multi-turn environment (with the run's
-    task options, e.g. tool_timeout_s), or the task's reward as a :class:`SingleTurnEnv`."""
-    factory = ENVIRONMENTS.get(task.name)
+    """The environment of ``task``: ``--env module:factory`` or its registered multi-turn
+    environment (with the run's task options, e.g. tool_timeout_s), or the task's reward as a
+    :class:`SingleTurnEnv`."""
+    factory = env_factory(task, opts)
     if factory is None:
         return SingleTurnEnv(task.reward, name=task.name)
     return factory(task, opts, chat)

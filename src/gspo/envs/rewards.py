@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from gspo.config.plugins import is_ref, resolve
 from gspo.envs.sandbox import code_reward, with_timeout
 
 from .answers import (  # re-exported: answer matchers are rewards too
@@ -288,7 +289,10 @@ def register_reward(name: str):
 
 
 def get_reward(name: str) -> RewardFn:
-    """The reward registered under ``name``; ValueError listing the valid names otherwise."""
+    """The reward registered under ``name``, or the function ``module:function`` names
+    (imported now); ValueError listing the valid names otherwise."""
+    if is_ref(name):
+        return resolve("reward", name)
     try:
         return REWARDS[name]
     except KeyError:

@@ -47,6 +47,16 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     docs = field_docs(cls)
     group = parser.add_argument_group(f"{cls.__name__} fields")
     for f in _help_order(cls):
+        if f.name == "plugins":  # a list: one --plugin NAME per module
+            group.add_argument(
+                "--plugin",
+                dest="plugins",
+                action="append",
+                default=argparse.SUPPRESS,
+                metavar="MODULE",
+                help=f"{docs[f.name]} [none]",
+            )
+            continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         group.add_argument(

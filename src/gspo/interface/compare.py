@@ -26,8 +26,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from gspo.config import ConfigError, SFTConfig, TrainConfig, build, to_dict
+from gspo.config import ConfigError, SFTConfig, TrainConfig, build, coerce, to_dict
 from gspo.config.names import did_you_mean, losses
+from gspo.config.plugins import load_plugins
+from gspo.config.resume import requested_values
 from gspo.interface.logs import quiet_transformers
 
 NOT_SHARED_WITH_SFT = frozenset(
@@ -326,6 +328,11 @@ def run_cli(args: Any, overrides_of: Any) -> int:
         sft_overrides["lr"] = args.sft_lr
     if args.sft_batch_size is not None:
         sft_overrides["batch_size"] = args.sft_batch_size
+    # Plugins first: --algos may name a loss one of them registers.
+    requested = requested_values(args.preset, args.config, overrides)
+    problems = load_plugins(coerce(TrainConfig, "plugins", requested.get("plugins", ())))
+    if problems:
+        raise ConfigError(problems[0])
     algos, seeds = parse_algos(args.algos), parse_seeds(args.seeds, base=base_seed)
     plan(  # the configs' problems before transformers (and torch) is imported
         algos,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,3 +39,18 @@ class Task:
     """Messages for data-file rows dropped as malformed (``bad_rows="skip"``), one per row."""
     data_checks: dict[str, int] = field(default_factory=dict)
     """``data/*`` counts of the duplicate checks (:mod:`gspo.envs.tasks.checks`)."""
+
+
+def call_builder(builder: Callable[..., Task], **kwargs: Any) -> Task:
+    """Call a task builder with the keywords its signature accepts (all of them when it takes
+    ``**kwargs``): builders written before the file arguments (``train_file``, ``test_file``,
+    ``prompt_key``, ``answer_key``, ``answer_format``) existed take only ``n_train, n_test,
+    seed, difficulty`` and keep working."""
+    try:
+        params = inspect.signature(builder).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): pass everything
+        return builder(**kwargs)
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return builder(**kwargs)
+    accepted = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return builder(**{k: v for k, v in kwargs.items() if k in accepted})

@@ -15,9 +15,11 @@ import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from gspo.config.plugins import is_ref, resolve
 from gspo.envs.rewards import countdown_reward, exact_match
-from gspo.envs.tasks.base import Example, RewardFn, Task
+from gspo.envs.tasks.base import Example, RewardFn, Task, call_builder
 from gspo.envs.tasks.scratchpad import (
     DEFAULT_OPS,
     MAX_OPS,
@@ -319,7 +321,9 @@ def _build(
 
 
 TaskBuilder = Callable[..., Task]
-"""``builder(*, n_train, n_test, seed=0, difficulty=None) -> Task``."""
+"""``builder(*, n_train, n_test, seed=0, difficulty=None) -> Task``; a builder may also accept
+the run's file arguments (``train_file, test_file, prompt_key, answer_key, answer_format``):
+it is passed those of them its signature names (:func:`gspo.envs.tasks.base.call_builder`)."""
 
 TASKS: dict[str, TaskBuilder] = {
     name: functools.partial(_build, spec) for name, spec in _SPECS.items()
@@ -345,18 +349,31 @@ DIFFICULTIES: dict[str, tuple[int, int, int]] = {
 
 
 def make_task(
-    name: str, *, n_train: int, n_test: int, seed: int = 0, difficulty: int | None = None
+    name: str,
+    *,
+    n_train: int,
+    n_test: int,
+    seed: int = 0,
+    difficulty: int | None = None,
+    **files: Any,
 ) -> Task:
-    """Build the built-in task ``name`` (difficulty None = that task's default).
+    """Build the task ``name``: a registered one (difficulty None = that task's default), or
+    the builder ``module:builder`` names (imported now). ``files`` (``train_file``,
+    ``test_file``, ``prompt_key``, ...) reach the builders whose signature takes them.
 
     Raises ValueError for an unknown name (listing the valid ones), a difficulty outside the
     task's range (naming it), or a test split larger than the task's test problem space.
     """
-    try:
-        builder = TASKS[name]
-    except KeyError:
-        raise ValueError(f"unknown task {name!r}; valid names: {', '.join(TASKS)}") from None
-    return builder(n_train=n_train, n_test=n_test, seed=seed, difficulty=difficulty)
+    if is_ref(name):
+        builder = resolve("task", name)
+    else:
+        try:
+            builder = TASKS[name]
+        except KeyError:
+            raise ValueError(f"unknown task {name!r}; valid names: {', '.join(TASKS)}") from None
+    return call_builder(
+        builder, n_train=n_train, n_test=n_test, seed=seed, difficulty=difficulty, **files
+    )
 
 
 def max_lengths(task: Task) -> tuple[int, int]:
