@@ -211,7 +211,7 @@ def evaluate_model(
     eos = tokenizer.eos_token_id
     if eos is None and prompt_format is not None and prompt_format.stop_token_ids:
         eos = prompt_format.stop_token_ids[0]
-    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=eos)
+    engine = TorchEngine(model, pad_id=tokenizer.pad_token_id, eos_id=eos, tokenizer=tokenizer)
     return evaluate(
         engine,
         tokenizer,
