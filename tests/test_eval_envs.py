@@ -71,3 +71,16 @@ def test_eval_samples_episodes_of_a_multi_turn_env(sft_model):
     assert "greedy_accuracy" not in got  # greedy off: sampled episodes only
     assert got["pass@1"] == pytest.approx(got["sampled_success"])  # pass@1: the success rate
     assert got["pass@4"] >= got["pass@1"]
+
+
+def test_the_report_shows_held_out_success_of_multi_turn_runs(tmp_path):
+    from gspo.interface.report.data import Run
+    from gspo.interface.report.stats import COLUMNS, columns_for, summarize
+
+    ev = {"step": 2, "eval/greedy_accuracy": 0.0, "eval/success": 0.75}
+    multi = Run(tmp_path, {"algo": "gspo"}, [{"step": 1, "reward/mean": 0.1}, ev])
+    single = Run(tmp_path, {"algo": "gspo"}, [{"step": 1, "reward/mean": 0.1}])
+    assert columns_for({"a": [single]}) == COLUMNS  # single-turn reports stay as they were
+    columns = columns_for({"a": [multi]})
+    summary = summarize({"a": [multi]}, columns=columns)
+    assert summary.values["a"]["held-out success (end)"] == [0.75]
