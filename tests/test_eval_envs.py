@@ -14,9 +14,17 @@ from gspo.orchestration.state import StepState
 from gspo.orchestration.steps import evaluate_now
 
 COMMON = dict(
-    task="guess", difficulty=4, device="cpu", dtype="float64", threads=1, seed=0, n_test=8,
-    max_new_tokens=4, max_turns=5, max_total_tokens=40,
-)  # fmt: skip
+    task="guess",
+    difficulty=4,
+    device="cpu",
+    dtype="float64",
+    threads=1,
+    seed=0,
+    n_test=8,
+    max_new_tokens=4,
+    max_turns=5,
+    max_total_tokens=40,
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +44,7 @@ def sft_model(tmp_path_factory):
                 lr=1e-2,
                 progress=False,
             ),
-        )  # fmt: skip
+        )
     )
     return out, result.eval
 
@@ -52,8 +60,17 @@ def test_eval_sft_and_training_score_the_same_episodes(sft_model, tmp_path):
     model, sft_metrics = sft_model
     evaluated = _eval(model, samples=0)
     # the trainer's evaluation of the same checkpoint, before any update
-    cfg = build(TrainConfig, overrides=dict(COMMON, model=str(model), n_train=8, steps=1,
-                                           output_dir=str(tmp_path / "run"), progress=False))  # fmt: skip
+    cfg = build(
+        TrainConfig,
+        overrides=dict(
+            COMMON,
+            model=str(model),
+            n_train=8,
+            steps=1,
+            output_dir=str(tmp_path / "run"),
+            progress=False,
+        ),
+    )
     parts = build_parts(cfg, tmp_path / "run")
     trained = evaluate_now(parts, StepState(seed=0, step=1))
     assert trained == {f"eval/{k}": v for k, v in evaluated.items()}
