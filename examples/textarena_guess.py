@@ -1,0 +1,117 @@
+"""TextArena's GuessTheNumber as a gspo multi-turn environment (a plugin module).
+
+Needs the ``textarena`` extra (``pip install "gspo[textarena]"``). Importing this module
+registers the task ``textarena_guess`` and its environment, so either of these selects it:
+
+    gspo train --plugin examples.textarena_guess --task textarena_guess ...
+    gspo train --env examples.textarena_guess:make_env --task textarena_guess ...
+
+(or, from Python, ``import examples.textarena_guess`` before ``gspo.train``/``gspo.evaluate``).
+
+Each problem is a TextArena seed. ``reset`` creates the game once and returns its first
+observation as the episode's :class:`gspo.Opening` (the policy's prompt); each policy turn is
+one TextArena action (a guess in square brackets, e.g. ``[10]``), answered with the game's new
+messages ("The target number is lower."). The episode's reward is TextArena's: 1 for a win, and
+for a game lost at TextArena's own turn limit its partial credit (1 - distance / range). Success
+is the game result: a win only, never a lost game's partial credit. An episode cut by gspo's
+limits (``--max-turns``, ``--max-total-tokens``) before the game ends earns ``cut_reward`` 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gspo import Example, Opening, Step, Task, register_env, register_task
+
+ENV_ID = "GuessTheNumber-v0-raw"
+"""TextArena's game without its LLM wrappers (numbers 1-20, 10 guesses)."""
+DESCRIPTION = "TextArena GuessTheNumber: guess a number in [1, 20] as '[n]', told higher/lower."
+WIN = 1.0
+"""TextArena pays 1 for a win only; a lost game's partial credit is below it."""
+INSTALL = 'textarena_guess needs TextArena: pip install "gspo[textarena]"'
+
+
+def _textarena() -> Any:
+    try:
+        import textarena
+    except ImportError as exc:
+        raise ImportError(INSTALL) from exc
+    return textarena
+
+
+@dataclass
+class _Game:
+    game: Any
+    """The TextArena environment of this episode (created in ``reset``)."""
+    player: int
+
+
+def _text(observation: list[tuple[int, str, Any]], player: int) -> str:
+    """The game's messages of an observation (the player's own actions are already its turns)."""
+    return "\n".join(msg for sender, msg, *_ in observation if sender != player)
+
+
+class TextArenaGuess:
+    """A TextArena single-player game as a gspo environment (plain-text or chat prompts)."""
+
+    multi_turn = True
+    cut_reward = 0.0
+    """An episode gspo cuts (its turn or token limit) before the game ends earns nothing."""
+
+    def __init__(self, env_id: str = ENV_ID, *, chat: bool = False) -> None:
+        self.name = "textarena_guess"
+        self.env_id = env_id
+        self.chat = chat
+        # a guess ends at its closing bracket (TextArena reads the first [n] of a turn)
+        self.stop_strings: tuple[str, ...] = ("]",)
+        self.games_created = 0
+        self._ta = _textarena()
+
+    def _message(self, text: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": text if self.chat else f"\n{text}\n"}]
+
+    def reset(self, example: Example) -> Opening:
+        game = self._ta.make(self.env_id)
+        game.reset(num_players=1, seed=int(example.meta["seed"]))
+        self.games_created += 1
+        player, observation = game.get_observation()
+        return Opening(_Game(game, player), self._message(_text(observation, player)))
+
+    def step(self, state: _Game, text: str, finished: bool) -> Step:
+        done, _ = state.game.step(text)
+        if not done:
+            player, observation = state.game.get_observation()
+            state.player = player
+            return Step(done=False, messages=self._message(_text(observation, player)))
+        rewards, _ = state.game.close()
+        reward = float(rewards[state.player])
+        return Step(done=True, reward=reward, success=reward >= WIN)
+
+
+def make_env(task: Task, opts: Any, chat: bool) -> TextArenaGuess:
+    """The environment factory (``--env examples.textarena_guess:make_env``)."""
+    return TextArenaGuess(chat=chat)
+
+
+def _no_reward(completion: str, example: Example) -> float:
+    """The task's reward outside its environment: none (the game scores its episodes)."""
+    return 0.0
+
+
+@register_task("textarena_guess")
+def make_task(*, n_train: int, n_test: int, seed: int = 0, difficulty: int | None = None) -> Task:
+    """Problems are TextArena seeds, train and test disjoint; the prompt is a placeholder that
+    the game's opening observation replaces (``difficulty`` is unused)."""
+    base = 1_000_000 * seed
+
+    def rows(first: int, n: int) -> list[Example]:
+        return [
+            Example(prompt="GuessTheNumber", answer="", meta={"seed": first + i}) for i in range(n)
+        ]
+
+    return Task("textarena_guess", rows(base, n_train), rows(base + 500_000, n_test),
+                _no_reward, f"{DESCRIPTION} (seed {seed})")  # fmt: skip
+
+
+register_env("textarena_guess")(make_env)

@@ -1,0 +1,60 @@
+"""examples/textarena_guess.py: TextArena's GuessTheNumber through the driver with a scripted
+policy (it guesses 1, 2, 3, ... in turn): the opening is the game's first observation, the game
+is created once per episode, success is a win only (a lost game's partial credit is not), and an
+episode gspo cuts earns the environment's cut_reward. Skips without TextArena."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from envs_support import TOK, ScriptedEngine
+
+ta = pytest.importorskip("textarena", reason="needs TextArena (pip install 'gspo[textarena]')")
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:  # examples/ is imported as the CLI imports it: from the repo root
+    sys.path.insert(0, ROOT)
+
+from examples.textarena_guess import ENV_ID, TextArenaGuess, make_task  # noqa: E402
+from gspo.envs.driver import Limits, run_episodes  # noqa: E402
+from gspo.envs.trajectory import PlainEncoder  # noqa: E402
+from gspo.rollout.base import SamplingParams  # noqa: E402
+
+
+def _target(seed: int) -> int:
+    game = ta.make(ENV_ID)
+    game.reset(num_players=1, seed=seed)
+    return game.game_number
+
+
+def _play(max_turns: int):
+    task = make_task(n_train=0, n_test=8, seed=0)
+    env = TextArenaGuess()
+    engine = ScriptedEngine([f"[{k}]" for k in range(1, 21)])
+    limits = Limits(max_turns=max_turns, max_tokens_per_turn=8, max_total_tokens=4000)
+    params = SamplingParams(max_new_tokens=8)
+    _, trajs = run_episodes(engine, env, PlainEncoder(TOK), task.test, 1, params, limits)
+    return env, [_target(e.meta["seed"]) for e in task.test], trajs
+
+
+def test_games_open_with_their_observation_and_only_a_win_is_a_success():
+    env, targets, trajs = _play(max_turns=20)
+    assert env.games_created == len(trajs) == 8  # one game per episode, made in reset
+    for t, target in zip(trajs, targets, strict=True):
+        assert "Guess The Number" in t.history[0]["content"]  # the game's opening observation
+        assert t.finish == "stop"  # the game ended each episode
+        if target <= 10:  # found within TextArena's 10 guesses: a win
+            assert (t.reward, t.success, t.num_turns) == (1.0, True, target)
+        else:  # TextArena's turn limit: partial credit for a lost game, no success
+            assert 0 < t.reward < 1 and t.success is False
+    assert {t.success for t in trajs} == {True, False}  # these seeds hold both cases
+
+
+def test_an_episode_cut_by_gspo_earns_cut_reward():
+    _, targets, trajs = _play(max_turns=3)
+    for t, target in zip(trajs, targets, strict=True):
+        if target > 3:
+            assert (t.finish, t.reward, t.success) == ("turns", 0.0, False)
+        else:
+            assert (t.reward, t.success) == (1.0, True)
