@@ -115,3 +115,38 @@ def make_task(*, n_train: int, n_test: int, seed: int = 0, difficulty: int | Non
 
 
 register_env("textarena_guess")(make_env)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train briefly, then score the saved model with ``gspo eval``'s function: the held-out
+    success of the trainer's last evaluation and of ``gspo eval`` are printed side by side."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from gspo import EvalConfig, TrainConfig, evaluate, train
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--output-dir", default="runs/textarena_guess")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--n-test", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    limits = dict(max_turns=10, max_tokens_per_turn=8, max_total_tokens=200)
+    common = dict(model=args.model, task="textarena_guess", n_test=args.n_test, seed=0,
+                  device="cpu", threads=args.threads, max_new_tokens=8, **limits)  # fmt: skip
+    result = train(
+        TrainConfig(**common, output_dir=args.output_dir, steps=args.steps, n_train=64,
+                    prompts_per_step=2, group_size=4, eval_every=args.steps, progress=False)
+    )  # fmt: skip
+    trained = {k.split("/", 1)[1]: v for k, v in result.final_eval.items()}
+    final = str(Path(args.output_dir) / "final")
+    report = evaluate(EvalConfig(**common, model=final, samples=0, output=None, progress=False))
+    keys = ("success", "final_reward", "turns_mean", "greedy_accuracy")
+    print(json.dumps({"train": {k: trained[k] for k in keys},
+                      "eval": {k: report["metrics"][k] for k in keys}}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
