@@ -19,6 +19,7 @@ limits (``--max-turns``, ``--max-total-tokens``) before the game ends earns ``cu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,13 +48,28 @@ class _Game:
     player: int
 
 
-def _text(observation: list[tuple[int, str, Any]], player: int) -> str:
+HINT = re.compile(r"The target number is (higher|lower)\.")
+PLAIN_OPENING = "guess [1-20]:"
+"""The opening of plain-text (char model) episodes: TextArena's 560-character instructions do
+not fit a tiny model's 256 positions, so plain mode says the same in a few characters."""
+
+
+def _messages(observation: list[tuple[int, str, Any]], player: int) -> list[str]:
     """The game's messages of an observation (the player's own actions are already its turns)."""
-    return "\n".join(msg for sender, msg, *_ in observation if sender != player)
+    return [msg for sender, msg, *_ in observation if sender != player]
+
+
+def _plain(message: str) -> str:
+    """A game message in plain mode: its hint word alone ("The target number is lower." ->
+    "lower"); other messages (an invalid move's reason) as they are."""
+    hint = HINT.fullmatch(message.strip())
+    return hint.group(1) if hint else message
 
 
 class TextArenaGuess:
-    """A TextArena single-player game as a gspo environment (plain-text or chat prompts)."""
+    """A TextArena single-player game as a gspo environment. Chat models see TextArena's own
+    text; plain-text (tiny char) models a compact rendering of it: the opening
+    :data:`PLAIN_OPENING` and hint words, e.g. ``guess [1-20]:[10] lower [5] higher [7]``."""
 
     multi_turn = True
     cut_reward = 0.0
@@ -68,22 +84,25 @@ class TextArenaGuess:
         self.games_created = 0
         self._ta = _textarena()
 
-    def _message(self, text: str) -> list[dict[str, str]]:
-        return [{"role": "user", "content": text if self.chat else f"\n{text}\n"}]
+    def _reply(self, messages: list[str]) -> list[dict[str, str]]:
+        if self.chat:
+            return [{"role": "user", "content": "\n".join(messages)}]
+        return [{"role": "user", "content": " " + " ".join(map(_plain, messages)) + " "}]
 
     def reset(self, example: Example) -> Opening:
         game = self._ta.make(self.env_id)
         game.reset(num_players=1, seed=int(example.meta["seed"]))
         self.games_created += 1
         player, observation = game.get_observation()
-        return Opening(_Game(game, player), self._message(_text(observation, player)))
+        text = "\n".join(_messages(observation, player)) if self.chat else PLAIN_OPENING
+        return Opening(_Game(game, player), [{"role": "user", "content": text}])
 
     def step(self, state: _Game, text: str, finished: bool) -> Step:
         done, _ = state.game.step(text)
         if not done:
             player, observation = state.game.get_observation()
             state.player = player
-            return Step(done=False, messages=self._message(_text(observation, player)))
+            return Step(done=False, messages=self._reply(_messages(observation, player)))
         rewards, _ = state.game.close()
         reward = float(rewards[state.player])
         return Step(done=True, reward=reward, success=reward >= WIN)
@@ -99,18 +118,36 @@ def _no_reward(completion: str, example: Example) -> float:
     return 0.0
 
 
+def _demo(seed: int) -> str:
+    """A plain-mode binary search of the game of ``seed`` (SFT's cold-start demonstration;
+    the hidden number is read from a throwaway game: demonstrations only)."""
+    game = _textarena().make(ENV_ID)
+    game.reset(num_players=1, seed=seed)
+    target, lo, hi, out = game.game_number, game.min_number, game.max_number, []
+    while True:
+        mid = (lo + hi) // 2
+        if mid == target:
+            return "".join(out) + f"[{mid}]"
+        word = "higher" if mid < target else "lower"
+        out.append(f"[{mid}] {word} ")
+        lo, hi = (mid + 1, hi) if mid < target else (lo, mid - 1)
+
+
 @register_task("textarena_guess")
 def make_task(*, n_train: int, n_test: int, seed: int = 0, difficulty: int | None = None) -> Task:
-    """Problems are TextArena seeds, train and test disjoint; the prompt is a placeholder that
-    the game's opening observation replaces (``difficulty`` is unused)."""
+    """Problems are TextArena seeds, train and test disjoint. The prompt is plain mode's
+    opening, which the game's own opening (:class:`gspo.Opening`) replaces in episodes; train
+    rows carry binary-search demonstrations for ``gspo sft`` (``difficulty`` is unused)."""
     base = 1_000_000 * seed
 
-    def rows(first: int, n: int) -> list[Example]:
+    def rows(first: int, n: int, demos: bool) -> list[Example]:
         return [
-            Example(prompt="GuessTheNumber", answer="", meta={"seed": first + i}) for i in range(n)
-        ]
+            Example(prompt=PLAIN_OPENING, answer="", meta={"seed": first + i},
+                    demo=_demo(first + i) if demos else None)
+            for i in range(n)
+        ]  # fmt: skip
 
-    return Task("textarena_guess", rows(base, n_train), rows(base + 500_000, n_test),
+    return Task("textarena_guess", rows(base, n_train, True), rows(base + 500_000, n_test, False),
                 _no_reward, f"{DESCRIPTION} (seed {seed})")  # fmt: skip
 
 
@@ -132,10 +169,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--n-test", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-tokens-per-turn", type=int, default=48)
     args = p.parse_args(argv)
-    limits = dict(max_turns=10, max_tokens_per_turn=8, max_total_tokens=200)
+    turn = args.max_tokens_per_turn
+    limits = dict(max_turns=10, max_tokens_per_turn=turn, max_total_tokens=12 * turn)
     common = dict(model=args.model, task="textarena_guess", n_test=args.n_test, seed=0,
-                  device="cpu", threads=args.threads, max_new_tokens=8, **limits)  # fmt: skip
+                  device="cpu", threads=args.threads, max_new_tokens=turn, **limits)  # fmt: skip
     result = train(
         TrainConfig(**common, output_dir=args.output_dir, steps=args.steps, n_train=64,
                     prompts_per_step=2, group_size=4, eval_every=args.steps, progress=False)

@@ -5,6 +5,7 @@ episode gspo cuts earns the environment's cut_reward. Skips without TextArena.""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +17,12 @@ ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:  # examples/ is imported as the CLI imports it: from the repo root
     sys.path.insert(0, ROOT)
 
-from examples.textarena_guess import ENV_ID, TextArenaGuess, make_task  # noqa: E402
+from examples.textarena_guess import (  # noqa: E402
+    ENV_ID,
+    PLAIN_OPENING,
+    TextArenaGuess,
+    make_task,
+)
 from gspo.envs.driver import Limits, run_episodes  # noqa: E402
 from gspo.envs.trajectory import PlainEncoder  # noqa: E402
 from gspo.rollout.base import SamplingParams  # noqa: E402
@@ -28,9 +34,9 @@ def _target(seed: int) -> int:
     return game.game_number
 
 
-def _play(max_turns: int):
+def _play(max_turns: int, chat: bool = True):
     task = make_task(n_train=0, n_test=8, seed=0)
-    env = TextArenaGuess()
+    env = TextArenaGuess(chat=chat)
     engine = ScriptedEngine([f"[{k}]" for k in range(1, 21)])
     limits = Limits(max_turns=max_turns, max_tokens_per_turn=8, max_total_tokens=4000)
     params = SamplingParams(max_new_tokens=8)
@@ -38,11 +44,18 @@ def _play(max_turns: int):
     return env, [_target(e.meta["seed"]) for e in task.test], trajs
 
 
-def test_games_open_with_their_observation_and_only_a_win_is_a_success():
-    env, targets, trajs = _play(max_turns=20)
+@pytest.mark.parametrize("chat", [True, False])
+def test_games_open_with_their_observation_and_only_a_win_is_a_success(chat):
+    env, targets, trajs = _play(max_turns=20, chat=chat)
     assert env.games_created == len(trajs) == 8  # one game per episode, made in reset
     for t, target in zip(trajs, targets, strict=True):
-        assert "Guess The Number" in t.history[0]["content"]  # the game's opening observation
+        opening = t.history[0]["content"]
+        reply = t.history[2]["content"] if t.num_turns > 1 else " lower "  # won at once: none
+        if chat:  # the game's own opening observation and hints
+            assert "Guess The Number" in opening
+            assert t.num_turns == 1 or "The target number is" in reply
+        else:  # plain mode (char models): the compact rendering
+            assert opening == PLAIN_OPENING and reply in (" higher ", " lower ")
         assert t.finish == "stop"  # the game ended each episode
         if target <= 10:  # found within TextArena's 10 guesses: a win
             assert (t.reward, t.success, t.num_turns) == (1.0, True, target)
@@ -58,3 +71,10 @@ def test_an_episode_cut_by_gspo_earns_cut_reward():
             assert (t.finish, t.reward, t.success) == ("turns", 0.0, False)
         else:
             assert (t.reward, t.success) == (1.0, True)
+
+
+def test_demonstrations_are_binary_searches_that_win():
+    task = make_task(n_train=3, n_test=0, seed=0)
+    for e in task.train:
+        guesses = [int(g) for g in re.findall(r"\[(\d+)\]", e.demo)]
+        assert guesses[0] == 10 and guesses[-1] == _target(e.meta["seed"]) and len(guesses) <= 5
