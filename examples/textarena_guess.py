@@ -155,36 +155,41 @@ register_env("textarena_guess")(make_env)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Train briefly, then score the saved model with ``gspo eval``'s function: the held-out
-    success of the trainer's last evaluation and of ``gspo eval`` are printed side by side."""
+    """SFT a tiny char model on binary-search demonstrations, train it briefly with GSPO, then
+    score the saved model with gspo eval's function: the held-out success of the trainer's last
+    evaluation and of gspo eval are printed side by side."""
     import argparse
     import json
     from pathlib import Path
 
-    from gspo import EvalConfig, TrainConfig, evaluate, train
+    from gspo import EvalConfig, SFTConfig, TrainConfig, evaluate, run_sft, train
 
     p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--output-dir", default="runs/textarena_guess")
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--n-test", type=int, default=10)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--max-tokens-per-turn", type=int, default=48)
+    p.add_argument("--sft-steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--n-test", type=int, default=50)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    turn = args.max_tokens_per_turn
-    limits = dict(max_turns=10, max_tokens_per_turn=turn, max_total_tokens=12 * turn)
-    common = dict(model=args.model, task="textarena_guess", n_test=args.n_test, seed=0,
-                  device="cpu", threads=args.threads, max_new_tokens=turn, **limits)  # fmt: skip
+    out = Path(args.output_dir)
+    limits = dict(max_turns=8, max_tokens_per_turn=6, max_total_tokens=96)
+    common = dict(task="textarena_guess", n_test=args.n_test, seed=0, device="cpu",
+                  threads=args.threads, max_new_tokens=6, **limits)  # fmt: skip
+    run_sft(SFTConfig(**common, model="tiny", output_dir=str(out / "sft"), steps=args.sft_steps,
+                      batch_size=64, n_train=256, progress=False))  # fmt: skip
     result = train(
-        TrainConfig(**common, output_dir=args.output_dir, steps=args.steps, n_train=64,
-                    prompts_per_step=2, group_size=4, eval_every=args.steps, progress=False)
+        TrainConfig(**common, model=str(out / "sft"), output_dir=str(out / "rl"), n_train=256,
+                    steps=args.steps, prompts_per_step=4, group_size=4, eval_every=args.steps,
+                    progress=False)
     )  # fmt: skip
     trained = {k.split("/", 1)[1]: v for k, v in result.final_eval.items()}
-    final = str(Path(args.output_dir) / "final")
-    report = evaluate(EvalConfig(**common, model=final, samples=0, output=None, progress=False))
-    keys = ("success", "final_reward", "turns_mean", "greedy_accuracy")
-    print(json.dumps({"train": {k: trained[k] for k in keys},
-                      "eval": {k: report["metrics"][k] for k in keys}}, indent=1))  # fmt: skip
+    final = str(out / "rl" / "final")
+    report = evaluate(EvalConfig(**common, model=final, samples=args.samples, output=None,
+                                 progress=False, show=0))  # fmt: skip
+    keys = ("success", "success_se", "final_reward", "turns_mean", "greedy_accuracy")
+    got = {"train": {k: trained[k] for k in keys}, "eval": report["metrics"]}
+    print(json.dumps(got, indent=1))
 
 
 if __name__ == "__main__":
