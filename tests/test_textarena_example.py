@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from envs_support import TOK, ScriptedEngine
 
-
 from gspo.envs.driver import Limits, run_episodes
 from gspo.envs.trajectory import PlainEncoder
 from gspo.rollout.base import SamplingParams
