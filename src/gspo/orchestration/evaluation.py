@@ -108,8 +108,8 @@ def evaluate(
 
     ``prompt_format`` turns prompts into ids and gives the stop tokens (chat models); None
     means raw prompts ending on EOS. With a ``details`` list, one record per problem (prompt,
-    answer, completions, rewards) is appended to it. ``env``: a one-turn environment that
-    scores the completions instead of ``reward_fn`` (the task's environment); a one-turn
+    answer, completions, rewards) is appended to it. ``env``: the task's environment, which
+    scores instead of ``reward_fn`` (None: ``reward_fn`` as a one-turn environment); a one-turn
     environment's completions are one-turn episodes through the driver
     (:mod:`gspo.envs.one_turn`), a multi-turn environment's whole episodes within ``limits``
     (:func:`_evaluate_episodes`; default: :class:`Limits` with ``max_new_tokens`` per turn).
