@@ -34,6 +34,7 @@ _HOMES = {
     "Environment": "gspo.envs.base",
     "SingleTurnEnv": "gspo.envs.base",
     "Step": "gspo.envs.base",
+    "Opening": "gspo.envs.base",
     "register_env": "gspo.envs.base",
     "ENVIRONMENTS": "gspo.envs.base",
     "register_reward": "gspo.envs.rewards",

@@ -1,6 +1,7 @@
-"""``evaluate(cfg)``: the composition root of an evaluation (model, engine and problems from an
-``EvalConfig``), what ``gspo eval`` runs; the held-out scoring itself (also run inside training)
-is :mod:`gspo.orchestration.evaluation`."""
+"""``evaluate(cfg)``: the composition root of an evaluation (model, engine, problems and the
+task's environment from an ``EvalConfig``), what ``gspo eval`` runs; the held-out scoring itself
+(the same function inside training and after ``gspo sft``) is
+:mod:`gspo.orchestration.evaluation`."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from gspo.config.eval_config import EvalConfig
-from gspo.config.options import EngineOptions, ModelOptions
+from gspo.config.options import EngineOptions, ModelOptions, TaskOptions
 from gspo.core.seeding import step_generator
+from gspo.envs.base import Environment, env_factory, env_for
+from gspo.envs.driver import Limits
+from gspo.envs.episodes import episode_limits
 from gspo.envs.rewards import get_reward, uses_sandbox
 from gspo.envs.tasks import make_task
-from gspo.envs.tasks.base import Example, RewardFn
+from gspo.envs.tasks.base import Example, RewardFn, Task
 from gspo.envs.tasks.files import load_examples
 from gspo.models.policy import build_prompt_format, resolve_device, set_threads
 from gspo.orchestration import evaluation
@@ -28,6 +32,12 @@ from .prompts import eval_prompt_rules
 def eval_examples(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str]:
     """(problems, reward, description) that ``gspo eval`` scores: a data file's rows
     (``cfg.data``) or a built-in task's held-out split (``cfg.task``)."""
+    return _problems(cfg)[:3]
+
+
+def _problems(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str, Task | None]:
+    """:func:`eval_examples` and the task (None for a data file)."""
+    task = None
     if cfg.data:
         reward = get_reward(cfg.reward)
         examples = load_examples(
@@ -56,7 +66,20 @@ def eval_examples(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str]:
         examples, reward, where = task.test, task.reward, f"task {task.description}, test split"
     if cfg.limit > 0:
         examples = examples[: cfg.limit]
-    return list(examples), reward, where
+    return list(examples), reward, where, task
+
+
+def eval_env(cfg: EvalConfig, task: Task | None, chat: bool) -> tuple[Environment | None, Limits]:
+    """The environment ``gspo eval`` scores and its episode limits: a task's registered
+    environment as training builds it (:func:`gspo.envs.base.env_for`, multi-turn included);
+    None for a data file or a task without one (its reward as one turn, with reward workers,
+    as the trainer's ``eval_env``)."""
+    env = None
+    opts = TaskOptions.of(cfg)
+    if task is not None and env_factory(task, opts) is not None:  # --env or a registered one
+        env = env_for(task, opts, chat)
+    multi = env is not None and env.multi_turn
+    return env, episode_limits(TaskOptions.of(cfg), cfg.max_new_tokens, multi)
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
@@ -67,13 +90,15 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     set_threads(cfg.threads)
     device = resolve_device(cfg.device)
     t0 = time.perf_counter()
-    examples, reward, where = eval_examples(cfg)
+    examples, reward, where, task = _problems(cfg)
     if not examples:
         raise ValueError(f"nothing to evaluate: {where} has no problems")
     model, tokenizer = build_policy_for(cfg, device)
     model.eval()
     fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
-    examples, prompt_rules = eval_prompt_rules(cfg, examples, fmt, model, where)  # as training
+    env, limits = eval_env(cfg, task, fmt.chat)
+    multi = env is not None and env.multi_turn  # prompt + max_total_tokens must fit
+    examples, prompt_rules = eval_prompt_rules(cfg, examples, fmt, model, where, multi)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
     engine = build_engine(
         EngineOptions.of(cfg),
@@ -102,6 +127,8 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             prompt_format=fmt,
             details=details,
             progress=cfg.progress,
+            env=env,
+            limits=limits,
         )
     finally:
         close_engine(engine)  # vLLM: shut it down (the torch engine has nothing to close)

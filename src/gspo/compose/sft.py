@@ -14,10 +14,13 @@ import torch
 from ..backend import checkpoint as ckpt
 from ..backend.update import lr_lambda
 from ..config import ConfigError, SFTConfig, to_dict
-from ..config.options import ModelOptions
+from ..config.options import ModelOptions, TaskOptions
 from ..config.train import SFT_SAFE_ON_RESUME
 from ..core.checkpoint_paths import checkpoint_root, latest_checkpoint
 from ..core.seeding import step_generator
+from ..envs.base import ENVIRONMENTS, Environment, env_for
+from ..envs.driver import Limits
+from ..envs.episodes import episode_limits
 from ..models import moe, save_model, token_logprobs
 from ..models.policy import build_prompt_format, resolve_device, set_threads
 from ..orchestration.evaluation import evaluate_model
@@ -150,7 +153,8 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
     model.eval()
     save_model(model, tokenizer, out)  # replaces the folder: its checkpoints go with it
     metrics: dict[str, float] = {}
-    if task.test:
+    if task.test:  # the task's environment, as training and gspo eval score it
+        env, limits = held_out_env(cfg, task, fmt.chat)
         metrics = evaluate_model(
             model,
             tokenizer,
@@ -159,8 +163,18 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
             max_new_tokens=cfg.max_new_tokens,
             generator=step_generator(cfg.seed, cfg.steps, stream=3, device=device),
             prompt_format=fmt,
+            env=env,
+            limits=limits,
         )
     return SFTResult(out, losses, metrics, seconds + time.perf_counter() - t0)
+
+
+def held_out_env(cfg: SFTConfig, task, chat: bool) -> tuple[Environment | None, Limits]:
+    """The environment of SFT's held-out score and its limits: the task's registered one
+    (multi-turn included), else None (the task's reward as one turn, as the trainer's)."""
+    env = env_for(task, TaskOptions.of(cfg), chat) if task.name in ENVIRONMENTS else None
+    multi = env is not None and env.multi_turn
+    return env, episode_limits(TaskOptions.of(cfg), cfg.max_new_tokens, multi)
 
 
 def _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, losses) -> None:

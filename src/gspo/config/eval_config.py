@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import EngineFields, _doc
+from .fields import EngineFields, EpisodeFields, _doc
 
 
 @dataclass
-class EvalConfig(EngineFields):
-    """``gspo eval``: score a model on a data file or a built-in task's held-out split."""
+class EvalConfig(EngineFields, EpisodeFields):
+    """``gspo eval``: score a model on a data file or a built-in task's held-out split (a task
+    with a registered environment: its episodes, multi-turn within the EpisodeFields' limits)."""
 
     model: str = _doc(
         "'smollm2-135m-instruct', a local Hugging Face checkpoint directory (e.g. a run's "
@@ -79,7 +80,11 @@ class EvalConfig(EngineFields):
         "error",
     )
     limit: int = _doc("Score only the first N problems; 0: all.", 0)
-    samples: int = _doc("Sampled completions per problem (k of avg@k and pass@k); 0: none.", 4)
+    samples: int = _doc(
+        "Sampled completions per problem (k of avg@k and pass@k; multi-turn tasks: sampled "
+        "episodes, also their success rate); 0: none.",
+        4,
+    )
     greedy: bool = _doc("Also score one greedy completion per problem.", True)
     max_new_tokens: int = _doc("Maximum completion length in tokens.", 256)
     temperature: float = _doc("Sampling temperature of the k samples.", 1.0)

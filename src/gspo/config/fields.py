@@ -2,7 +2,9 @@
 
 ``SharedFields`` holds the run, model and task fields common to ``gspo train`` and ``gspo sft``;
 ``EngineFields`` (rollout engine, vLLM start-up) is a base of ``TrainConfig`` and ``EvalConfig``;
-``CorrectionFields`` (training-inference mismatch correction) of ``TrainConfig`` only. A field
+``CorrectionFields`` (training-inference mismatch correction) of ``TrainConfig`` only;
+``EpisodeFields`` (multi-turn episode limits) of ``EvalConfig`` and ``SFTConfig`` (``TrainConfig``
+declares the same fields among its own). A field
 whose default or doc differs in a subclass (``output_dir``, ``n_test``) is redeclared there, which
 keeps its place in the field order.
 
@@ -213,4 +215,26 @@ class CorrectionFields:
         "Lower bound of the correction weights (truncate: max(ρ, floor); mask: ρ < floor gets "
         "0); None: no lower bound.",
         None,
+    )
+
+
+@dataclass
+class EpisodeFields:
+    """Limits of multi-turn episodes where a model is evaluated outside training (``gspo eval``,
+    ``gspo sft``'s held-out score); the same fields, defaults and docs as ``TrainConfig``'s."""
+
+    max_turns: int = _doc("Multi-turn tasks: policy turns per episode.", 4)
+    max_tokens_per_turn: int = _doc(
+        "Multi-turn tasks: tokens one policy turn may sample; 0: max_new_tokens.", 0
+    )
+    max_total_tokens: int = _doc(
+        "Multi-turn tasks: policy + environment tokens after the prompt per episode.", 128
+    )
+    env_timeout_s: float = _doc(
+        "Environments without step_batch (the multi-turn tasks'): seconds one environment "
+        "step may take before the episode fails (counted in episode/failed); 0: no limit.",
+        30.0,
+    )
+    tool_timeout_s: float = _doc(
+        "Multi-turn tasks: seconds one tool call may take before the episode fails.", 10.0
     )

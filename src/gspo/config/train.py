@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .asynchronous import AsyncFields
-from .fields import CorrectionFields, EngineFields, SharedFields, _doc
+from .fields import CorrectionFields, EngineFields, EpisodeFields, SharedFields, _doc
 from .scale import ScaleFields
 
 
@@ -243,7 +243,7 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
 
 
 @dataclass
-class SFTConfig(SharedFields):
+class SFTConfig(SharedFields, EpisodeFields):
     """Supervised cold start on a task's demonstrations (run, model and task: SharedFields)."""
 
     output_dir: str = _doc("Folder for the fine-tuned model.", "runs/sft")
@@ -262,6 +262,11 @@ class SFTConfig(SharedFields):
     )
 
 
-SFT_SAFE_ON_RESUME = frozenset({"output_dir", "steps", "checkpoint_every", "progress", "threads"})
+EPISODE_LIMITS = tuple(EpisodeFields.__dataclass_fields__)
+
+SFT_SAFE_ON_RESUME = frozenset(
+    {"output_dir", "steps", "checkpoint_every", "progress", "threads", *EPISODE_LIMITS}
+)
 """Fields a resumed SFT may change: its learning rate is warm-up then constant, so more steps
-continue the same run; the rest decide what each step computes."""
+continue the same run; the episode limits only shape the final held-out score; the rest decide
+what each step computes."""

@@ -50,6 +50,7 @@ def config_problems(cfg: Config) -> list[str]:
     _validate_model_fields(cfg, need)
     validate_engine(cfg, need)  # rollout_engine, vllm_* fields
     _validate_task(cfg, need)
+    _validate_episode_limits(cfg, need)
     if isinstance(cfg, EvalConfig):
         _validate_eval(cfg, need)
         return problems
@@ -138,6 +139,13 @@ def _validate_model_fields(cfg: Config, need: Any) -> None:
         cfg.answer_format in ANSWER_FORMATS,
         one_of("answer_format", cfg.answer_format, ANSWER_FORMATS),
     )
+
+
+def _validate_episode_limits(cfg: SFTConfig | EvalConfig, need: Any) -> None:
+    """The multi-turn limits of ``gspo eval`` and ``gspo sft`` (training's: TaskOptions)."""
+    need(cfg.max_turns >= 1, f"max_turns must be >= 1, got {cfg.max_turns}")
+    need(cfg.max_total_tokens >= 1, f"max_total_tokens must be >= 1, got {cfg.max_total_tokens}")
+    need(cfg.max_tokens_per_turn >= 0, "max_tokens_per_turn must be >= 0")
 
 
 def _validate_eval(cfg: EvalConfig, need: Any) -> None:

@@ -2,12 +2,21 @@
 
 One episode:
 
-    reset(example) -> state
+    reset(example) -> state, or Opening(state, messages)
     loop:  the policy writes a turn (token ids from the engine, decoded to text)
            step(state, turn_text, finished) -> Step
                Step.done False: Step.messages are the environment's reply (a tool result,
                                 feedback, a new observation); the policy writes the next turn
-               Step.done True:  the episode ends with Step.reward
+               Step.done True:  the episode ends with Step.reward and Step.success
+
+``reset`` may return :class:`Opening`: its ``messages`` are the episode's opening observation,
+which the policy sees as its prompt (after the task's system prompt, if any) instead of the
+example's prompt, so a game is created once, in ``reset``. Any other return value is the state.
+
+``success`` is the environment's verdict on a finished episode (a won game, all tests passed):
+``eval/success`` counts the episodes that reported True, never a positive reward. An episode the
+driver cuts (the turn limit, or a token limit) earns the environment's ``cut_reward`` (an
+optional attribute; absent: 0.0) and is not a success, whatever its last step said.
 
 ``Step.turn_reward`` is an optional reward for the turn just taken (per-turn credit, see
 :mod:`gspo.envs.credit`); the episode's return is the sum of its turn rewards plus the final
@@ -30,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gspo.config.plugins import resolve
+from gspo.core.metrics import CORRECT
 from gspo.envs.rewards import score_each
 
 if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
@@ -62,6 +72,33 @@ class Step:
     info: dict[str, float] = field(default_factory=dict)
     """Per-episode values besides the reward, kept on the trajectory (``"task"``: the task's
     own reward when the training reward adds a format bonus, logged as ``reward/task``)."""
+    success: bool | None = None
+    """Read when ``done``: the environment's verdict on the episode (True: solved; None: the
+    environment says nothing, counted as no success)."""
+
+
+@dataclass
+class Opening:
+    """What :meth:`Environment.reset` may return instead of a bare state: the episode's state
+    and its opening observation ``messages``, the policy's prompt (after the task's system
+    prompt, if any) in place of the example's prompt."""
+
+    state: Any
+    messages: list[Message]
+
+
+def opening_of(env: Environment, example: Example) -> tuple[Any, list[Message] | None]:
+    """``env.reset(example)`` as (state, opening messages or None: the example's prompt)."""
+    state = env.reset(example)
+    if isinstance(state, Opening):
+        return state.state, [dict(m) for m in state.messages]
+    return state, None
+
+
+def cut_reward(env: Environment) -> float:
+    """What an episode of ``env`` that the driver cut (turn or token limit) earns: the
+    environment's ``cut_reward`` attribute, 0.0 without one."""
+    return float(getattr(env, "cut_reward", 0.0))
 
 
 @runtime_checkable
@@ -76,7 +113,8 @@ class Environment(Protocol):
     """Strings that end a policy turn besides the end-of-turn tokens (a closed tool call)."""
 
     def reset(self, example: Example) -> Any:
-        """Fresh per-episode state for ``example``."""
+        """Fresh per-episode state for ``example`` (or an :class:`Opening`: the state and the
+        episode's opening messages)."""
         ...
 
     def step(self, state: Any, text: str, finished: bool) -> Step:
@@ -93,6 +131,10 @@ class SingleTurnEnv:
     number or runs out of time scores 0 and fails its episode (a reward error). With
     ``task_reward`` (the task's own reward, when ``reward`` adds a format bonus to it), each
     step's ``info["task"]`` holds it too.
+
+    A step's ``success`` is the task's correctness: its reward (the task's own, without a format
+    bonus) is at least ``CORRECT`` (1 for the built-in tasks' 0/1 rewards); a failed reward is
+    no success.
     """
 
     multi_turn = False
@@ -130,12 +172,16 @@ class SingleTurnEnv:
         each = self.scorer or score_each
         values = each(self.reward, texts, states, timeout_s=self.timeout_s, workers=self.workers)
         out = [
-            Step(done=True, failed=True) if v is None else Step(done=True, reward=v) for v in values
+            Step(done=True, failed=True, success=False)
+            if v is None
+            else Step(done=True, reward=v, success=v >= CORRECT)
+            for v in values
         ]
         if self.task_reward is not None:  # errors of the task reward alone are not counted
             task = each(self.task_reward, texts, states, workers=self.workers)
             for step, value in zip(out, task, strict=True):
                 step.info["task"] = 0.0 if value is None else value
+                step.success = not step.failed and step.info["task"] >= CORRECT
         return out
 
 

@@ -54,8 +54,9 @@ class CodeFeedbackEnv:
         else:
             report = run_tests(code, suite, test_timeout_s=self.test_timeout_s)
         fraction = report.fraction if report is not None else 0.0
-        if (report is not None and report.all_passed) or state.attempts > self.retries:
-            return Step(done=True, reward=fraction)
+        passed = report is not None and report.all_passed
+        if passed or state.attempts > self.retries:  # success: every test passed
+            return Step(done=True, reward=fraction, success=passed)
         if report is None:
             feedback = "No code found. Answer with the code in a ```python block."
         else:

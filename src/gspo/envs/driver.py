@@ -8,10 +8,16 @@ as a one-turn round samples ``n`` completions. The engine's output tokens and
 log-probs are appended to the trajectory as they are (token-in, token-out); the environment's
 reply is tokenized incrementally (:mod:`gspo.envs.trajectory`).
 
+Openings: an environment whose ``reset`` returns :class:`gspo.envs.base.Opening` gives each
+episode its own prompt (the opening messages); the first round then samples each episode from
+its own prompt, unless every episode of a group has the same one.
+
 Limits: ``max_turns`` policy turns, ``max_tokens_per_turn`` per turn, ``max_total_tokens``
 after the prompt (policy + environment tokens; the turn that crosses it is cut), and
 ``env_timeout_s`` per environment call (a call that hangs or raises fails the episode, which
-is counted in ``episode/failed``; the run goes on). An environment with ``step_batch`` answers
+is counted in ``episode/failed``; the run goes on). An episode cut by the turn or a token limit
+earns the environment's ``cut_reward`` (0.0 without one), not its last step's reward, and is no
+success. An environment with ``step_batch`` answers
 each round's turns at once (:func:`gspo.envs.env_round.step_round`) and bounds its own calls.
 
 Engines: anything with the rollout protocol's ``generate(prompts, n, params, generator)``, the
@@ -44,7 +50,7 @@ from gspo.rollout.base import Rollout, SamplingParams
 
 from .agent import AgentEnvironment
 from .agent_driver import run_agent_episodes
-from .base import Environment, Step
+from .base import Environment, Step, cut_reward, opening_of
 from .env_round import step_round
 from .one_turn import run_one_turn
 from .trajectory import Trajectory, to_rollout
@@ -105,31 +111,42 @@ def run_episodes(
     states: list[Any] = []
     prompt_index: list[int] = []
     starts: list[list[int]] = []
+    shared = True  # every episode of a group starts from one prompt
     for i, example in enumerate(examples):
         ids, history = encoder.start(example.prompt)
         if prompts is not None:
             ids = list(prompts[i])
-        starts.append(ids)
-        for _ in range(n):
-            trajs.append(Trajectory(prompt_ids=list(ids), history=[dict(m) for m in history]))
-            states.append(env.reset(example))
+        for j in range(n):
+            state, opening = opening_of(env, example)
+            own_ids, own_history = (
+                (ids, history) if opening is None else encoder.start_messages(opening)
+            )
+            if j == 0:
+                starts.append(own_ids)
+            shared = shared and own_ids == starts[-1]
+            trajs.append(
+                Trajectory(prompt_ids=list(own_ids), history=[dict(m) for m in own_history])
+            )
+            states.append(state)
             prompt_index.append(i)
-    first, stamped = True, False
+    first, stamped, cut = True, False, cut_reward(env)
     while True:
         active = [k for k, t in enumerate(trajs) if not t.done]
         if not active:
             break
-        if first:  # every group starts from one prompt: n samples of each, as single-turn
+        if first and shared:  # every group starts from one prompt: n samples of each, as one-turn
             out = generate(starts, n, params, generator)
-            first = False
+        elif first:  # openings of their own (Opening): one sample of each episode's prompt
+            out = generate([t.prompt_ids for t in trajs], 1, params, generator)
         else:
             out = generate([trajs[k].context() for k in active], 1, params, generator)
         stamped = out.versions is not None
+        first = False
         turns = [_take_turn(trajs[k], tokenizer, out, row, limits) for row, k in enumerate(active)]
         texts, finished = [x[1] for x in turns], [x[2] for x in turns]
         steps = step_round(env, [states[k] for k in active], texts, finished, limits.env_timeout_s)
         for k, (ids, _, done), step in zip(active, turns, steps, strict=True):
-            _advance(trajs[k], step, ids, done, encoder, limits)
+            _advance(trajs[k], step, ids, done, encoder, limits, cut)
     rollout = to_rollout(trajs, prompt_index, pad_id=_pad_id(tokenizer), versions=stamped)
     rollout.extras["policy_version"] = torch.full((len(trajs),), version, dtype=torch.long)
     return rollout, trajs
@@ -160,29 +177,43 @@ def _take_turn(
 
 
 def _advance(
-    t: Trajectory, step: Step, ids: list[int], finished: bool, encoder, limits: Limits
+    t: Trajectory,
+    step: Step,
+    ids: list[int],
+    finished: bool,
+    encoder,
+    limits: Limits,
+    cut: float,
 ) -> None:
-    """The environment's answer ``step`` to the turn ``ids``: append its reply or end ``t``."""
+    """The environment's answer ``step`` to the turn ``ids``: append its reply or end ``t``.
+    An episode the environment ends earns its step's reward and success; one the driver cuts
+    (turn or token limit) earns ``cut`` (the environment's ``cut_reward``) and no success."""
     t.turn_rewards[-1] += step.turn_reward
     t.tool_calls += step.tool_calls
     t.tool_errors += step.tool_errors
     t.info.update(step.info)
     if step.done or step.failed:
-        t.done, t.reward = True, step.reward
+        t.done, t.reward, t.success = True, step.reward, False if step.failed else step.success
         t.finish = "failed" if step.failed else ("stop" if finished else "length")
         return
     if not finished:
-        t.done, t.reward, t.finish = True, step.reward, "length"
+        _cut(t, cut, "length")
         return
     if t.num_turns >= limits.max_turns:
-        t.done, t.reward, t.finish = True, step.reward, "turns"
+        _cut(t, cut, "turns")
         return
     reply = encoder.reply_ids(t.history, ids, step.messages)
     t.history.extend(step.messages)
     if len(t.ids) + len(reply) >= limits.max_total_tokens:  # no room for the reply and a turn
-        t.done, t.reward, t.finish = True, step.reward, "length"
+        _cut(t, cut, "length")
         return
     t.add_env(reply)
+
+
+def _cut(t: Trajectory, reward: float, finish: str) -> None:
+    """End ``t`` at a limit: the step's reward is not final (it is read when done), so the
+    episode earns the environment's cut reward, and it is no success."""
+    t.done, t.reward, t.success, t.finish = True, reward, False, finish
 
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """What the trainer calls for every task: one round of a step's episodes with their returns
-(and, for multi-turn episodes, their advantages), and the held-out evaluation of whole episodes.
+(and, for multi-turn episodes, their advantages). Held-out evaluation, single- and multi-turn, is
+:func:`gspo.orchestration.evaluation.evaluate` of ``eval_env`` within ``limits``.
 
 A single-turn task is the one-turn case: its environment (:class:`SingleTurnEnv`, the run's
 training reward with its format bonus, reward workers and timeout) ends every episode after
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gspo.config.combinations import multi_turn_combinations
-from gspo.core.metrics import CORRECT, mean_and_se
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.batch import RolloutBatch
@@ -30,19 +30,26 @@ from .trajectory import Trajectory, make_encoder
 
 if TYPE_CHECKING:  # the config validates tasks against gspo.envs: only a type here, no cycle
     from gspo.config.combinations import Options
+    from gspo.config.options import TaskOptions
 
 
 def limits_from(cfg: Options, multi_turn: bool = True) -> Limits:
     """The run's episode limits; one-turn episodes: one turn of ``max_new_tokens``."""
+    return episode_limits(cfg.task, cfg.rollout.max_new_tokens, multi_turn)
+
+
+def episode_limits(task: TaskOptions, max_new_tokens: int, multi_turn: bool = True) -> Limits:
+    """Episode limits from the task options (training's, ``gspo eval``'s and ``gspo sft``'s
+    alike); one-turn episodes: one turn of ``max_new_tokens``."""
     if not multi_turn:
-        n = cfg.rollout.max_new_tokens
+        n = max_new_tokens
         return Limits(max_turns=1, max_tokens_per_turn=n, max_total_tokens=n,
-                      env_timeout_s=cfg.task.env_timeout_s)  # fmt: skip
+                      env_timeout_s=task.env_timeout_s)  # fmt: skip
     return Limits(
-        max_turns=cfg.task.max_turns,
-        max_tokens_per_turn=cfg.task.max_tokens_per_turn or cfg.rollout.max_new_tokens,
-        max_total_tokens=cfg.task.max_total_tokens,
-        env_timeout_s=cfg.task.env_timeout_s,
+        max_turns=task.max_turns,
+        max_tokens_per_turn=task.max_tokens_per_turn or max_new_tokens,
+        max_total_tokens=task.max_total_tokens,
+        env_timeout_s=task.env_timeout_s,
     )
 
 
@@ -157,31 +164,6 @@ class Episodes:
         metrics = episode_metrics(trajs)
         metrics["reward/final_mean"] = sum(t.reward for t in trajs) / len(trajs)
         return metrics
-
-    def evaluate(self, engine, examples: list[Example], max_batch: int = 256) -> dict[str, float]:
-        """Greedy episodes on ``examples``: accuracy (final reward >= 1) and success (final
-        reward > 0), each with its standard error; mean final reward, turns, tool calls, tokens."""
-        params = SamplingParams(temperature=0.0, stop_token_ids=self.stop_token_ids)
-        trajs = []
-        for i in range(0, len(examples), max_batch):
-            _, part = run_episodes(
-                engine,
-                self.eval_env,
-                self.encoder,
-                examples[i : i + max_batch],
-                1,
-                params,
-                self.limits,
-            )
-            trajs += part
-        acc, se = mean_and_se([float(t.reward >= CORRECT) for t in trajs])
-        won, won_se = mean_and_se([float(t.reward > 0) for t in trajs])
-        out = {"problems": float(len(trajs)), "greedy_accuracy": acc, "greedy_accuracy_se": se}
-        # Environments that scale a success by its turns (guess): any positive final reward.
-        out.update({"success": won, "success_se": won_se})
-        out["final_reward"] = sum(t.reward for t in trajs) / max(len(trajs), 1)
-        out.update({k.split("/", 1)[1]: v for k, v in episode_metrics(trajs).items()})
-        return out
 
 
 def check_multi_turn(cfg: Options) -> None:

@@ -85,7 +85,11 @@ class _State:
 
 
 class GuessEnv:
+    """Success: the number was found (whatever the turn); an episode cut by a limit earns
+    ``cut_reward`` 0.0, as one that never finds the number."""
+
     multi_turn = True
+    cut_reward = 0.0
 
     def __init__(self, *, plain: bool, turn_cost: float = 0.1) -> None:
         self.name = "guess"
@@ -109,7 +113,7 @@ class GuessEnv:
         except ValueError:
             return Step(done=False, messages=self._reply("invalid"), turn_reward=-self.turn_cost)
         if guess == state.target:
-            return Step(done=True, reward=self._won(state.turns))
+            return Step(done=True, reward=self._won(state.turns), success=True)
         word = "higher" if guess < state.target else "lower"
         return Step(done=False, messages=self._reply(word))
 

@@ -24,7 +24,7 @@ from gspo.models import moe
 from gspo.models.text import decode_completions
 from gspo.rollout.base import Rollout, SamplingParams
 
-from .base import Environment
+from .base import Environment, opening_of
 from .env_round import step_round
 from .trajectory import Trajectory
 
@@ -77,7 +77,7 @@ def answer_round(
     decoded completion; ``prompt_ids``: ``prompts``' when given, else empty)."""
     texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
     rows = rollout.prompt_index.tolist()
-    states = [env.reset(examples[i]) for i in rows]
+    states = [_state(env, examples[i]) for i in rows]
     finished = [f == "stop" for f in rollout.finish_reasons]
     steps = step_round(env, states, texts, finished, timeout_s)
     ids, mask = rollout.completion_ids.cpu(), rollout.completion_mask.cpu().bool()  # [N, L]
@@ -90,7 +90,19 @@ def answer_round(
         t.add_policy(ids[k][mask[k]].tolist(), logprobs[k][mask[k]].tolist())
         t.turn_rewards[-1] = step.turn_reward
         t.tool_calls, t.tool_errors, t.info = step.tool_calls, step.tool_errors, step.info
-        t.done, t.reward = True, step.reward
+        t.done, t.reward, t.success = True, step.reward, False if step.failed else step.success
         t.finish = "failed" if step.failed else rollout.finish_reasons[k]
         trajs.append(t)
     return trajs
+
+
+def _state(env: Environment, example: Example) -> Any:
+    """The state of a one-turn episode. Its prompt is the example's (the round samples every
+    group from one prompt), so an opening observation is refused rather than ignored."""
+    state, opening = opening_of(env, example)
+    if opening is not None:
+        raise ValueError(
+            f"{env.name}: reset returned an Opening, but a one-turn environment (multi_turn "
+            "False) is prompted with the example's prompt; set multi_turn = True to use openings"
+        )
+    return state

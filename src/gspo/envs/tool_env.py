@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gspo.core.metrics import CORRECT
 from gspo.envs.tasks.base import Example, RewardFn
 
 from .base import Step
@@ -76,8 +77,9 @@ class ToolEnv:
             try:
                 reward = float(self.final_reward(state, text))
             except Exception:  # a reward that raises scores 0
-                return Step(done=True, reward=0.0, failed=True)
-            return Step(done=True, reward=reward)
+                return Step(done=True, reward=0.0, failed=True, success=False)
+            # success: the final answer is right (the task's reward reaches CORRECT)
+            return Step(done=True, reward=reward, success=reward >= CORRECT)
         messages: list[dict[str, str]] = []
         errors = 0
         for call in calls:

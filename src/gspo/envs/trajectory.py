@@ -41,8 +41,13 @@ class PlainEncoder:
         self.tokenizer = tokenizer
 
     def start(self, prompt: str) -> tuple[list[int], list[Message]]:
-        ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        return ids, [{"role": "user", "content": prompt}]
+        return self.start_messages([{"role": "user", "content": prompt}])
+
+    def start_messages(self, messages: list[Message]) -> tuple[list[int], list[Message]]:
+        """An opening observation (:class:`gspo.envs.base.Opening`) as the prompt: its text."""
+        text = "".join(m["content"] for m in messages)
+        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return ids, [dict(m) for m in messages]
 
     def reply_ids(
         self, history: list[Message], last_turn: list[int], messages: list[Message]
@@ -70,8 +75,13 @@ class ChatEncoder:
         self.system_prompt = system_prompt
 
     def start(self, prompt: str) -> tuple[list[int], list[Message]]:
+        return self.start_messages([{"role": "user", "content": prompt}])
+
+    def start_messages(self, messages: list[Message]) -> tuple[list[int], list[Message]]:
+        """The prompt of ``messages`` (after the system prompt, if any), ending with the
+        assistant's generation prompt."""
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        history = [*head, {"role": "user", "content": prompt}]
+        history = [*head, *(dict(m) for m in messages)]
         text = self.tokenizer.apply_chat_template(
             history, tokenize=False, add_generation_prompt=True
         )
@@ -130,6 +140,9 @@ class Trajectory:
     tool_errors: int = 0
     info: dict[str, float] = field(default_factory=dict)
     """The environment's per-episode values (:attr:`gspo.envs.base.Step.info`), last wins."""
+    success: bool | None = None
+    """The environment's verdict on the finished episode (:attr:`gspo.envs.base.Step.success`
+    of its final step; False when the driver cut it; None: the environment reported none)."""
     done: bool = False
 
     @property

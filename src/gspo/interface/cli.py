@@ -314,9 +314,10 @@ def run_eval_cli(args: Any, overrides: Any) -> int:
     report = evaluate(cfg)
     m = report["metrics"]
     print(f"{report['data']}: {int(m['problems'])} problems, model {cfg.model}")
-    rows = [("greedy accuracy", "greedy_accuracy")]
+    rows = [("greedy accuracy", "greedy_accuracy"), ("greedy success", "success")]
     if cfg.samples > 0:
         rows += [
+            ("sampled success", "sampled_success"),  # multi-turn environments
             (f"avg@{cfg.samples}", f"avg@{cfg.samples}"),
             (f"pass@{cfg.samples}", f"pass@{cfg.samples}"),
         ]
@@ -327,6 +328,7 @@ def run_eval_cli(args: Any, overrides: Any) -> int:
         ("greedy length", "greedy_response_length"),
         ("sampled length", "response_length"),
         ("greedy truncated", "greedy_truncated_fraction"),
+        ("greedy turns", "turns_mean"),  # multi-turn environments
         ("sampled truncated", "truncated_fraction"),
     ):
         if key in m:

@@ -218,7 +218,11 @@ def run_compare(
             log(f"[sft seed {seed}] cold start: {sft_cfg.steps} steps on {sft_cfg.task}")
             result = run_sft(sft_cfg)
             acc = result.eval.get("greedy_accuracy", float("nan"))
-            log(f"[sft seed {seed}] {result.seconds:.0f} s, held-out greedy accuracy {acc:.3f}")
+            won = result.eval.get("success")  # multi-turn environments: solved episodes
+            extra = f", success {won:.3f}" if won is not None else ""
+            log(
+                f"[sft seed {seed}] {result.seconds:.0f} s, held-out greedy accuracy {acc:.3f}{extra}"
+            )
             marker.write_text(json.dumps(wanted, indent=2))
             fresh.add(seed)
         sft_dirs[seed] = sft_dir
@@ -234,6 +238,8 @@ def run_compare(
         result = train(cfg)
         acc = result.final_eval.get("eval/greedy_accuracy")
         extra = f", held-out greedy accuracy {acc:.3f}" if acc is not None else ""
+        won = result.final_eval.get("eval/success")
+        extra += f", success {won:.3f}" if won is not None else ""
         log(f"{tag} {time.perf_counter() - t_run:.0f} s{extra}")
     report = build_report(run_dirs, out / "report", tail=tail, title=title, reference=reference)
     return CompareResult(

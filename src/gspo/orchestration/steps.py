@@ -191,24 +191,25 @@ def step_metrics(
 
 
 def evaluate_now(parts: Parts, state: StepState) -> dict[str, float]:
-    """7. Held-out evaluation at ``state.step``, as ``eval/*`` metrics: whole greedy episodes
-    for multi-turn tasks; greedy and sampled one-turn episodes for single-turn tasks."""
+    """7. Held-out evaluation at ``state.step``, as ``eval/*`` metrics: the one evaluation of
+    ``gspo eval`` and ``gspo sft`` too, of the task's environment (``episodes.eval_env``):
+    greedy whole episodes for multi-turn tasks (sampled ones are ``gspo eval --samples``);
+    greedy and sampled one-turn episodes for single-turn tasks."""
     cfg, engine, episodes = parts.cfg, parts.engine, parts.episodes
-    if episodes.env.multi_turn:
-        metrics = episodes.evaluate(engine, parts.test_set)
-    else:
-        metrics = evaluate(
-            engine,
-            parts.tokenizer,
-            parts.test_set,
-            parts.task.reward,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            generator=state.generator(3, engine.device),
-            prompt_format=parts.fmt,
-            env=episodes.eval_env,
-        )
+    metrics = evaluate(
+        engine,
+        parts.tokenizer,
+        parts.test_set,
+        parts.task.reward,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        samples=0 if episodes.eval_env.multi_turn else 1,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        generator=state.generator(3, engine.device),
+        prompt_format=parts.fmt,
+        env=episodes.eval_env,
+        limits=episodes.limits,
+    )
     return {f"eval/{k}": v for k, v in metrics.items()}
 
 

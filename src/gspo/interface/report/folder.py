@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gspo.interface.report.data import Run, discover_runs, group_runs, load_run
 from gspo.interface.report.plots import plot_comparison
-from gspo.interface.report.stats import Summary, summarize
+from gspo.interface.report.stats import Summary, columns_for, summarize
 from gspo.interface.report.tables import paired_table, per_run_table, summary_table
 
 SETTINGS_SHOWN = (
@@ -90,7 +90,8 @@ def build_report(
     paths = discover_runs(run_dirs)
     runs = [load_run(p) for p in paths]
     groups = group_runs(runs, ignore)
-    summary = summarize(groups, tail=tail)
+    columns = columns_for(groups)
+    summary = summarize(groups, tail=tail, columns=columns)
     reference = next(iter(groups)) if reference is None else reference
     if reference not in groups:
         raise ValueError(f"unknown reference condition {reference!r}; have {', '.join(groups)}")
@@ -130,7 +131,7 @@ def build_report(
         "",
         f"## End of training (mean ± standard error over seeds; 'end' = last {tail_pct} of steps)",
         "",
-        summary_table(summary),
+        summary_table(summary, columns),
         "",
         f"## Paired by seed, against `{reference}`",
         "",
@@ -142,7 +143,7 @@ def build_report(
         "",
         "## Per run",
         "",
-        per_run_table(summary),
+        per_run_table(summary, columns),
         "",
         "## Curves",
         "",

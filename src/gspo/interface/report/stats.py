@@ -90,6 +90,22 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
+SUCCESS_COLUMNS: tuple[Column, ...] = (
+    Column("held-out success (start)", "eval/success", "first_eval"),
+    Column("held-out success (end)", "eval/success", "last_eval"),
+)
+"""Runs of a multi-turn environment: the share of held-out episodes the environment reported
+solved (greedy accuracy there is final reward >= 1, e.g. a first-guess win)."""
+
+
+def columns_for(groups: dict[str, list[Run]]) -> tuple[Column, ...]:
+    """The summary columns of these runs: :data:`COLUMNS`, with the held-out success beside the
+    held-out accuracy when a run's evaluations report it (multi-turn environments)."""
+    if any("eval/success" in r for runs in groups.values() for run in runs for r in run.records):
+        return (*COLUMNS[:2], *SUCCESS_COLUMNS, *COLUMNS[2:])
+    return COLUMNS
+
+
 def run_scalar(run: Run, column: Column, tail: float) -> float:
     """The value of ``column`` for one run (NaN when the run lacks the metric)."""
     if column.how in ("first_eval", "last_eval"):
