@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gspo.config import SFTConfig
 from gspo.config.eval_config import EvalConfig
 from gspo.config.options import EngineOptions, ModelOptions, TaskOptions
 from gspo.core.seeding import step_generator
+from gspo.envs.agent import episode_env
 from gspo.envs.base import Environment, env_factory, env_for
 from gspo.envs.driver import Limits
 from gspo.envs.episodes import episode_limits
@@ -69,15 +71,17 @@ def _problems(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str, Task | Non
     return list(examples), reward, where, task
 
 
-def eval_env(cfg: EvalConfig, task: Task | None, chat: bool) -> tuple[Environment | None, Limits]:
-    """The environment ``gspo eval`` scores and its episode limits: a task's registered
+def eval_env(
+    cfg: EvalConfig | SFTConfig, task: Task | None, chat: bool
+) -> tuple[Environment | None, Limits]:
+    """The environment ``gspo eval`` and ``gspo sft``'s held-out score run, and its limits: a task's registered
     environment as training builds it (:func:`gspo.envs.base.env_for`, multi-turn included);
     None for a data file or a task without one (its reward as one turn, with reward workers,
     as the trainer's ``eval_env``)."""
     env = None
     opts = TaskOptions.of(cfg)
     if task is not None and env_factory(task, opts) is not None:  # --env or a registered one
-        env = env_for(task, opts, chat)
+        env = episode_env(env_for(task, opts, chat), opts.endpoint_host, opts.endpoint_port)
     multi = env is not None and env.multi_turn
     return env, episode_limits(TaskOptions.of(cfg), cfg.max_new_tokens, multi)
 

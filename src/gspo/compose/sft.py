@@ -14,18 +14,16 @@ import torch
 from ..backend import checkpoint as ckpt
 from ..backend.update import lr_lambda
 from ..config import ConfigError, SFTConfig, to_dict
-from ..config.options import ModelOptions, TaskOptions
+from ..config.options import ModelOptions
 from ..config.train import SFT_SAFE_ON_RESUME
 from ..core.checkpoint_paths import checkpoint_root, latest_checkpoint
 from ..core.seeding import step_generator
-from ..envs.base import ENVIRONMENTS, Environment, env_for
-from ..envs.driver import Limits
-from ..envs.episodes import episode_limits
 from ..models import moe, save_model, token_logprobs
 from ..models.policy import build_prompt_format, resolve_device, set_threads
 from ..orchestration.evaluation import evaluate_model
 from ..orchestration.logging import progress_bar
 from ..orchestration.signals import StopRequest
+from .evaluate import eval_env
 from .parts import build_policy_for, build_task
 
 
@@ -154,7 +152,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
     save_model(model, tokenizer, out)  # replaces the folder: its checkpoints go with it
     metrics: dict[str, float] = {}
     if task.test:  # the task's environment, as training and gspo eval score it
-        env, limits = held_out_env(cfg, task, fmt.chat)
+        env, limits = eval_env(cfg, task, fmt.chat)  # as gspo eval and training
         metrics = evaluate_model(
             model,
             tokenizer,
@@ -167,14 +165,6 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
             limits=limits,
         )
     return SFTResult(out, losses, metrics, seconds + time.perf_counter() - t0)
-
-
-def held_out_env(cfg: SFTConfig, task, chat: bool) -> tuple[Environment | None, Limits]:
-    """The environment of SFT's held-out score and its limits: the task's registered one
-    (multi-turn included), else None (the task's reward as one turn, as the trainer's)."""
-    env = env_for(task, TaskOptions.of(cfg), chat) if task.name in ENVIRONMENTS else None
-    multi = env is not None and env.multi_turn
-    return env, episode_limits(TaskOptions.of(cfg), cfg.max_new_tokens, multi)
 
 
 def _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, losses) -> None:

@@ -154,7 +154,7 @@ def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Par
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
-        cfg, task, fmt, tokenizer, model, env.multi_turn
+        cfg, task, fmt, tokenizer, model, episodes.eval_env.multi_turn
     )
     build_backend = BACKENDS[cfg.backend]
     backend, engine, scorer = build_backend(
