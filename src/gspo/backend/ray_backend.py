@@ -93,6 +93,13 @@ def _lost(name: str, what: str, err: BaseException, output_dir: str | None) -> W
     )
 
 
+def _node_id(actor: Any) -> str:
+    """Run inside an actor (``__ray_call__``): the id of the Ray node it runs on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
 class RayFSDPBackend:
     """The policy update over ``workers`` FSDP2 ranks placed by Ray."""
 
@@ -133,6 +140,8 @@ class RayFSDPBackend:
         self._all(lambda r: r.setup.remote(meet, state), "start-up")
         self.pids = self._all(lambda r: r.pid.remote(), "start-up")
         self.names = [f"training rank {r} (pid {p})" for r, p in enumerate(self.pids)]
+        # The Ray node of each rank (a cluster run reports where its ranks landed).
+        self.nodes = self._all(lambda r: r.__ray_call__.remote(_node_id), "start-up")
         self._lr = self._rank0(lambda r: r.lr.remote(), "lr")
 
     def _all(self, call, what: str) -> list:
