@@ -112,8 +112,10 @@ class RayFSDPBackend:
         actor_options: list[dict[str, Any]] | None = None,
         output_dir: str | None = None,
         temp_dir: str | None = None,
+        wait: bool = True,
     ):
-
+        """``wait=False``: only create the rank actors (their processes start, importing torch,
+        while the caller starts other actors); :meth:`finish_start` then forms the group."""
         refuse_unsupported(cfg, model)
         self.cfg, self.model, self.output_dir = cfg, model, output_dir
         self.owns_ray = not import_ray().is_initialized()  # then close() shuts it down
@@ -125,16 +127,28 @@ class RayFSDPBackend:
         self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
         self.ranks = []
         try:
-            self._start_ranks(FSDPRank, cfg, model, workers, actor_options)
+            self._launch_ranks(FSDPRank, cfg, workers, actor_options)
+            if wait:
+                self.finish_start()
         except BaseException:  # a failed start-up: no rank, Ray or temp dir outlives it
             self.close()
             raise
 
-    def _start_ranks(self, rank_class, cfg, model, workers: int, actor_options) -> None:
+    def _launch_ranks(self, rank_class, cfg, workers: int, actor_options) -> None:
         actor = self.ray.remote(num_cpus=1)(rank_class)
         options = actor_options or [{} for _ in range(workers)]
         self.names = [f"training rank {r}" for r in range(workers)]
         self.ranks = [actor.options(**options[r]).remote(cfg, r, workers) for r in range(workers)]
+
+    def finish_start(self) -> None:
+        """Wait for the launched ranks, form their process group and hand them the weights."""
+        try:
+            self._start_ranks(self.model)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_ranks(self, model) -> None:
         meet = self._rank0(lambda r: r.rendezvous.remote(), "start-up")
         state = self.ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
         self._all(lambda r: r.setup.remote(meet, state), "start-up")

@@ -132,10 +132,15 @@ def build_ray_parts(
     bundles = max(n, m) if cfg.backend.placement == "colocated" else n + m
     ray = start_ray(cfg.backend.ray_address, num_cpus=bundles + reward_cpus, temp_dir=temp_dir)
     groups: list[Any] = []
-    pool = None
+    pool = backend = None
     try:
         trainer_opts, rollout_opts, groups = placement_options(ray, cfg)
         out = str(output_dir)
+        # The ranks' processes start (and import torch) while the rollout workers start: the
+        # two waits overlap instead of adding up.
+        backend = RayFSDPBackend(
+            cfg, model, n, actor_options=trainer_opts, output_dir=out, wait=False
+        )
         if m:
             pool = RolloutPool(
                 ray, cfg, model, tokenizer.pad_token_id, m, rollout_opts, output_dir=out
@@ -143,10 +148,13 @@ def build_ray_parts(
             engine: Any = pool
         else:
             engine = policy_engine(cfg, model, tokenizer)
-        backend = RayFSDPBackend(cfg, model, n, actor_options=trainer_opts, output_dir=out)
+        backend.finish_start()
     except BaseException:
         if pool is not None:
             pool.close()
+        if backend is not None:
+            backend.owns_ray = False  # Ray and the groups are released below
+            backend.close()
         _release(ray, groups, owns)
         raise
     backend.owns_ray = False
