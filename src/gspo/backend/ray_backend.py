@@ -62,7 +62,13 @@ def gather(ray: Any, refs: list, names: list[str], what: str, output_dir: str | 
     peer) also raises the peer's :class:`WorkerLostError`; otherwise its error propagates."""
     index = {ref: i for i, ref in enumerate(refs)}
     pending, results = list(refs), [None] * len(refs)
-    lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
+    # OutOfMemoryError: Ray's memory monitor killed the process (the node passed its memory
+    # threshold); the run stops as for any lost rank, naming it.
+    lost = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.OutOfMemoryError,
+    )
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         i = index[done[0]]
