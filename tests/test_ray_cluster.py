@@ -42,7 +42,7 @@ def machine(tmp_path, monkeypatch):
 
 def test_auto_never_joins_a_private_instance(machine):
     machine("run1", "10.0.0.1:40001", private=True)  # another gspo run's own Ray
-    with pytest.raises(ConfigError, match=r"no Ray cluster started with `ray start`.*1 private"):
+    with pytest.raises(ConfigError, match=r"no Ray cluster started with .ray start.*1 private"):
         ray_connect.resolve_address("auto")
     machine("head", "10.0.0.1:6379", private=False)
     machine("worker", "10.0.0.1:6379", private=False)  # a second node of the same cluster

@@ -158,7 +158,7 @@ def resolve_address(address: str | None) -> str | None:
         return public[0]
     if not public:
         raise ConfigError(
-            f"ray_address 'auto': no Ray cluster started with `ray start` runs on this "
+            f"ray_address 'auto': no Ray cluster started with 'ray start' runs on this "
             f"machine{note}; start one (ray start --head) or pass its HOST:PORT"
         )
     raise ConfigError(
