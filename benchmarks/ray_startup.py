@@ -13,7 +13,9 @@ workers (default 2 + 1, placement separate):
 - ``actors``: ``build_ray_parts``: the placement groups, the rollout workers' actors holding the
   weights, the training ranks' actors started, their gloo group formed, their shards set up;
 - ``ready``: ray.init to ready (what a run waits before its first step, after its imports);
-- ``close``: ranks, workers, groups and Ray stopped.
+- ``close``: ranks, workers, groups and Ray stopped;
+- ``rss_*_gb``: resident memory of the driver, the largest rank and rollout worker once ready
+  (not in the table; in the JSON and the per-run lines).
 
 Prints a Markdown table (median and range per source) and writes the runs to a new dated
 benchmarks/results/ray_startup-YYYYMMDD-HHMMSS.json (or --out).
@@ -57,6 +59,15 @@ b = time.perf_counter()
 backend, engine = build_ray_parts(split(cfg), model, tok, tempfile.mkdtemp())
 c = time.perf_counter()
 t.update({"ray.init": b - a, "actors": c - b, "ready": c - a})
+def rss_gb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 2**20
+import os
+t["rss_driver_gb"] = rss_gb(os.getpid())
+t["rss_rank_gb"] = max(rss_gb(p) for p in backend.pids)
+if m:
+    t["rss_worker_gb"] = max(rss_gb(p) for p in engine.pids)
 close_engine(engine)
 backend.close()
 stop_ray(ray)
@@ -101,7 +112,7 @@ def main() -> None:
         for label, src in sources.items():  # alternate: the machine's load hits both alike
             phases = measure(src, args.trainer_workers, args.rollout_workers)
             runs[label].append(phases)
-            shown = " ".join(f"{k} {v:.2f}" for k, v in phases.items())
+            shown = " ".join(f"{k} {v:.2f}" for k, v in phases.items())  # seconds, GB
             print(f"[{i + 1}/{args.repeats}] {label}: {shown}", flush=True)
     print(
         f"\n{args.trainer_workers} ranks + {args.rollout_workers} rollout workers, tiny model, "
