@@ -93,8 +93,15 @@ def gather(ray: Any, refs: list, names: list[str], what: str, output_dir: str | 
 
 def _lost(name: str, what: str, err: BaseException, output_dir: str | None) -> WorkerLostError:
     last = latest_checkpoint(output_dir) if output_dir else None
+    # Measured: a node running another gspo than the driver fails to build the actor (its
+    # classes do not unpickle) and Ray reports only ActorDiedError.
+    hint = (
+        " (on a cluster: every node needs the driver's gspo and torch)"
+        if what == "start-up"
+        else ""
+    )
     return WorkerLostError(
-        f"{name} died during {what} ({type(err).__name__}); the run stops. Last good "
+        f"{name} died during {what} ({type(err).__name__}){hint}; the run stops. Last good "
         f"checkpoint: {last or 'none yet'}" + (" (continue with --resume)" if last else "")
     )
 
