@@ -19,7 +19,8 @@ import time
 import uuid
 from pathlib import Path
 
-RAY = str(Path(sys.executable).with_name("ray"))
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+"""The `ray` command of this Python (the script Ray installs runs the same ``main``)."""
 
 
 def free_port() -> int:
@@ -59,7 +60,7 @@ class RayNode:
             "--runtime-env-agent-port": free_port(),
         }
         cmd = [
-            RAY,
+            *RAY,
             "start",
             f"--temp-dir={self.temp_dir}",
             f"--num-cpus={cpus}",
