@@ -155,3 +155,30 @@ def test_a_ray_run_resumes_locally_with_backend_local_alone(tmp_path):
     with pytest.raises(ConfigError, match="rollout_workers: 1 -> 2"):
         resume_config(run, {"backend": "local", "rollout_workers": 2}, echo=printed.append)
     assert follow_layout({"backend": "local"}, {"backend": "ray"}) == {}  # local -> Ray: valid
+
+
+def test_a_real_private_ray_is_seen_and_left_out():
+    """A private Ray started by start_ray (in another process, as another run's would be) is
+    found among this machine's raylets with its GCS address and marked private."""
+    import subprocess
+    import sys
+
+    if os.environ.get("GSPO_REQUIRE_RAY") != "1":
+        pytest.importorskip("ray")
+    start = (
+        "import time\n"
+        "from gspo.backend import ray_cluster\n"
+        "ray = ray_cluster.start_ray(None, num_cpus=1)\n"
+        "print(ray.get_runtime_context().gcs_address, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", start], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        gcs = proc.stdout.readline().strip()
+        assert gcs, "the private Ray did not start"
+        assert ray_connect.local_clusters().get(gcs) is True
+    finally:
+        proc.terminate()  # its atexit and watchdog stop the Ray it started
+        proc.wait(timeout=60)
