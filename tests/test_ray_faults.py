@@ -269,7 +269,10 @@ def test_a_rank_failing_because_its_peer_died_names_the_dead_peer():
             raise outcomes[ref]
 
         errors = SimpleNamespace(
-            RayActorError=ActorError, WorkerCrashedError=ActorError, RayTaskError=TaskError
+            RayActorError=ActorError,
+            WorkerCrashedError=ActorError,
+            OutOfMemoryError=ActorError,
+            RayTaskError=TaskError,
         )
         return SimpleNamespace(wait=wait, get=get, exceptions=errors)
 

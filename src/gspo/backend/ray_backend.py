@@ -62,7 +62,13 @@ def gather(ray: Any, refs: list, names: list[str], what: str, output_dir: str | 
     peer) also raises the peer's :class:`WorkerLostError`; otherwise its error propagates."""
     index = {ref: i for i, ref in enumerate(refs)}
     pending, results = list(refs), [None] * len(refs)
-    lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError)
+    # OutOfMemoryError: Ray's memory monitor killed the process (the node passed its memory
+    # threshold); the run stops as for any lost rank, naming it.
+    lost = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.OutOfMemoryError,
+    )
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         i = index[done[0]]
@@ -87,10 +93,24 @@ def gather(ray: Any, refs: list, names: list[str], what: str, output_dir: str | 
 
 def _lost(name: str, what: str, err: BaseException, output_dir: str | None) -> WorkerLostError:
     last = latest_checkpoint(output_dir) if output_dir else None
+    # Measured: a node running another gspo than the driver fails to build the actor (its
+    # classes do not unpickle) and Ray reports only ActorDiedError.
+    hint = (
+        " (on a cluster: every node needs the driver's gspo and torch)"
+        if what == "start-up"
+        else ""
+    )
     return WorkerLostError(
-        f"{name} died during {what} ({type(err).__name__}); the run stops. Last good "
+        f"{name} died during {what} ({type(err).__name__}){hint}; the run stops. Last good "
         f"checkpoint: {last or 'none yet'}" + (" (continue with --resume)" if last else "")
     )
+
+
+def _node_id(actor: Any) -> str:
+    """Run inside an actor (``__ray_call__``): the id of the Ray node it runs on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
 
 
 class RayFSDPBackend:
@@ -105,8 +125,10 @@ class RayFSDPBackend:
         actor_options: list[dict[str, Any]] | None = None,
         output_dir: str | None = None,
         temp_dir: str | None = None,
+        wait: bool = True,
     ):
-
+        """``wait=False``: only create the rank actors (their processes start, importing torch,
+        while the caller starts other actors); :meth:`finish_start` then forms the group."""
         refuse_unsupported(cfg, model)
         self.cfg, self.model, self.output_dir = cfg, model, output_dir
         self.owns_ray = not import_ray().is_initialized()  # then close() shuts it down
@@ -118,21 +140,35 @@ class RayFSDPBackend:
         self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
         self.ranks = []
         try:
-            self._start_ranks(FSDPRank, cfg, model, workers, actor_options)
+            self._launch_ranks(FSDPRank, cfg, workers, actor_options)
+            if wait:
+                self.finish_start()
         except BaseException:  # a failed start-up: no rank, Ray or temp dir outlives it
             self.close()
             raise
 
-    def _start_ranks(self, rank_class, cfg, model, workers: int, actor_options) -> None:
+    def _launch_ranks(self, rank_class, cfg, workers: int, actor_options) -> None:
         actor = self.ray.remote(num_cpus=1)(rank_class)
         options = actor_options or [{} for _ in range(workers)]
         self.names = [f"training rank {r}" for r in range(workers)]
         self.ranks = [actor.options(**options[r]).remote(cfg, r, workers) for r in range(workers)]
+
+    def finish_start(self) -> None:
+        """Wait for the launched ranks, form their process group and hand them the weights."""
+        try:
+            self._start_ranks(self.model)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_ranks(self, model) -> None:
         meet = self._rank0(lambda r: r.rendezvous.remote(), "start-up")
         state = self.ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
         self._all(lambda r: r.setup.remote(meet, state), "start-up")
         self.pids = self._all(lambda r: r.pid.remote(), "start-up")
         self.names = [f"training rank {r} (pid {p})" for r, p in enumerate(self.pids)]
+        # The Ray node of each rank (a cluster run reports where its ranks landed).
+        self.nodes = self._all(lambda r: r.__ray_call__.remote(_node_id), "start-up")
         self._lr = self._rank0(lambda r: r.lr.remote(), "lr")
 
     def _all(self, call, what: str) -> list:

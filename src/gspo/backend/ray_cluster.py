@@ -11,6 +11,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gspo.config.fields import ConfigError
+
+from .ray_connect import PRIVATE_MARK, connect_hint, resolve_address, use_token_if_available
+
 
 def import_ray() -> Any:
     """``ray``, or an ImportError naming the install command."""
@@ -37,8 +41,7 @@ def start_ray(
     if ray.is_initialized():
         return ray
     if address:
-        ray.init(address=address, log_to_driver=False)
-        return ray
+        return join_ray(ray, address)
     chosen = temp_dir or os.environ.get("GSPO_RAY_TEMP_DIR")
     ours = chosen is None
     if chosen is None:
@@ -47,6 +50,9 @@ def start_ray(
         # An exit that skips stop_ray (an error before the backend owns Ray, a second Ctrl-C)
         # still removes it; a SIGKILL leaves it to the watchdog below.
         atexit.register(_stop_at_exit, ray)
+    # 'auto' (gspo.backend.ray_connect) never joins an instance whose temp dir holds this mark.
+    Path(chosen).mkdir(parents=True, exist_ok=True)
+    Path(chosen, PRIVATE_MARK).write_text(f"{os.getpid()}\n")
     # include_dashboard=False does not stop Ray 2.60 from starting dashboard.py (the head, with
     # only its usage-stats module) and waiting for it to register (~1 s of ray.init's 4.5 s
     # here), nor the raylet's DashboardAgent and RuntimeEnvAgent: no public option skips them
@@ -76,6 +82,22 @@ def start_ray(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    return ray
+
+
+def join_ray(ray: Any, address: str) -> Any:
+    """Join the cluster at ``address`` ('auto': the one started with ``ray start`` here, never
+    a run's private instance), in token mode when a token is at hand (Ray 2.60's default
+    authentication for ``ray start --head``); one line naming the address if that fails."""
+    resolved = resolve_address(address)
+    use_token_if_available()
+    try:
+        ray.init(address=resolved, log_to_driver=False)
+    except (ConnectionError, ray.exceptions.AuthenticationError) as err:
+        shown = resolved if resolved == address else f"{resolved} (from {address!r})"
+        raise ConfigError(
+            f"ray_address: could not join the Ray cluster at {shown}: {err}; {connect_hint(shown)}"
+        ) from None
     return ray
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 
+from ..backend.ray_connect import resolve_address
 from ..config import ConfigError
 from ..config.options_train import BackendOptions
 
@@ -21,8 +22,9 @@ def check_backend_available(cfg: BackendOptions, timeout_s: float = 3.0) -> None
         raise ConfigError(
             "backend='ray' needs Ray, which is not installed: pip install 'gspo[ray]' (ray==2.60.0)"
         ) from None
-    address = cfg.ray_address
-    if address and address != "auto":
+    # 'auto': the cluster started with `ray start` here, never a run's private instance.
+    address = resolve_address(cfg.ray_address)
+    if address:
         host, port = _host_port(address)
         try:
             with socket.create_connection((host, port), timeout=timeout_s):

@@ -47,6 +47,31 @@ order of float sums; ``rollout_workers`` may change between 0 and 1 (one engine 
 the step's generator), not beyond (more workers sample other streams)."""
 
 
+RAY_ONLY_DEFAULTS = {
+    "trainer_workers": 1,
+    "rollout_workers": 0,
+    "ray_address": None,
+    "placement": "separate",
+    "reward_placement": "auto",
+}
+"""The layout fields the local backend refuses other values of, with the values it takes: a
+Ray run resumed with ``--backend local`` gets these unless the flags say otherwise."""
+
+
+def follow_layout(saved: dict[str, Any], requested: dict[str, Any]) -> dict[str, Any]:
+    """The Ray-only fields a move to the local backend resets (those not asked for explicitly),
+    so that ``--resume --backend local`` alone continues a Ray run in one process; {} unless
+    the run moves from Ray to local. The other way needs nothing: the local values are valid
+    on Ray."""
+    if saved.get("backend", "local") == "local" or requested.get("backend") != "local":
+        return {}
+    return {
+        key: default
+        for key, default in RAY_ONLY_DEFAULTS.items()
+        if key not in requested and saved.get(key, default) != default
+    }
+
+
 RESUME_FIELDS = (
     ", ".join(sorted(SAFE_ON_RESUME - {"output_dir"})) + " and rollout_workers between 0 and 1"
 )
@@ -130,6 +155,7 @@ def resume_config(
     # --stop-after runs to `steps`, not back into the earlier stop.
     saved = {**saved, "stop_after": None}
     asked = {k: v for k, v in requested.items() if k != "output_dir"}
+    asked = {**follow_layout(saved, asked), **asked}  # Ray -> local: the Ray-only fields too
     changes = check_changes(saved, asked, str(found))
     # The folder holding the checkpoint is the run's folder, wherever it was first written.
     values = {**saved, **changes, "output_dir": str(output_dir)}
