@@ -111,6 +111,10 @@ class VLLMEngine:
     for evaluation; the returned log-probs are then vLLM's processed ones (after top-p).
     """
 
+    openai_protocol = "vllm"
+    """The OpenAI-compatible endpoint over this engine speaks vLLM's protocol types
+    (rollout/openai_vllm.py)."""
+
     def __init__(
         self,
         model: torch.nn.Module,
