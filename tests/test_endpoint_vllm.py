@@ -8,6 +8,11 @@ start-up is slow on CPU)."""
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,3 +162,45 @@ def test_a_chat_episode_over_vllm_trains_on_exactly_the_tokens_it_was_served(pol
         assert len(served) == int(mask[row].sum())
         assert (lp[row][mask[row]] - served).abs().max().item() < LOGPROB_TOL
         assert torch.equal(rollout.logprobs[row][mask[row]], served)
+
+
+def test_gspo_serve_with_the_vllm_engine_answers_an_openai_client(tmp_path):
+    openai = pytest.importorskip("openai", reason="the test calls gspo serve with openai")
+    from gspo.models import save_model
+
+    # A checkpoint folder, as a run's final/: head size 64 / 2 = 32, the smallest vLLM's CPU
+    # attention runs (the built-in "tiny" has 16).
+    model = build_tiny_model(len(TOK), hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    save_model(model, TOK, tmp_path / "ckpt")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    cmd = [sys.executable, "-m", "gspo.interface.cli", "serve", "--model", str(tmp_path / "ckpt"),
+           "--model-name", "tiny", "--engine", "vllm", "--port", "0", "--device", "cpu",
+           "--max-new-tokens", "6", "--threads", "1"]  # fmt: skip
+    log = (tmp_path / "stderr").open("w+")  # vLLM logs a lot: a pipe could fill and block it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        line = proc.stdout.readline()  # printed once it listens
+        assert line.startswith("gspo serve: http://127.0.0.1:"), _tail(log)
+        client = openai.OpenAI(base_url=line.split()[2], api_key="any")
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "1+2="}], max_tokens=3
+        )
+        extra = reply.choices[0].model_extra
+        assert 1 <= len(extra["token_ids"]) <= 3
+        assert len(reply.choices[0].logprobs.content) == len(extra["token_ids"])
+        assert reply.model_extra["prompt_token_ids"][0] == 1  # <bos>: the prompt as served
+        done = client.completions.create(model="tiny", prompt=[1, 5, 6])  # token-in
+        assert done.choices[0].model_extra["prompt_token_ids"] == [1, 5, 6]
+        assert 1 <= len(done.choices[0].model_extra["token_ids"]) <= 6  # --max-new-tokens
+        with pytest.raises(openai.BadRequestError, match="n:"):  # parsed by vLLM's request model
+            client.chat.completions.create(model="tiny", messages=[], n="x")  # type: ignore[arg-type]
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0, _tail(log)
+
+
+def _tail(log) -> str:
+    log.seek(0)
+    return log.read()[-3000:]
