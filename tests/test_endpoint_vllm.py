@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -180,7 +181,9 @@ def test_gspo_serve_with_the_vllm_engine_answers_an_openai_client(tmp_path):
     log = (tmp_path / "stderr").open("w+")  # vLLM logs a lot: a pipe could fill and block it
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     try:
-        line = proc.stdout.readline()  # printed once it listens
+        # Printed once it listens; a server that hangs instead fails the test, never blocks it.
+        ready, _, _ = select.select([proc.stdout], [], [], 600)
+        line = proc.stdout.readline() if ready else ""
         assert line.startswith("gspo serve: http://127.0.0.1:"), _tail(log)
         client = openai.OpenAI(base_url=line.split()[2], api_key="any")
         reply = client.chat.completions.create(
@@ -198,7 +201,11 @@ def test_gspo_serve_with_the_vllm_engine_answers_an_openai_client(tmp_path):
         assert [m.id for m in client.models.list().data] == ["tiny"]
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 0, _tail(log)
+        try:
+            assert proc.wait(timeout=120) == 0, _tail(log)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def _tail(log) -> str:
