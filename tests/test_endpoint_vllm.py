@@ -211,3 +211,23 @@ def test_gspo_serve_with_the_vllm_engine_answers_an_openai_client(tmp_path):
 def _tail(log) -> str:
     log.seek(0)
     return log.read()[-3000:]
+
+
+def test_an_agent_environment_trains_two_steps_with_the_vllm_engine(tmp_path, monkeypatch):
+    import gspo.compose.train as trainer_module
+    from gspo.config import TrainConfig, build
+    from gspo.envs import ENVIRONMENTS
+
+    monkeypatch.setitem(ENVIRONMENTS, "addition", lambda task, opts, chat: ChatAgent())
+    # Head size 64 / 2 = 32 (vLLM's CPU attention); --threads 1: the endpoint's worker thread
+    # must agree with it (VLLMEngine.generate), or vLLM aborts the process.
+    overrides = {"device": "cpu", "threads": 1, "output_dir": str(tmp_path), "task": "addition",
+                 "rollout_engine": "vllm", "hidden_size": 64, "num_heads": 2, "num_kv_heads": 1,
+                 "max_turns": 3, "max_total_tokens": 48, "steps": 2, "eval_every": 0}  # fmt: skip
+    cfg = build(TrainConfig, preset="smoke", overrides=overrides)
+    steps = [r for r in trainer_module.train(cfg).history if "reward/mean" in r]
+    assert len(steps) == 2
+    for record in steps:
+        assert record["episode/turns_mean"] == 3 and record["episode/failed"] == 0
+        assert record["episode/env_tokens_mean"] > 0 and record["episode/policy_tokens_mean"] > 0
+        assert record["time/weight_sync_s"] > 0  # the trained weights reach vLLM
