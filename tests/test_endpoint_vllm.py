@@ -74,8 +74,7 @@ def recompute(model, prompt: list[int], completion: list[int]) -> torch.Tensor: 
 def test_completions_are_vllm_responses_with_the_ids_and_logprobs_the_trainer_recomputes(
     policy, server
 ):
-    from vllm.entrypoints.openai.completion.protocol import CompletionResponse
-
+    CompletionResponse = VLLMProtocol().t["CompletionResponse"]  # wherever this vLLM keeps it
     model, _ = policy
     prompt = TOK("7+8=", add_special_tokens=True)["input_ids"]
     body = httpx.post(server.url() + "/completions", json={"prompt": prompt, "n": 2}).json()
@@ -133,8 +132,7 @@ class ChatAgent:
 
 
 def test_a_chat_episode_over_vllm_trains_on_exactly_the_tokens_it_was_served(policy):
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionResponse
-
+    ChatCompletionResponse = VLLMProtocol().t["ChatCompletionResponse"]
     model, engine = policy
     agent = ChatAgent()
     limits = Limits(max_turns=4, max_tokens_per_turn=5, max_total_tokens=64)
