@@ -16,6 +16,7 @@ from gspo.models.policy import build_prompt_format, resolve_device, set_threads
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.engines import build_engine, check_engine_available, close_engine
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
+from gspo.rollout.openai_vllm import protocol_for
 from gspo.rollout.request_batcher import RequestBatcher
 
 from .parts import build_policy_for
@@ -57,7 +58,9 @@ def serve(
     )
     generator = step_generator(cfg.seed, 0, stream=3, device=engine.device)
     batcher = RequestBatcher(engine.generate, generator=generator)
-    endpoint = OpenAIEndpoint(batcher, make_encoder(tokenizer, fmt), model_name, defaults)
+    endpoint = OpenAIEndpoint(
+        batcher, make_encoder(tokenizer, fmt), model_name, defaults, protocol=protocol_for(engine)
+    )
     server = ServerThread(endpoint, host, port).start()
     try:
         ready(server)

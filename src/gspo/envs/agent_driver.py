@@ -38,6 +38,7 @@ from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.openai_errors import EpisodeLimit
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
+from gspo.rollout.openai_vllm import protocol_for
 from gspo.rollout.request_batcher import RequestBatcher, Sample
 
 from .agent import AgentClient, AgentEnvironment, AgentEpisodes, AgentOutcome, cut_reward
@@ -139,7 +140,8 @@ def run_agent_episodes(
     params = replace(params, max_new_tokens=limits.max_tokens_per_turn)
     book = EpisodeBook(limits)
     batcher = RequestBatcher(generate, generator=generator, patience_s=PATIENCE_S)
-    endpoint = OpenAIEndpoint(batcher, encoder, MODEL_NAME, params, fixed=True, episodes=book)
+    endpoint = OpenAIEndpoint(batcher, encoder, MODEL_NAME, params, fixed=True, episodes=book,
+                              protocol=protocol_for(engine))  # fmt: skip
     server = ServerThread(endpoint, host, port).start()
     sampling = {
         "temperature": params.temperature,

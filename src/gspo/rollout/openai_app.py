@@ -24,11 +24,11 @@ def build_app(endpoint: Any) -> FastAPI:
                 raise HTTPError(400, "the request body must be a JSON object")
             return await handler(episode, body)
         except HTTPError as err:
-            error = {"message": err.message, "type": err.kind, "code": err.kind}
-            return JSONResponse({"error": error}, status_code=err.status)
+            body = endpoint.error(err.status, err.message, err.kind)
+            return JSONResponse(body, status_code=err.status)
         except Exception as err:  # the engine failed: the client gets the reason
-            error = {"message": f"{type(err).__name__}: {err}", "type": "server_error"}
-            return JSONResponse({"error": error}, status_code=500)
+            body = endpoint.error(500, f"{type(err).__name__}: {err}", "server_error")
+            return JSONResponse(body, status_code=500)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

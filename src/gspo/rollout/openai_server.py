@@ -68,6 +68,7 @@ class OpenAIEndpoint:
         *,
         fixed: bool = False,
         episodes: EpisodeHooks | None = None,
+        protocol: Any = None,
     ) -> None:
         self.batcher = batcher
         self.encoder = encoder
@@ -76,6 +77,9 @@ class OpenAIEndpoint:
         self.defaults = defaults
         self.fixed = fixed
         self.episodes = episodes
+        # vLLM's protocol types (rollout/openai_vllm.py: protocol_for(engine)) or None: gspo's
+        # own dicts. The same fields either way; only parsing and serializing differ.
+        self.protocol = protocol
         self._chats: dict[str | None, list[tuple[list[dict], list[int], list[int]]]] = {}
         self._ids = itertools.count()
 
@@ -131,6 +135,8 @@ class OpenAIEndpoint:
         return samples
 
     async def completions(self, episode: str | None, body: dict) -> dict:
+        if self.protocol is not None:
+            body = self.protocol.request("completion", body)
         n, params = self._params(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
@@ -158,9 +164,12 @@ class OpenAIEndpoint:
             }
             for i, s in enumerate(samples)
         ]
-        return self._response("text_completion", "cmpl", ids, samples, choices)
+        response = self._response("text_completion", "cmpl", ids, samples, choices)
+        return response if self.protocol is None else self.protocol.completion(response)
 
     async def chat(self, episode: str | None, body: dict) -> dict:
+        if self.protocol is not None:
+            body = self.protocol.request("chat", body)
         n, params = self._params(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -185,11 +194,19 @@ class OpenAIEndpoint:
                     "token_ids": s.ids,
                 }
             )
-        return self._response("chat.completion", "chatcmpl", ids, samples, choices)
+        response = self._response("chat.completion", "chatcmpl", ids, samples, choices)
+        return response if self.protocol is None else self.protocol.chat(response)
 
     def models(self) -> dict:
         entry = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "gspo"}
-        return {"object": "list", "data": [entry]}
+        listed = {"object": "list", "data": [entry]}
+        return listed if self.protocol is None else self.protocol.models(listed)
+
+    def error(self, status: int, message: str, kind: str) -> dict:
+        """The body of an error answer: ``{"error": {"message", "type", "code"}}``."""
+        if self.protocol is not None:
+            return self.protocol.error(status, message, kind)
+        return {"error": {"message": message, "type": kind, "code": kind}}
 
     # -- chat prompts ------------------------------------------------------------------------
     def _chat_prompt(self, scope: str | None, messages: list[dict]) -> list[int]:

@@ -111,6 +111,10 @@ class VLLMEngine:
     for evaluation; the returned log-probs are then vLLM's processed ones (after top-p).
     """
 
+    openai_protocol = "vllm"
+    """The OpenAI-compatible endpoint over this engine speaks vLLM's protocol types
+    (rollout/openai_vllm.py)."""
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -272,6 +276,10 @@ class VLLMEngine:
         inside vLLM), so a seeded generator makes the rollout reproducible.
         """
         self._check(prompts, n, params)
+        # Called from a worker thread (the endpoint's rounds), OpenMP's per-thread count is the
+        # machine default while torch reports the run's --threads: vLLM's CPU attention then
+        # aborts the process ("thread_num == thread_num (2 vs. 1)"). Make the two agree.
+        torch.set_num_threads(torch.get_num_threads())
         stop_seqs = [self._stop_ids(s) for s in params.stop_strings]
         seeds: list[int | None] = [None] * len(prompts)
         if generator is not None:
