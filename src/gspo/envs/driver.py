@@ -42,6 +42,8 @@ import torch
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 
+from .agent import AgentEnvironment
+from .agent_driver import run_agent_episodes
 from .base import Environment, Step
 from .env_round import step_round
 from .one_turn import run_one_turn
@@ -84,6 +86,10 @@ def run_episodes(
     examples' prompt ids when the caller has them (the trainer's prompt cache), else the
     encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
     the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
+    if isinstance(env, AgentEnvironment):  # the agent calls the model over HTTP itself
+        return run_agent_episodes(
+            engine, env, encoder, examples, n, params, limits, generator, version, generate, prompts
+        )
     if not env.multi_turn:
         return run_one_turn(
             engine, env, encoder, examples, n, params, limits, generator, prompts, generate=generate
