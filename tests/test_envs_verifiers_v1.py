@@ -23,14 +23,15 @@ if os.environ.get("GSPO_REQUIRE_VERIFIERS") == "1":
     import verifiers.v1 as vf
 else:
     vf = pytest.importorskip("verifiers.v1", reason="needs verifiers 0.4 (gspo[verifiers])")
-from aiohttp import web  # noqa: E402  (a verifiers dependency)
+from aiohttp import web
 
-from gspo.envs.agent import AgentClient, AgentEnvironment  # noqa: E402
-from gspo.envs.base import ENVIRONMENTS  # noqa: E402
-from gspo.envs.tasks.synthetic import TASKS, make_task  # noqa: E402
-from gspo.envs.verifiers_v1 import (  # noqa: E402
+from gspo.envs.agent import AgentClient, AgentEnvironment
+from gspo.envs.base import ENVIRONMENTS
+from gspo.envs.tasks.synthetic import TASKS, make_task
+from gspo.envs.verifiers_v1 import (
     VerifiersEpisodeError,
     VerifiersV1Env,
+    examples_of,
     load_env,
     register_verifiers_v1,
 )
@@ -127,8 +128,6 @@ def _sum(example) -> str:
 def test_single_turn_rubric_reward_and_metrics():
     env = _env()
     assert isinstance(env, AgentEnvironment)
-    from gspo.envs.verifiers_v1 import examples_of
-
     examples = examples_of(env.vf_env, 2)
 
     async def main():
@@ -149,8 +148,6 @@ def test_single_turn_rubric_reward_and_metrics():
 
 def test_multi_turn_episode_extends_its_conversation():
     env = _env(max_turns=3)
-    from gspo.envs.verifiers_v1 import examples_of
-
     (example,) = examples_of(env.vf_env, 1)
 
     async def main():
@@ -173,17 +170,13 @@ def test_cut_episode_is_cancelled_cleanly(capfd):
     limit and cancelled: no task is left pending, nothing is destroyed pending, and the
     others finish with their rewards."""
     env = _env(max_turns=4)
-    from gspo.envs.verifiers_v1 import examples_of
-
     examples = examples_of(env.vf_env, 4)
     # e0, e1 answer right at once; e2, e3 keep answering wrong until the limit (2 calls)
     script = {f"e{i}": (examples[i].answer if i < 2 else "no") for i in range(4)}
 
     async def main():
         async with Stub(lambda ep, call: script[ep], max_calls=2) as stub:
-            outs = await asyncio.gather(
-                *(stub.run(env, examples[i], f"e{i}") for i in range(4))
-            )
+            outs = await asyncio.gather(*(stub.run(env, examples[i], f"e{i}") for i in range(4)))
             left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             return outs, left
 
@@ -204,8 +197,6 @@ async def _one(env, example):
 
 def test_failed_episode_raises():
     env = _env()
-    from gspo.envs.verifiers_v1 import examples_of
-
     (example,) = examples_of(env.vf_env, 1)
 
     async def main():
