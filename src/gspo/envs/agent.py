@@ -61,3 +61,28 @@ class AgentEnvironment(Protocol):
 def cut_reward(env: Any) -> float:
     """What an episode of ``env`` cut by a limit earns (its ``cut_reward``, default 0.0)."""
     return float(getattr(env, "cut_reward", 0.0))
+
+
+class AgentEpisodes:
+    """An agent environment as the trainer's episodes see environments: multi-turn, no stop
+    strings of its own (the run's parts ask ``env.multi_turn``); episodes still go to the
+    agent driver (it is an :class:`AgentEnvironment`)."""
+
+    multi_turn = True
+    stop_strings: tuple[str, ...] = ()
+
+    def __init__(self, agent: AgentEnvironment) -> None:
+        self.agent = agent
+        self.name = agent.name
+        self.cut_reward = cut_reward(agent)
+
+    async def run_episode(self, example: Example, client: AgentClient) -> AgentOutcome:
+        return await self.agent.run_episode(example, client)
+
+
+def episode_env(env: Any) -> Any:
+    """``env`` with the attributes every environment has (agent environments written against
+    :class:`AgentEnvironment` alone get them from :class:`AgentEpisodes`)."""
+    if isinstance(env, AgentEnvironment) and not hasattr(env, "multi_turn"):
+        return AgentEpisodes(env)
+    return env

@@ -1,20 +1,237 @@
-"""The agent driver: runs agent episodes (:mod:`gspo.envs.agent`) over the run's engine."""
+"""The agent driver: agent episodes (:mod:`gspo.envs.agent`) over the run's engine, through the
+OpenAI-compatible endpoint (:mod:`gspo.rollout.openai_server`).
+
+For each call the driver starts the endpoint on ``host`` (127.0.0.1, a free port by default),
+gives every episode its own base URL (``http://127.0.0.1:PORT/episodes/<id>/v1``), runs the
+``n`` episodes of each example concurrently as asyncio tasks, and batches their requests into
+``generate`` rounds (:class:`~gspo.rollout.request_batcher.RequestBatcher`). Sampling is the
+run's: requests may ask fewer tokens than ``max_tokens_per_turn``, never another temperature.
+
+Every completion an episode requested is recorded as sampled (prompt ids, sampled ids,
+log-probs, policy version) and becomes tokens of its trajectory: a call whose prompt extends
+the episode's previous prompt + completion continues that trajectory (the tokens between are
+environment tokens, no loss); a call that does not starts a new chain. An episode trains as ONE
+row (group advantages need ``n`` rows per example): the chain of its last call. Calls on
+other chains are dropped from training and counted in the trajectory's
+``info["unchained_calls"]`` (agents that rewrite their history, e.g. by summarizing it, lose
+those calls). Within a group, the rows' common prompt prefix is the prompt; the rest of each
+row's prompt is environment tokens.
+
+Limits: ``max_turns`` completions per episode; ``max_total_tokens`` tokens of the episode's
+trajectories after their first prompt (sampled + environment tokens); a request's tokens are
+capped by what is left. Past a limit the endpoint answers the episode's request with HTTP 400
+(type "episode_limit"), the driver cancels the episode's task, and the episode earns the
+environment's ``cut_reward`` (default 0; finish "turns" or "length"). An agent that raises
+fails its episode (reward 0, finish "failed", counted in ``episode/failed``), never the run.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from gspo.envs.tasks.base import Example
+from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.openai_server import EpisodeLimit, OpenAIEndpoint, ServerThread
+from gspo.rollout.request_batcher import RequestBatcher, Sample
+
+from .agent import AgentClient, AgentEnvironment, AgentOutcome, cut_reward
+from .trajectory import Trajectory, to_rollout
+
+logger = logging.getLogger(__name__)
+
+MODEL_NAME = "gspo-policy"
+"""The model name the training endpoint answers to (any name is accepted)."""
+PATIENCE_S = 5.0
+"""Liveness fallback of the round batching (see :mod:`gspo.rollout.request_batcher`)."""
+
+
+@dataclass
+class _Episode:
+    example: int
+    chains: list[Trajectory] = field(default_factory=list)
+    last: Trajectory | None = None
+    calls: int = 0
+    cut: str = ""
+    """"turns" or "length" once a limit refused a request."""
+
+
+class EpisodeBook:
+    """The endpoint's hooks for a driver call: checks each request against the limits and
+    records each completion into its episode's trajectories (server thread only)."""
+
+    def __init__(self, limits, on_cut: Callable[[str], None] = lambda eid: None) -> None:
+        self.limits = limits
+        self.on_cut = on_cut
+        self.episodes: dict[str, _Episode] = {}
+        self.stamped = False
+
+    def open(self, eid: str, example: int) -> None:
+        self.episodes[eid] = _Episode(example)
+
+    def _chain(self, ep: _Episode, prompt: list[int]) -> Trajectory | None:
+        for t in reversed(ep.chains):
+            ctx = t.context()
+            if len(prompt) >= len(ctx) and prompt[: len(ctx)] == ctx:
+                return t
+        return None
+
+    def _refuse(self, eid: str, ep: _Episode, why: str, message: str):
+        ep.cut = why
+        self.on_cut(eid)
+        raise EpisodeLimit(f"episode {eid}: {message}")
+
+    def admit(self, eid: str, prompt: list[int], max_new: int) -> int:
+        ep = self.episodes[eid]
+        lim = self.limits
+        if ep.cut:
+            raise EpisodeLimit(f"episode {eid} was cut by a limit ({ep.cut})")
+        if ep.calls >= lim.max_turns:
+            self._refuse(eid, ep, "turns", f"reached max_turns={lim.max_turns} completions")
+        used = sum(len(t.ids) for t in ep.chains)
+        chain = self._chain(ep, prompt)
+        if chain is not None:
+            used += len(prompt) - len(chain.context())
+        room = lim.max_total_tokens - used
+        if room <= 0:
+            msg = f"reached max_total_tokens={lim.max_total_tokens} ({used} tokens)"
+            self._refuse(eid, ep, "length", msg)
+        ep.calls += 1
+        return min(max_new, room)
+
+    def record(self, eid: str, prompt: list[int], sample: Sample) -> None:
+        ep = self.episodes[eid]
+        chain = self._chain(ep, prompt)
+        if chain is None:
+            chain = Trajectory(prompt_ids=list(prompt), history=[])
+            ep.chains.append(chain)
+        else:
+            chain.add_env(prompt[len(chain.context()) :])
+        self.stamped |= sample.versions is not None
+        chain.add_policy(sample.ids, sample.logprobs, sample.versions)
+        ep.last = chain
 
 
 def run_agent_episodes(
     engine,
-    env,
+    env: AgentEnvironment,
     encoder,
-    examples,
-    n,
-    params,
+    examples: list[Example],
+    n: int,
+    params: SamplingParams,
     limits,
-    generator=None,
+    generator: torch.Generator | None = None,
     version: int = 0,
-    generate=None,
-    prompts=None,
-):
-    """``n`` agent episodes per example, as :func:`gspo.envs.driver.run_episodes` returns them."""
-    raise NotImplementedError("agent episodes: the endpoint driver is being written")
+    generate: Callable[..., Rollout] | None = None,
+    prompts: list[list[int]] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> tuple[Rollout, list[Trajectory]]:
+    """``n`` agent episodes per example, returned as :func:`gspo.envs.driver.run_episodes`
+    returns them (one row per episode, group after group, ``extras["policy_version"]``)."""
+    generate = engine.generate if generate is None else generate
+    params = replace(params, max_new_tokens=limits.max_tokens_per_turn)
+    book = EpisodeBook(limits)
+    batcher = RequestBatcher(generate, generator=generator, patience_s=PATIENCE_S)
+    endpoint = OpenAIEndpoint(batcher, encoder, MODEL_NAME, params, fixed=True, episodes=book)
+    server = ServerThread(endpoint, host, port).start()
+    sampling = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": limits.max_tokens_per_turn,
+    }
+    try:
+        results = asyncio.run(_run_all(env, examples, n, server, book, batcher, sampling))
+    finally:
+        server.stop()
+    if batcher.fallback_rounds:
+        logger.warning("%d endpoint rounds ran before every live episode had a request pending "
+                       "(liveness fallback after %.0f s)", batcher.fallback_rounds, PATIENCE_S)  # fmt: skip
+    trajs, index = [], []
+    for (eid, ep), result in zip(book.episodes.items(), results, strict=True):
+        start = prompts[ep.example] if prompts is not None else None
+        if start is None:
+            start = encoder.start(examples[ep.example].prompt)[0]
+        trajs.append(_finish(env, eid, ep, result, start))
+        index.append(ep.example)
+    _share_prompts(trajs, index)
+    pad = encoder.tokenizer.pad_token_id
+    pad = encoder.tokenizer.eos_token_id if pad is None else pad
+    rollout = to_rollout(trajs, index, pad_id=int(pad), versions=book.stamped)
+    rollout.extras["policy_version"] = torch.full((len(trajs),), version, dtype=torch.long)
+    return rollout, trajs
+
+
+async def _run_all(env, examples, n, server, book, batcher, sampling) -> list:
+    loop = asyncio.get_running_loop()
+    tasks: dict[str, asyncio.Task] = {}
+
+    def cancel(eid: str) -> None:  # the server thread: the episode's task stops in this loop
+        loop.call_soon_threadsafe(tasks[eid].cancel)
+
+    book.on_cut = cancel
+
+    async def episode(eid: str, example: Example) -> AgentOutcome:
+        client = AgentClient(server.url(eid), "gspo", MODEL_NAME, dict(sampling))
+        try:
+            return await env.run_episode(example, client)
+        finally:
+            batcher.end(eid)
+            server.endpoint.forget(eid)
+
+    for i in range(len(examples)):
+        for j in range(n):
+            eid = f"{i}-{j}"
+            book.open(eid, i)
+            batcher.register(eid)
+    for eid, ep in book.episodes.items():
+        tasks[eid] = asyncio.create_task(episode(eid, examples[ep.example]))
+    return await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+def _finish(env, eid: str, ep: _Episode, result, start: list[int]) -> Trajectory:
+    """The episode's training row with its reward and finish."""
+    t = ep.last if ep.last is not None else Trajectory(prompt_ids=list(start), history=[])
+    t.done = True
+    if len(ep.chains) > 1:
+        t.info["unchained_calls"] = float(ep.calls - t.num_turns)
+    if ep.cut:
+        t.reward, t.finish = cut_reward(env), ep.cut
+    elif isinstance(result, AgentOutcome):
+        t.reward, t.finish = float(result.reward), "stop"
+        t.info.update(result.info)
+        if result.success is not None:
+            t.info["success"] = float(result.success)
+    else:
+        why = result if isinstance(result, BaseException) else f"returned {result!r}"
+        logger.warning("agent episode %s failed: %s", eid, why)
+        t.reward, t.finish = 0.0, "failed"
+    return t
+
+
+def _share_prompts(trajs: list[Trajectory], index: list[int]) -> None:
+    """Within a group, make the rows' common prompt prefix their prompt: the rest of each row's
+    prompt becomes environment tokens (rows of one ``prompt_index`` share one prompt)."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t, i in zip(trajs, index, strict=True):
+        groups.setdefault(i, []).append(t)
+    for rows in groups.values():
+        common = min(len(t.prompt_ids) for t in rows)
+        for t in rows[1:]:
+            a, b = rows[0].prompt_ids, t.prompt_ids
+            common = next((k for k in range(common) if a[k] != b[k]), common)
+        common = max(common, 1)  # rows that share no token keep their first token as prompt
+        for t in rows:
+            rest = t.prompt_ids[common:]
+            if rest:
+                moved = Trajectory(prompt_ids=t.prompt_ids[:common], history=[])
+                moved.add_env(rest)
+                t.ids, t.policy = moved.ids + t.ids, moved.policy + t.policy
+                t.logprobs, t.turn = moved.logprobs + t.logprobs, moved.turn + t.turn
+                t.versions = moved.versions + t.versions
+                t.prompt_ids = t.prompt_ids[:common]

@@ -20,6 +20,7 @@ from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.batch import RolloutBatch
 
+from .agent import episode_env
 from .base import Environment, SingleTurnEnv, format_bonus_refusal
 from .credit import check_credit, turn_advantages
 from .driver import Limits, episode_metrics, run_episodes
@@ -62,6 +63,7 @@ class Episodes:
         train_reward: Any = None,
         workers: int = 1,
     ) -> None:
+        env = episode_env(env)  # agent environments (gspo.envs.agent) as environments
         if env.multi_turn:
             check_multi_turn(cfg)
         bonus = cfg.reward.format_reward_weight

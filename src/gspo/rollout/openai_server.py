@@ -1,0 +1,348 @@
+"""An OpenAI-compatible HTTP endpoint over any rollout engine (FastAPI + uvicorn, extra ``serve``).
+
+Routes, at the top level and under an episode's prefix ``/episodes/<id>`` (training gives each
+agent episode its own base URL; see docs/endpoint.md):
+* ``POST /v1/chat/completions``: ``messages`` rendered with the run's chat template (or, for
+  tokenizers without one, their contents concatenated);
+* ``POST /v1/completions``: ``prompt`` as text or as a list of token ids (token-in);
+* ``GET /v1/models``.
+
+Responses are OpenAI-shaped; every choice carries ``logprobs`` (the engine's log-prob of each
+sampled token, the engine contract's convention: temperature-scaled, before top-p) and vLLM's
+extension fields: ``token_ids`` (the sampled ids) on each choice and ``prompt_token_ids`` (the
+prompt as the engine saw it) on the response and on each completions choice.
+
+Token-in, token-out chat: when a chat request repeats an earlier conversation of the same scope
+(episode, or the top level) plus the assistant message it was answered with, the prompt is the
+earlier prompt + completion token ids as sampled, followed by only the new messages' tokens
+(``encoder.reply_ids``, :class:`gspo.envs.trajectory.ChatEncoder`); sampled text is never
+re-tokenized. Requests are batched into ``engine.generate`` rounds by
+:class:`~gspo.rollout.request_batcher.RequestBatcher`. No streaming (``stream: true`` is refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Protocol
+
+from .base import SamplingParams
+from .request_batcher import RequestBatcher, Sample
+
+INSTALL_HINT = 'the endpoint needs FastAPI and uvicorn: pip install "gspo[serve]"'
+CACHE = 64
+"""Conversations remembered per scope for token-in, token-out chat continuation."""
+
+
+class EpisodeLimit(Exception):
+    """An episode asked past its limits (answered with HTTP 400, type "episode_limit")."""
+
+
+class EpisodeHooks(Protocol):
+    """What the agent driver checks and records for each request of an episode."""
+
+    def admit(self, episode: str, prompt: list[int], max_new: int) -> int:
+        """The tokens this request may sample (at most ``max_new``); raises
+        :class:`EpisodeLimit` past a limit and KeyError for an unknown episode."""
+        ...
+
+    def record(self, episode: str, prompt: list[int], sample: Sample) -> None:
+        """Keep one sampled completion of the episode."""
+        ...
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class OpenAIEndpoint:
+    """The endpoint's logic, apart from the HTTP framework (``app()`` builds the FastAPI app).
+
+    ``defaults``: the sampling of every request that does not set its own (``stop_token_ids``:
+    the chat end tokens, always applied). ``fixed``: training; requests cannot change the
+    temperature or top-p (the recorded log-probs must be the run's), only ask fewer tokens.
+    """
+
+    def __init__(
+        self,
+        batcher: RequestBatcher,
+        encoder: Any,
+        model_name: str,
+        defaults: SamplingParams,
+        *,
+        fixed: bool = False,
+        episodes: EpisodeHooks | None = None,
+    ) -> None:
+        self.batcher = batcher
+        self.encoder = encoder
+        self.tokenizer = encoder.tokenizer
+        self.model_name = model_name
+        self.defaults = defaults
+        self.fixed = fixed
+        self.episodes = episodes
+        self._chats: dict[str | None, list[tuple[list[dict], list[int], list[int]]]] = {}
+        self._ids = itertools.count()
+
+    # -- requests ----------------------------------------------------------------------------
+    def _params(self, body: dict) -> tuple[int, SamplingParams]:
+        if body.get("stream"):
+            raise HTTPError(400, "streaming is not supported by this endpoint (send stream: false)")
+        n = _int(body, "n", 1)
+        asked = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_new = self.defaults.max_new_tokens
+        if asked is not None:  # training: at most the run's tokens per turn
+            asked = _int(body, "max_tokens", asked)
+            max_new = min(max_new, asked) if self.fixed else asked
+        if n < 1 or max_new < 1:
+            raise HTTPError(400, "n and max_tokens must be positive integers")
+        stop = body.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        params = replace(
+            self.defaults,
+            max_new_tokens=max_new,
+            stop_strings=tuple(self.defaults.stop_strings) + stop,
+        )
+        if not self.fixed:
+            temperature = body.get("temperature")
+            top_p = body.get("top_p")
+            params = replace(
+                params,
+                temperature=params.temperature if temperature is None else float(temperature),
+                top_p=params.top_p if top_p is None else float(top_p),
+            )
+        return n, params
+
+    async def _sample(
+        self, episode: str | None, prompt: list[int], n: int, params: SamplingParams
+    ) -> list[Sample]:
+        if episode is not None:
+            if self.episodes is None:
+                raise HTTPError(404, f"no episode {episode!r}: this endpoint runs no episodes")
+            try:
+                room = self.episodes.admit(episode, prompt, params.max_new_tokens * n)
+            except KeyError:
+                raise HTTPError(404, f"no live episode {episode!r}", "not_found_error") from None
+            except EpisodeLimit as err:
+                raise HTTPError(400, str(err), "episode_limit") from None
+            params = replace(params, max_new_tokens=max(1, min(params.max_new_tokens, room // n)))
+        try:
+            samples = await self.batcher.submit(episode, prompt, n, params)
+        except ValueError as err:  # e.g. a prompt longer than the model's context
+            raise HTTPError(400, str(err)) from None
+        if episode is not None and self.episodes is not None:
+            for s in samples:
+                self.episodes.record(episode, prompt, s)
+        return samples
+
+    async def completions(self, episode: str | None, body: dict) -> dict:
+        n, params = self._params(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            ids = list(prompt)
+        else:
+            raise HTTPError(400, "prompt must be a string or a non-empty list of token ids")
+        samples = await self._sample(episode, ids, n, params)
+        choices = [
+            {
+                "index": i,
+                "text": self._text(s.ids),
+                "finish_reason": s.finish,
+                "logprobs": {
+                    "tokens": [self.tokenizer.decode([t]) for t in s.ids],
+                    "token_logprobs": s.logprobs,
+                    "top_logprobs": None,
+                    "text_offset": None,
+                },
+                "token_ids": s.ids,
+                "prompt_token_ids": ids,
+            }
+            for i, s in enumerate(samples)
+        ]
+        return self._response("text_completion", "cmpl", ids, samples, choices)
+
+    async def chat(self, episode: str | None, body: dict) -> dict:
+        n, params = self._params(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise HTTPError(400, "messages must be a non-empty list of {role, content} objects")
+        messages = [_message(m, i) for i, m in enumerate(messages)]
+        ids = self._chat_prompt(episode, messages)
+        samples = await self._sample(episode, ids, n, params)
+        choices = []
+        for i, s in enumerate(samples):
+            text = self._text(s.ids)
+            conv = [*messages, {"role": "assistant", "content": text}]
+            self._remember(episode, conv, ids + s.ids, s.ids)
+            choices.append(
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": s.finish,
+                    "logprobs": {"content": [self._logprob(t, lp) for t, lp in _pairs(s)]},
+                    "token_ids": s.ids,
+                }
+            )
+        return self._response("chat.completion", "chatcmpl", ids, samples, choices)
+
+    def models(self) -> dict:
+        entry = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "gspo"}
+        return {"object": "list", "data": [entry]}
+
+    # -- chat prompts ------------------------------------------------------------------------
+    def _chat_prompt(self, scope: str | None, messages: list[dict]) -> list[int]:
+        """Token ids of ``messages``: a remembered conversation's exact ids + the new messages'
+        tokens when ``messages`` continues one, else the whole conversation rendered."""
+        for conv, ids, last in reversed(self._chats.get(scope, [])):
+            k = len(conv)
+            if len(messages) > k and _same(messages[:k], conv):
+                return ids + self.encoder.reply_ids(conv, last, messages[k:])
+        if self.encoder.chat:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        text = "".join(m["content"] for m in messages)
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def _remember(self, scope: str | None, conv: list[dict], ids: list[int], last: list[int]):
+        kept = self._chats.setdefault(scope, [])
+        kept.append((conv, ids, last))
+        del kept[:-CACHE]
+
+    def forget(self, scope: str) -> None:
+        self._chats.pop(scope, None)
+
+    # -- responses ---------------------------------------------------------------------------
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _logprob(self, token: int, logprob: float) -> dict:
+        piece = self.tokenizer.decode([token])
+        return {
+            "token": piece,
+            "logprob": logprob,
+            "bytes": list(piece.encode()),
+            "top_logprobs": [],
+        }
+
+    def _response(self, obj: str, prefix: str, ids, samples, choices) -> dict:
+        sampled = sum(len(s.ids) for s in samples)
+        return {
+            "id": f"{prefix}-{next(self._ids)}",
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": sampled,
+                "total_tokens": len(ids) + sampled,
+            },
+            "prompt_token_ids": ids,
+        }
+
+    def app(self):
+        """The FastAPI application serving this endpoint."""
+        try:
+            from .openai_app import build_app
+        except ImportError as err:
+            raise ImportError(INSTALL_HINT) from err
+        return build_app(self)
+
+
+class ServerThread:
+    """Serves an :class:`OpenAIEndpoint` with uvicorn in a thread of its own (its own event
+    loop; the batcher's round loop runs there too). ``port`` 0: a free port, read back as
+    ``.port`` once started."""
+
+    def __init__(self, endpoint: OpenAIEndpoint, host: str = "127.0.0.1", port: int = 0):
+        try:
+            import uvicorn
+        except ImportError as err:
+            raise ImportError(INSTALL_HINT) from err
+        config = uvicorn.Config(endpoint.app(), host=host, port=port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.endpoint = endpoint
+        self.host = host
+        self.port = port
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="gspo-endpoint", daemon=True)
+
+    def _main(self) -> None:
+        async def main():
+            rounds = asyncio.create_task(self.endpoint.batcher.run())
+            try:
+                await self.server.serve()
+            finally:
+                rounds.cancel()
+
+        try:
+            asyncio.run(main())
+        except BaseException as err:  # reported by start()
+            self._error = err
+
+    def start(self, timeout_s: float = 60.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if self._error is not None or not self._thread.is_alive():
+                raise RuntimeError(f"the endpoint did not start on {self.host}:{self.port}: "
+                                   f"{self._error or 'the server exited'}")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the endpoint did not start within {timeout_s:.0f} s")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def url(self, episode: str | None = None) -> str:
+        """The OpenAI base URL (ending in /v1), of ``episode`` when given."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        scope = f"/episodes/{episode}" if episode else ""
+        return f"http://{host}:{self.port}{scope}/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+def _int(body: dict, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HTTPError(400, f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def _message(m: Any, i: int) -> dict:
+    if not isinstance(m, dict) or "role" not in m:
+        raise HTTPError(400, f"messages[{i}] must be an object with a role and content")
+    content = m.get("content") or ""
+    if isinstance(content, list):  # content parts: the text ones
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if not isinstance(content, str):
+        raise HTTPError(400, f"messages[{i}].content must be text")
+    return {"role": str(m["role"]), "content": content}
+
+
+def _same(asked: list[dict], conv: list[dict]) -> bool:
+    """``asked`` repeats ``conv`` (the assistant turns compared without surrounding spaces:
+    clients may strip them)."""
+    for a, c in zip(asked, conv, strict=True):
+        if a["role"] != c["role"]:
+            return False
+        if a["content"] != c["content"] and not (
+            a["role"] == "assistant" and a["content"].strip() == c["content"].strip()
+        ):
+            return False
+    return True
+
+
+def _pairs(s: Sample):
+    return zip(s.ids, s.logprobs, strict=True)
