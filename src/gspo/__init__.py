@@ -37,6 +37,11 @@ _HOMES = {
     "register_env": "gspo.envs.base",
     "ENVIRONMENTS": "gspo.envs.base",
     "register_reward": "gspo.envs.rewards",
+    # agent environments: the agent calls the model over the OpenAI-compatible endpoint
+    "AgentEnvironment": "gspo.envs.agent",
+    "AgentClient": "gspo.envs.agent",
+    "AgentOutcome": "gspo.envs.agent",
+    "ProgramAgentEnv": "gspo.envs.program_agent",
     # the engine protocol
     "RolloutEngine": "gspo.rollout.base",
     "Rollout": "gspo.rollout.base",

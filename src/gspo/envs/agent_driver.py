@@ -36,7 +36,8 @@ import torch
 
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
-from gspo.rollout.openai_server import EpisodeLimit, OpenAIEndpoint, ServerThread
+from gspo.rollout.openai_errors import EpisodeLimit
+from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
 from gspo.rollout.request_batcher import RequestBatcher, Sample
 
 from .agent import AgentClient, AgentEnvironment, AgentOutcome, cut_reward

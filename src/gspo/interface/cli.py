@@ -25,6 +25,7 @@ from .compare import add_cli_parsers, run_cli
 from .demo import DEMO_DEFAULTS, run_demo
 from .logs import quiet_transformers, set_log_level
 from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
+from .serve import add_serve_parser, run_serve
 
 
 def _help_order(cls: type) -> list:
@@ -134,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_cli_parsers(sub, _add_config_flags)
     add_eval_parser(sub, _add_config_flags)  # gspo eval
+    add_serve_parser(sub)  # gspo serve
     return parser
 
 
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_eval_cli(args, _overrides)
         if args.command in ("compare", "report"):
             return run_cli(args, _overrides)
+        if args.command == "serve":
+            return run_serve(args)
     except ConfigError as exc:
         print(f"gspo {args.command}: {exc}", file=sys.stderr)
         return 2

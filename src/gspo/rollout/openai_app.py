@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from .openai_errors import HTTPError
+
 
 def build_app(endpoint: Any) -> FastAPI:
     """Routes at the top level and under ``/episodes/{episode}``; errors OpenAI-shaped."""
-    from .openai_server import HTTPError
-
     app = FastAPI(title="gspo rollout endpoint")
 
     async def call(handler, episode, request: Request):

@@ -30,15 +30,12 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from .base import SamplingParams
+from .openai_errors import EpisodeLimit, HTTPError
 from .request_batcher import RequestBatcher, Sample
 
 INSTALL_HINT = 'the endpoint needs FastAPI and uvicorn: pip install "gspo[serve]"'
 CACHE = 64
 """Conversations remembered per scope for token-in, token-out chat continuation."""
-
-
-class EpisodeLimit(Exception):
-    """An episode asked past its limits (answered with HTTP 400, type "episode_limit")."""
 
 
 class EpisodeHooks(Protocol):
@@ -52,12 +49,6 @@ class EpisodeHooks(Protocol):
     def record(self, episode: str, prompt: list[int], sample: Sample) -> None:
         """Keep one sampled completion of the episode."""
         ...
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
 
 
 class OpenAIEndpoint:
@@ -92,7 +83,7 @@ class OpenAIEndpoint:
     def _params(self, body: dict) -> tuple[int, SamplingParams]:
         if body.get("stream"):
             raise HTTPError(400, "streaming is not supported by this endpoint (send stream: false)")
-        n = _int(body, "n", 1)
+        n = _int(body, "n", 1 if body.get("n") is None else body["n"])
         asked = body.get("max_completion_tokens", body.get("max_tokens"))
         max_new = self.defaults.max_new_tokens
         if asked is not None:  # training: at most the run's tokens per turn
@@ -175,7 +166,10 @@ class OpenAIEndpoint:
         if not isinstance(messages, list) or not messages:
             raise HTTPError(400, "messages must be a non-empty list of {role, content} objects")
         messages = [_message(m, i) for i, m in enumerate(messages)]
-        ids = self._chat_prompt(episode, messages)
+        try:
+            ids = self._chat_prompt(episode, messages)
+        except ValueError as err:  # a template that cannot be applied incrementally
+            raise HTTPError(400, str(err)) from None
         samples = await self._sample(episode, ids, n, params)
         choices = []
         for i, s in enumerate(samples):

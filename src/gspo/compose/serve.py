@@ -1,0 +1,67 @@
+"""``serve(cfg, host, port)``: the composition root of ``gspo serve`` (docs/endpoint.md): a
+checkpoint's model, tokenizer, chat template and engine (torch, or vLLM with
+``rollout_engine="vllm"``) behind the OpenAI-compatible endpoint, for agents to be tried
+outside training."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from gspo.config.eval_config import EvalConfig
+from gspo.config.options import EngineOptions, ModelOptions
+from gspo.core.seeding import step_generator
+from gspo.envs.trajectory import make_encoder
+from gspo.models.policy import build_prompt_format, resolve_device, set_threads
+from gspo.rollout.base import SamplingParams
+from gspo.rollout.engines import build_engine, check_engine_available, close_engine
+from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
+from gspo.rollout.request_batcher import RequestBatcher
+
+from .parts import build_policy_for
+
+
+def serve(
+    cfg: EvalConfig,
+    host: str,
+    port: int,
+    model_name: str,
+    *,
+    ready: Callable[[ServerThread], None] = lambda server: None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Serve ``cfg.model`` on ``host:port`` until ``stop`` is set (default: forever). Requests
+    default to ``cfg.max_new_tokens``, ``cfg.temperature`` and ``cfg.top_p``; each may set
+    its own. ``ready(server)`` is called once it listens."""
+    check_engine_available(EngineOptions.of(cfg))  # e.g. vLLM missing: before loading anything
+    set_threads(cfg.threads)
+    model, tokenizer = build_policy_for(cfg, resolve_device(cfg.device))
+    model.eval()
+    fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    engine = build_engine(
+        EngineOptions.of(cfg),
+        model,
+        tokenizer,
+        seed=cfg.seed,
+        logprobs=True,  # every response carries its tokens' log-probs
+        pad_id=pad,
+        eos_id=eos,
+    )
+    defaults = SamplingParams(
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        stop_token_ids=tuple(fmt.stop_token_ids),
+    )
+    generator = step_generator(cfg.seed, 0, stream=3, device=engine.device)
+    batcher = RequestBatcher(engine.generate, generator=generator)
+    endpoint = OpenAIEndpoint(batcher, make_encoder(tokenizer, fmt), model_name, defaults)
+    server = ServerThread(endpoint, host, port).start()
+    try:
+        ready(server)
+        (stop or threading.Event()).wait()
+    finally:
+        server.stop()
+        close_engine(engine)
