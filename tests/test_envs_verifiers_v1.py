@@ -220,3 +220,72 @@ def test_register_builds_the_task_and_the_environment():
             make_task("vf_arith_test", n_train=20, n_test=30)
     finally:
         TASKS.pop("vf_arith_test"), ENVIRONMENTS.pop("vf_arith_test")
+
+
+# --- through gspo's own endpoint and agent driver -------------------------------------------
+
+
+def _driver_episodes(env, n_examples: int, limits, n: int = 2):
+    pytest.importorskip("fastapi", reason="the endpoint needs the serve extra (fastapi, uvicorn)")
+    pytest.importorskip("uvicorn", reason="the endpoint needs the serve extra (fastapi, uvicorn)")
+    import torch
+    from endpoint_support import TEMPERATURE, TOK, float64_policy
+
+    from gspo.envs.driver import run_episodes
+    from gspo.envs.trajectory import PlainEncoder
+    from gspo.rollout import SamplingParams
+
+    model, engine = float64_policy()
+    examples = examples_of(env.vf_env, n_examples)
+    params = SamplingParams(temperature=TEMPERATURE, max_new_tokens=limits.max_tokens_per_turn)
+    generator = torch.Generator().manual_seed(0)
+    out = run_episodes(engine, env, PlainEncoder(TOK), examples, n, params, limits, generator)
+    return model, out
+
+
+def _no_pending_task_lost(capfd, caplog) -> None:
+    gc.collect()  # a pending task destroyed now would log "Task was destroyed..."
+    text = capfd.readouterr().err + caplog.text
+    assert "Task was destroyed but it is pending" not in text and "never awaited" not in text
+
+
+def test_episodes_through_the_endpoint_train_on_the_tokens_served(capfd, caplog):
+    """The v1 env's own harness calls gspo's endpoint: every episode's completions are its
+    trajectory's policy tokens, whose log-probs the trainer recomputes (float64 policy); the
+    rubric's reward is the episode's and its metrics ride along."""
+    import torch
+    from endpoint_support import TEMPERATURE
+
+    from gspo.envs.driver import Limits, episode_metrics
+    from gspo.models import token_logprobs
+
+    env = _env(max_turns=2)
+    limits = Limits(max_turns=4, max_tokens_per_turn=4, max_total_tokens=200)
+    model, (rollout, trajs) = _driver_episodes(env, 2, limits)
+    assert [t.finish for t in trajs] == ["stop"] * 4
+    for t in trajs:  # a wrong answer gets the harness's feedback and a second call
+        assert t.info["vf/turns"] == t.num_turns and t.reward == t.info["vf/correct"]
+        assert t.num_turns == (1 if t.reward == 1.0 else 2)
+    assert episode_metrics(trajs)["vf/turns"] == sum(t.num_turns for t in trajs) / 4
+    with torch.no_grad():
+        lp, _ = token_logprobs(
+            model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+            rollout.completion_mask, temperature=TEMPERATURE,
+        )  # fmt: skip
+    mask = rollout.loss_mask.bool()  # [N, L]
+    assert mask.sum().item() == sum(t.policy_tokens for t in trajs) > 0
+    assert (lp[mask] - rollout.logprobs[mask].double()).abs().max().item() < 1e-6
+    _no_pending_task_lost(capfd, caplog)
+
+
+def test_episodes_cut_by_the_driver_earn_the_cut_reward(capfd, caplog):
+    """max_turns=1 refuses a wrong first answer's second call: the driver cancels those
+    episodes (finish "turns", cut_reward 0), none fails, no task is left pending."""
+    from gspo.envs.driver import Limits
+
+    env = _env(max_turns=3)
+    limits = Limits(max_turns=1, max_tokens_per_turn=4, max_total_tokens=200)
+    _, (_, trajs) = _driver_episodes(env, 2, limits)
+    assert {t.finish for t in trajs} <= {"stop", "turns"} and "turns" in {t.finish for t in trajs}
+    assert all(t.reward == env.cut_reward for t in trajs if t.finish == "turns")
+    _no_pending_task_lost(capfd, caplog)
