@@ -234,7 +234,10 @@ def _unused_reward(text: str, example: Example) -> float:
 
 def register_verifiers_v1(name: str, taskset_id: str, **config: Any) -> None:
     """Make ``--task name`` train the v1 env of the taskset module ``taskset_id`` (``config``:
-    as :func:`env_config`). The env is loaded when the task is first built."""
+    as :func:`env_config`). verifiers and the taskset module are imported now (a plugin's
+    import: a missing one is reported before the run starts); the env is loaded when the task
+    is first built."""
+    _vf().taskset_class(taskset_id)
     envs: dict[str, Any] = {}
 
     def env() -> Any:
