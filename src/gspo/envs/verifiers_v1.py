@@ -237,7 +237,7 @@ def register_verifiers_v1(name: str, taskset_id: str, **config: Any) -> None:
     as :func:`env_config`). verifiers and the taskset module are imported now (a plugin's
     import: a missing one is reported before the run starts); the env is loaded when the task
     is first built."""
-    _vf().taskset_class(taskset_id)
+    _vf().import_taskset(taskset_id)
     envs: dict[str, Any] = {}
 
     def env() -> Any:
