@@ -52,9 +52,14 @@ ignores keys)."""
 
 def _vf():
     try:
+        import verifiers
         import verifiers.v1 as vf
     except ImportError as exc:
         raise ImportError(f"verifiers 0.4 environments need verifiers.v1: {INSTALL}") from exc
+    major_minor = tuple(int(x) for x in verifiers.__version__.split(".")[:2] if x.isdigit())
+    if major_minor < (0, 4):  # 0.3.x ships an early, different verifiers.v1
+        raise ImportError(f"verifiers {verifiers.__version__} is installed; gspo.envs.verifiers_v1 "
+                          f"needs 0.4: {INSTALL}")  # fmt: skip
     return vf
 
 
