@@ -19,8 +19,8 @@ from endpoint_support import TEMPERATURE, TOK, TOLERANCE, float64_policy, recomp
 from gspo.envs.agent import AgentOutcome  # noqa: E402
 from gspo.envs.driver import Limits, run_episodes  # noqa: E402
 from gspo.envs.tasks.base import Example  # noqa: E402
-from gspo.envs.trajectory import PlainEncoder  # noqa: E402
-from gspo.models import token_logprobs  # noqa: E402
+from gspo.envs.trajectory import ChatEncoder, PlainEncoder  # noqa: E402
+from gspo.models import EOS_ID, build_char_tokenizer, token_logprobs  # noqa: E402
 from gspo.rollout import SamplingParams  # noqa: E402
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread  # noqa: E402
 from gspo.rollout.request_batcher import RequestBatcher  # noqa: E402
@@ -100,25 +100,44 @@ class ChatAgent:
         return AgentOutcome(reward=float(len(got)), success=True, info={"turns": float(turn)})
 
 
-def _episodes(engine, agent, limits=None, seed=0, n=2):
+def _episodes(engine, agent, limits=None, seed=0, n=2, encoder=None):
     limits = limits or Limits(max_turns=4, max_tokens_per_turn=5, max_total_tokens=64)
     generator = torch.Generator().manual_seed(seed)
-    return run_episodes(engine, agent, PlainEncoder(TOK), EXAMPLES, n, PARAMS, limits, generator)
+    encoder = encoder or PlainEncoder(TOK)
+    return run_episodes(engine, agent, encoder, EXAMPLES, n, PARAMS, limits, generator)
 
 
-def test_a_multi_call_chat_episode_trains_on_exactly_the_tokens_it_was_served(policy):
+def chat_encoder() -> ChatEncoder:
+    """The character tokenizer with a chat template (end of turn: <eos>)."""
+    tok = build_char_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    return ChatEncoder(tok, EOS_ID)
+
+
+@pytest.mark.parametrize("template", [False, True], ids=["plain", "chat-template"])
+def test_a_multi_call_chat_episode_trains_on_exactly_the_tokens_it_was_served(policy, template):
     model, engine = policy
     agent = ChatAgent(turns=3)
-    rollout, trajs = _episodes(engine, agent)
+    encoder = chat_encoder() if template else PlainEncoder(TOK)
+    rollout, trajs = _episodes(engine, agent, encoder=encoder)
     assert [t.finish for t in trajs] == ["stop"] * 4 and [t.num_turns for t in trajs] == [3] * 4
     assert all("unchained_calls" not in t.info for t in trajs)
     # Token-in, token-out: each request's prompt is the previous prompt + the sampled ids as
-    # served (an end token included, which re-tokenizing the text would lose) + the new message.
+    # served (an end token included, which re-tokenizing the decoded text would lose) + the
+    # tokens of the new message only (with a template: what it adds after the assistant turn).
     for bodies in agent.responses.values():
-        for before, after in itertools.pairwise(bodies):
+        for turn, (before, after) in enumerate(itertools.pairwise(bodies)):
             served = before["prompt_token_ids"] + before["choices"][0]["token_ids"]
-            new = TOK("|", add_special_tokens=False)["input_ids"]
-            assert after["prompt_token_ids"][: len(served) + 1] == served + new
+            assert after["prompt_token_ids"][: len(served)] == served
+            added = encoder.tokenizer.decode(after["prompt_token_ids"][len(served) :])
+            if template:
+                ended = before["choices"][0]["token_ids"][-1] == EOS_ID
+                assert added == ("" if ended else "<eos>") + f"user: |{turn}|<eos>assistant: "
+            else:
+                assert added == f"|{turn}|"
     # The trainer's recompute of the packed rows equals the log-probs served (float64, the
     # engine contract's tolerance); the packed rows hold them (float32, as every episode's).
     with torch.no_grad():
@@ -160,3 +179,66 @@ def test_limits_cut_episodes_with_the_cut_reward_and_agent_errors_fail_only_thei
     _, trajs = _episodes(engine, ChatAgent(endless=True), tokens)
     assert [t.finish for t in trajs] == ["length"] * 4 and [t.reward for t in trajs] == [0.0] * 4
     assert all(len(t.ids) <= 12 for t in trajs)
+
+
+class FixedEngine:
+    """Answers every prompt with the same ids: "4", <unk>, "2", <eos> (log-prob -1 each)."""
+
+    def __init__(self) -> None:
+        self.ids = [*TOK("4", add_special_tokens=False)["input_ids"], TOK.unk_token_id]
+        self.ids += [*TOK("2", add_special_tokens=False)["input_ids"], TOK.eos_token_id]
+
+    def generate(self, prompts, n, params, generator=None):
+        from gspo.rollout import Rollout
+
+        rows = len(prompts) * n
+        ids = torch.tensor([self.ids] * rows)  # [N, 4]
+        return Rollout(
+            prompt_ids=torch.ones((rows, 1), dtype=torch.long),
+            prompt_mask=torch.ones((rows, 1), dtype=torch.long),
+            completion_ids=ids,
+            completion_mask=torch.ones_like(ids),
+            logprobs=-torch.ones(ids.shape),
+            finish_reasons=["stop"] * rows,
+            prompt_index=torch.arange(rows) // n,
+        )
+
+
+@pytest.mark.parametrize("template", [False, True], ids=["plain", "chat-template"])
+def test_chat_continuation_keeps_sampled_ids_that_the_text_cannot_hold(template):
+    # "4<unk>2" decodes to "42": re-tokenizing the assistant's text would drop <unk>.
+    engine = FixedEngine()
+    encoder = chat_encoder() if template else PlainEncoder(TOK)
+    endpoint = OpenAIEndpoint(RequestBatcher(engine.generate), encoder, "fixed", PARAMS)
+    srv = ServerThread(endpoint).start()
+    try:
+        messages = [{"role": "user", "content": "6*7="}]
+        first = httpx.post(srv.url() + "/chat/completions", json={"messages": messages}).json()
+        assert first["choices"][0]["message"]["content"] == "42"
+        messages += [{"role": "assistant", "content": "42"}, {"role": "user", "content": "ok?"}]
+        second = httpx.post(srv.url() + "/chat/completions", json={"messages": messages}).json()
+    finally:
+        srv.stop()
+    served = first["prompt_token_ids"] + engine.ids
+    assert second["prompt_token_ids"][: len(served)] == served
+
+
+def test_a_round_waits_for_every_live_episode_and_falls_back_when_one_waits_elsewhere():
+    engine = FixedEngine()
+    prompt = TOK("1+1=", add_special_tokens=True)["input_ids"]
+
+    async def play(chained: bool) -> tuple[int, int]:
+        batcher = RequestBatcher(engine.generate, patience_s=0.05)
+        runner = asyncio.create_task(batcher.run())
+        batcher.register("a")
+        batcher.register("b")
+        if chained:  # b asks only once a has its answer: a round cannot wait for both
+            await batcher.submit("a", prompt, 1, PARAMS)
+            await batcher.submit("b", prompt, 1, PARAMS)
+        else:
+            await asyncio.gather(*(batcher.submit(e, prompt, 1, PARAMS) for e in "ab"))
+        runner.cancel()
+        return batcher.rounds, batcher.fallback_rounds
+
+    assert asyncio.run(play(chained=False)) == (1, 0)  # one generate call for both
+    assert asyncio.run(play(chained=True)) == (2, 2)  # the liveness fallback, twice

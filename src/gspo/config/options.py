@@ -197,9 +197,16 @@ class TaskOptions(_Options):
     max_total_tokens: int
     env_timeout_s: float
     tool_timeout_s: float
+    endpoint_host: str = "127.0.0.1"
+    endpoint_port: int = 0
 
     def problems(self) -> list[str]:
         problems, need = _collect()
+        need(
+            0 <= self.endpoint_port <= 65535,
+            f"endpoint_port must be in 0..65535 (0: a free port), got {self.endpoint_port}",
+        )
+        need(bool(self.endpoint_host), "endpoint_host must be an address, e.g. 127.0.0.1")
         need(self.n_train > 0, f"n_train must be positive, got {self.n_train}")
         need(self.n_test > 0, f"n_test must be positive, got {self.n_test}")
         if self.task == "file":

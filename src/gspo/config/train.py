@@ -149,6 +149,12 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
     tool_timeout_s: float = _doc(
         "Multi-turn tasks: seconds one tool call may take before the episode fails.", 10.0
     )
+    endpoint_host: str = _doc(
+        "Agent environments: address the OpenAI-compatible endpoint of their episodes listens "
+        "on (docs/endpoint.md); 0.0.0.0 lets agents on other machines reach it.",
+        "127.0.0.1",
+    )
+    endpoint_port: int = _doc("Agent environments: the endpoint's port; 0: a free one.", 0)
     credit: str = _doc(
         "Multi-turn credit: 'episode' (one advantage per episode, every algo) or 'turn' "
         "(per-turn returns-to-go; gspo_token and grpo only).",

@@ -65,24 +65,27 @@ def cut_reward(env: Any) -> float:
 
 class AgentEpisodes:
     """An agent environment as the trainer's episodes see environments: multi-turn, no stop
-    strings of its own (the run's parts ask ``env.multi_turn``); episodes still go to the
-    agent driver (it is an :class:`AgentEnvironment`)."""
+    strings of its own (the run's parts ask ``env.multi_turn``), with the address its
+    episodes' endpoint listens on (``port`` 0: a free one); episodes still go to the agent
+    driver (it is an :class:`AgentEnvironment`)."""
 
     multi_turn = True
     stop_strings: tuple[str, ...] = ()
 
-    def __init__(self, agent: AgentEnvironment) -> None:
+    def __init__(self, agent: AgentEnvironment, host: str = "127.0.0.1", port: int = 0) -> None:
         self.agent = agent
         self.name = agent.name
         self.cut_reward = cut_reward(agent)
+        self.host = host
+        self.port = port
 
     async def run_episode(self, example: Example, client: AgentClient) -> AgentOutcome:
         return await self.agent.run_episode(example, client)
 
 
-def episode_env(env: Any) -> Any:
-    """``env`` with the attributes every environment has (agent environments written against
-    :class:`AgentEnvironment` alone get them from :class:`AgentEpisodes`)."""
-    if isinstance(env, AgentEnvironment) and not hasattr(env, "multi_turn"):
-        return AgentEpisodes(env)
+def episode_env(env: Any, host: str = "127.0.0.1", port: int = 0) -> Any:
+    """``env`` as the trainer's episodes take it: an agent environment (the protocol alone is
+    enough) wrapped in :class:`AgentEpisodes` with its endpoint's address; others as they are."""
+    if isinstance(env, AgentEnvironment) and not isinstance(env, AgentEpisodes):
+        return AgentEpisodes(env, host, port)
     return env

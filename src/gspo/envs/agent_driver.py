@@ -40,7 +40,7 @@ from gspo.rollout.openai_errors import EpisodeLimit
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
 from gspo.rollout.request_batcher import RequestBatcher, Sample
 
-from .agent import AgentClient, AgentEnvironment, AgentOutcome, cut_reward
+from .agent import AgentClient, AgentEnvironment, AgentEpisodes, AgentOutcome, cut_reward
 from .trajectory import Trajectory, to_rollout
 
 logger = logging.getLogger(__name__)
@@ -129,12 +129,12 @@ def run_agent_episodes(
     version: int = 0,
     generate: Callable[..., Rollout] | None = None,
     prompts: list[list[int]] | None = None,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
 ) -> tuple[Rollout, list[Trajectory]]:
     """``n`` agent episodes per example, returned as :func:`gspo.envs.driver.run_episodes`
-    returns them (one row per episode, group after group, ``extras["policy_version"]``)."""
+    returns them (one row per episode, group after group, ``extras["policy_version"]``). The
+    endpoint listens where an :class:`~gspo.envs.agent.AgentEpisodes` says (the run's
+    ``endpoint_host``/``endpoint_port``), else on 127.0.0.1 at a free port."""
+    host, port = (env.host, env.port) if isinstance(env, AgentEpisodes) else ("127.0.0.1", 0)
     generate = engine.generate if generate is None else generate
     params = replace(params, max_new_tokens=limits.max_tokens_per_turn)
     book = EpisodeBook(limits)

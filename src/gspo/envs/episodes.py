@@ -63,7 +63,8 @@ class Episodes:
         train_reward: Any = None,
         workers: int = 1,
     ) -> None:
-        env = episode_env(env)  # agent environments (gspo.envs.agent) as environments
+        # Agent environments (gspo.envs.agent) as environments, with their endpoint's address.
+        env = episode_env(env, cfg.task.endpoint_host, cfg.task.endpoint_port)
         if env.multi_turn:
             check_multi_turn(cfg)
         bonus = cfg.reward.format_reward_weight
