@@ -16,6 +16,8 @@ if os.environ.get("GSPO_REQUIRE_VERIFIERS") == "1":
     import verifiers as vf
 else:
     vf = pytest.importorskip("verifiers")
+    if not hasattr(vf, "SingleTurnEnv"):  # 0.4 (verifiers.v1 only): tests/test_envs_verifiers_v1.py
+        pytest.skip("needs verifiers 0.3.x (gspo[verifiers03])", allow_module_level=True)
 datasets = pytest.importorskip("datasets")
 
 from envs_support import TOK, ScriptedEngine  # noqa: E402

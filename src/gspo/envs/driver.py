@@ -218,7 +218,7 @@ def _cut(t: Trajectory, reward: float, finish: str) -> None:
 
 def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """episode/* metrics of a batch of episodes (means over episodes; tool_errors and failed
-    are totals)."""
+    are totals), and the mean of each namespaced ``Trajectory.info`` value (``vf/correct``)."""
     n = max(len(trajs), 1)
     out = {
         "episode/turns_mean": sum(t.num_turns for t in trajs) / n,
@@ -235,4 +235,9 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         for k in range(max(t.num_turns for t in trajs)):
             at_k = [t.turn_rewards[k] for t in trajs if t.num_turns > k]
             out[f"episode/turn{k + 1}_reward_mean"] = sum(at_k) / len(at_k)
+    # namespaced per-episode values of an environment (a verifiers rubric's "vf/<name>"): their
+    # mean over the episodes that carry them, logged under their own name
+    for key in sorted({k for t in trajs for k in t.info if "/" in k}):
+        values = [t.info[key] for t in trajs if key in t.info]
+        out[key] = sum(values) / len(values)
     return out

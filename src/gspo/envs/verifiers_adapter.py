@@ -1,9 +1,10 @@
 """Environments written for the ``verifiers`` library (0.1-0.3: ``load_environment()`` returning a
 ``SingleTurnEnv`` / ``MultiTurnEnv`` with a ``Rubric``), trained here.
 
-Needs ``verifiers`` 0.3.x (``pip install "verifiers>=0.3.1,<0.4"``; 0.4.0 removed these classes
-for its ``verifiers.v1`` stack). It is imported lazily: nothing here needs it until an adapter is
-built. Works offline: no model client is ever called.
+Needs ``verifiers`` 0.3.x (``pip install "gspo[verifiers03]"``; 0.4.0 removed these classes for
+its ``verifiers.v1`` stack, whose environments train through :mod:`gspo.envs.verifiers_v1`). It
+is imported lazily: nothing here needs it until an adapter is built. Works offline: no model
+client is ever called.
 
 How one episode maps onto the verifiers hooks (the same order as its own ``rollout`` loop):
 
@@ -19,7 +20,8 @@ How one episode maps onto the verifiers hooks (the same order as its own ``rollo
 What is not supported: the dataset's system message and few-shot turns (the prompt is the last
 user message; use ``--system-prompt``), tools declared through ``tool_defs`` (their schemas are
 not rendered; the env's ``env_response`` still sees the text of each turn), group-level reward
-functions and rubric advantages (gspo computes its own), and the ``verifiers.v1`` stack.
+functions and rubric advantages (gspo computes its own), and the ``verifiers.v1`` stack (see
+:mod:`gspo.envs.verifiers_v1`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from gspo.envs.tasks.synthetic import TASKS
 
 from .base import ENVIRONMENTS, Step
 
-INSTALL = 'pip install "verifiers>=0.3.1,<0.4"'
+INSTALL = 'pip install "gspo[verifiers03]"  (verifiers>=0.3.1,<0.4; 0.4: gspo.envs.verifiers_v1)'
 
 
 def _require_verifiers():
