@@ -124,6 +124,7 @@ def test_a_multi_call_chat_episode_trains_on_exactly_the_tokens_it_was_served(po
     encoder = chat_encoder() if template else PlainEncoder(TOK)
     rollout, trajs = _episodes(engine, agent, encoder=encoder)
     assert [t.finish for t in trajs] == ["stop"] * 4 and [t.num_turns for t in trajs] == [3] * 4
+    assert [t.success for t in trajs] == [True] * 4  # the agent's verdict, kept on the row
     assert all("unchained_calls" not in t.info for t in trajs)
     # Token-in, token-out: each request's prompt is the previous prompt + the sampled ids as
     # served (an end token included, which re-tokenizing the decoded text would lose) + the
@@ -174,6 +175,7 @@ def test_limits_cut_episodes_with_the_cut_reward_and_agent_errors_fail_only_thei
     _, trajs = _episodes(engine, CutAgent(endless=True, fail_on="4+4="), turns)
     assert [t.finish for t in trajs] == ["turns", "turns", "failed", "failed"]
     assert [t.reward for t in trajs] == [0.25, 0.25, 0.0, 0.0]
+    assert [t.success for t in trajs] == [False] * 4  # neither a cut nor a failed one succeeds
     assert [t.num_turns for t in trajs[:2]] == [2, 2]
     tokens = Limits(max_turns=100, max_tokens_per_turn=5, max_total_tokens=12)
     _, trajs = _episodes(engine, ChatAgent(endless=True), tokens)

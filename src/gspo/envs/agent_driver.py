@@ -203,17 +203,15 @@ def _finish(env, eid: str, ep: _Episode, result, start: list[int]) -> Trajectory
     t.done = True
     if len(ep.chains) > 1:
         t.info["unchained_calls"] = float(ep.calls - t.num_turns)
-    if ep.cut:
-        t.reward, t.finish = cut_reward(env), ep.cut
+    if ep.cut:  # as the driver's cut episodes: the cut reward and no success
+        t.reward, t.finish, t.success = cut_reward(env), ep.cut, False
     elif isinstance(result, AgentOutcome):
-        t.reward, t.finish = float(result.reward), "stop"
+        t.reward, t.finish, t.success = float(result.reward), "stop", result.success
         t.info.update(result.info)
-        if result.success is not None:
-            t.info["success"] = float(result.success)
     else:
         why = result if isinstance(result, BaseException) else f"returned {result!r}"
         logger.warning("agent episode %s failed: %s", eid, why)
-        t.reward, t.finish = 0.0, "failed"
+        t.reward, t.finish, t.success = 0.0, "failed", False
     return t
 
 
