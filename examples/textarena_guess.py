@@ -142,7 +142,7 @@ def make_task(*, n_train: int, n_test: int, seed: int = 0, difficulty: int | Non
 
     def rows(first: int, n: int, demos: bool) -> list[Example]:
         return [
-            Example(prompt=PLAIN_OPENING, answer="", meta={"seed": first + i},
+            Example(prompt=PLAIN_OPENING, answer="", meta={"seed": first + i, "problem": f"seed {first + i}"},
                     demo=_demo(first + i) if demos else None)
             for i in range(n)
         ]  # fmt: skip

@@ -66,6 +66,20 @@ def test_dedupe_drops_repeats_and_held_out_rows_seen_in_training():
     assert checked.data_checks["data/train_test_overlap"] == 1
 
 
+def test_a_task_names_its_problem_when_every_prompt_is_the_same():
+    # A game whose opening comes from the environment's reset has one prompt for every row:
+    # its rows are told apart by meta["problem"] (the seed), not reported as repeats.
+    def game(seed: int) -> Example:
+        return Example(prompt="play", answer="", meta={"problem": f"seed {seed}"})
+
+    checked = check_duplicates(Task("g", [game(0), game(1), game(1)], [game(2), game(0)], None))
+    assert checked.data_checks == {
+        "data/duplicates": 1,
+        "data/test_duplicates": 0,
+        "data/train_test_overlap": 1,
+    }
+
+
 def test_clean_data_prints_nothing(capsys):
     assert check_duplicates(task_of(["1+1="], ["2+2="])).data_checks["data/duplicates"] == 0
     assert capsys.readouterr().err == ""

@@ -23,9 +23,12 @@ class EmptyHeldOutError(ValueError):
     """A run that evaluates has no held-out problem left (``gspo`` exits 2 with its line)."""
 
 
-def problem_key(example: Example) -> tuple[str, str]:
-    """What two rows are compared by: the prompt with whitespace runs collapsed, the answer."""
-    return " ".join(example.prompt.split()), example.answer.strip()
+def problem_key(example: Example) -> tuple[str, str, str]:
+    """What two rows are compared by: the prompt with whitespace runs collapsed, the answer, and
+    ``meta["problem"]`` where a task sets it (a game whose opening comes from the environment's
+    ``reset`` has one prompt for every row: its seed is the problem)."""
+    problem = str(example.meta.get("problem", ""))
+    return " ".join(example.prompt.split()), example.answer.strip(), problem
 
 
 def _first_of_each(examples: list[Example]) -> tuple[list[int], int]:
