@@ -218,6 +218,7 @@ def test_register_builds_the_task_and_the_environment():
         assert isinstance(env, VerifiersV1Env) and env.name == "vf_arith_test"
         with pytest.raises(ValueError, match="none left to train"):
             make_task("vf_arith_test", n_train=20, n_test=30)
+        assert len(make_task("vf_arith_test", n_train=0, n_test=30).test) == 30  # gspo eval
     finally:
         TASKS.pop("vf_arith_test"), ENVIRONMENTS.pop("vf_arith_test")
 

@@ -226,7 +226,7 @@ def verifiers_v1_task(vf_env: Any, name: str, n_train: int, n_test: int) -> Task
     next ``n_train`` train (the taskset's own order; shuffle it in its config)."""
     examples = examples_of(vf_env, n_test + n_train)
     test, train = examples[:n_test], examples[n_test:]
-    if not train:
+    if n_train > 0 and not train:  # gspo eval asks for no training tasks
         raise ValueError(f"verifiers taskset of {name!r} has {len(examples)} tasks: none left "
                          f"to train on after {n_test} held out")  # fmt: skip
     return Task(name=name, train=train, test=test, reward=_unused_reward,
