@@ -51,7 +51,7 @@ def _mixed_reward():
         if completion == "NAN":
             return float("nan")
         if completion == "SLEEP":
-            time.sleep(3.0)
+            time.sleep(60.0)  # far past the timeout whatever the machine's load
             return 1.0
         return code_reward(completion, example, test_timeout_s=0.5)
 
@@ -65,9 +65,11 @@ def test_ray_rewards_equal_driver_rewards_with_errors_and_timeouts(ray_session):
     examples = [task.train[i % 4] for i in range(10)]
     completions = [e.demo for e in examples[:4]] + [WRONG, LOOP, "RAISE", "NAN", "SLEEP", ""]
     reward = _mixed_reward()
-    local, local_errors = score(reward, completions, examples, timeout_s=1.5, workers=2)
+    # The timeout is generous: a loaded machine may take seconds to start the sandbox that stops
+    # LOOP at its own 0.5 s limit, which must score 0 (wrong), not a timeout error.
+    local, local_errors = score(reward, completions, examples, timeout_s=8.0, workers=2)
     scorer = RayScorer(ray_session, 3, (reward,))
-    remote, remote_errors = scorer(reward, completions, examples, timeout_s=1.5)
+    remote, remote_errors = scorer(reward, completions, examples, timeout_s=8.0)
     print(f"driver {local} ({local_errors} errors); ray tasks {remote} ({remote_errors})")
     assert local[:4] == [1.0] * 4  # the reference solutions pass: the sandbox ran
     assert local_errors == 3  # raise, NaN, timeout
