@@ -95,6 +95,8 @@ class PromptFormat:
     end_token_id: int | None = None
     """The token a supervised target ends with: the template's end-of-turn token for chat
     models (``<|im_end|>``, ``<|eot_id|>``), else EOS."""
+    processor: Any = field(default=None, repr=False)
+    """A vision-language model's processor (None: text only): :meth:`encode_images`."""
 
     def render(self, prompt: str) -> str:
         """The prompt as the model sees it (chat-formatted text, or the prompt itself)."""
@@ -114,9 +116,26 @@ class PromptFormat:
         texts = [self.render(p) for p in prompts]
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
+    def encode_images(self, prompts: list[str], images: list[tuple]) -> tuple[list, Any]:
+        """(token ids of each prompt, their :class:`~gspo.models.vision.PixelInputs`): each
+        prompt's ``<image>`` placeholders expanded by the processor into the model's image
+        tokens, its images (paths, bytes or PIL images; ``()`` for a text prompt) made into
+        pixel inputs, once per prompt. Images of any sizes mix in one call."""
+        from .vision import encode_vision_prompts
+
+        if self.processor is None:
+            raise ValueError("prompts with images need a vision-language model (--model tiny-vl)")
+        texts = [self.render(p) for p in prompts]
+        return encode_vision_prompts(self.processor, texts, images, special=not self.chat)
+
 
 def prompt_format(
-    tokenizer: Any, *, mode: str = "auto", system_prompt: str | None = None, model: Any = None
+    tokenizer: Any,
+    *,
+    mode: str = "auto",
+    system_prompt: str | None = None,
+    model: Any = None,
+    processor: Any = None,
 ) -> PromptFormat:
     """The :class:`PromptFormat` for ``mode`` (one of :data:`CHAT_MODES`)."""
     if mode not in CHAT_MODES:
@@ -137,7 +156,7 @@ def prompt_format(
     end = template_end_id(tokenizer) if chat else None
     if end is None:
         end = tokenizer.eos_token_id
-    return PromptFormat(tokenizer, chat, system_prompt or None, stops, end)
+    return PromptFormat(tokenizer, chat, system_prompt or None, stops, end, processor)
 
 
 def _eos_only(tokenizer: Any) -> tuple[int, ...]:
