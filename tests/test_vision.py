@@ -8,20 +8,19 @@ import pytest
 import torch
 
 pytest.importorskip("PIL")
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from gspo.config.options import ModelOptions  # noqa: E402
-from gspo.models import load_model, load_tokenizer, save_model, token_logprobs  # noqa: E402
-from gspo.models.policy import build_policy, build_prompt_format  # noqa: E402
-from gspo.models.vision import PixelInputs, is_vision_model, load_image  # noqa: E402
-from gspo.rollout.base import SamplingParams  # noqa: E402
-from gspo.rollout.torch_engine import TorchEngine  # noqa: E402
+from gspo.config.options import ModelOptions
+from gspo.config.train import TrainConfig
+from gspo.models import load_model, load_tokenizer, save_model, token_logprobs
+from gspo.models.policy import build_policy, build_prompt_format
+from gspo.models.vision import PixelInputs, is_vision_model, load_image
+from gspo.rollout.base import SamplingParams
+from gspo.rollout.torch_engine import TorchEngine
 
 
 def _opts(**kw) -> ModelOptions:
-    from gspo.config.train import TrainConfig
-
-    return ModelOptions.of(TrainConfig(model="tiny-vl", **kw))
+    return ModelOptions.of(TrainConfig(**{"model": "tiny-vl", **kw}))
 
 
 def _png(size, colour) -> bytes:
@@ -58,7 +57,7 @@ def test_tiny_vl_builds_with_a_processor(vl64):
 
 
 def test_processor_round_trip_several_sizes(vl64):
-    model, tok, fmt = vl64
+    _, tok, fmt = vl64
     ids, pixels = fmt.encode_images(PROMPTS, _images())
     image_id = tok.convert_tokens_to_ids("<image>")
     per_image = 4  # (32 / 8)^2 / 2^2 at tiny-vl's defaults
@@ -79,9 +78,9 @@ def test_placeholder_count_must_match(vl64):
 
 
 def test_bad_images_are_named():
-    with pytest.raises(ValueError, match="row 3.*no image file"):
+    with pytest.raises(ValueError, match=r"row 3.*no image file"):
         load_image("/nonexistent/x.png", where="row 3")
-    with pytest.raises(ValueError, match="row 4.*not a readable image"):
+    with pytest.raises(ValueError, match=r"row 4.*not a readable image"):
         load_image(b"not a png", where="row 4")
     truncated = _png((20, 20), (1, 2, 3))[:40]
     with pytest.raises(ValueError, match="not a readable image"):
@@ -146,11 +145,7 @@ def test_save_and_load_vl_checkpoint(vl64, tmp_path):
     loaded = load_model(tmp_path / "final", dtype="float64")
     tok2 = load_tokenizer(tmp_path / "final")
     assert is_vision_model(loaded)
-    opts = ModelOptions.of(
-        __import__("gspo.config.train", fromlist=["x"]).TrainConfig(
-            model=str(tmp_path / "final"), dtype="float64"
-        )
-    )
+    opts = _opts(model=str(tmp_path / "final"), dtype="float64")
     fmt2 = build_prompt_format(opts, tok2, loaded)
     ids, pixels = fmt.encode_images(PROMPTS, _images())
     ids2, pixels2 = fmt2.encode_images(PROMPTS, _images())
