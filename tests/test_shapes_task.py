@@ -87,6 +87,14 @@ def test_difficulty_is_the_number_of_shapes() -> None:
     assert mean(hard) > mean(easy) + 2
 
 
+def test_no_answer_is_a_good_blind_guess() -> None:
+    """The count is uniform over 0..difficulty: a model that ignores the image and always says
+    the commonest count is right about 1 / (difficulty + 1) of the time (0.2 at 4 shapes)."""
+    answers = [e.answer for e in build(4).train]
+    shares = [answers.count(str(k)) / len(answers) for k in range(5)]
+    assert max(shares) < 0.3 and min(shares) > 0.1
+
+
 def pixel_count(image, colour: str) -> int:
     """Count the shapes of ``colour`` from the pixels: every shape covers its cell's centre."""
     rgb = COLOURS[colour]

@@ -121,8 +121,15 @@ def sample_shapes(rng: random.Random, count: int, long_fraction: float = LONG_FR
     """Draw one problem of ``count`` shapes; its demo is long with probability ``long_fraction``."""
     cells = sorted(rng.sample(range(GRID * GRID), count))
     colours = list(COLOURS)
-    shapes = [(cell, rng.choice(colours), rng.choice(KINDS)) for cell in cells]
     target = rng.choice(colours)
+    # The answer is uniform over 0..count, so no answer is a good blind guess: a model must look
+    # at the image (colours drawn independently would make "1" right 40% of the time at 4 shapes).
+    hits = set(rng.sample(range(count), rng.randint(0, count)))
+    others = [c for c in colours if c != target]
+    shapes = [
+        (cell, target if i in hits else rng.choice(others), rng.choice(KINDS))
+        for i, cell in enumerate(cells)
+    ]
     counts = running_counts(shapes, target)
     answer = str(counts[-1])
     form = "long" if rng.random() < long_fraction else "short"
