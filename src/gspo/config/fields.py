@@ -104,7 +104,7 @@ class SharedFields:
 
     task: str = _doc(
         "Built-in task (addition, reversal, sorting, countdown, scratchpad, multiply, "
-        "word_problems, code; multi-turn: calculator, guess, code_feedback), 'file' for "
+        "word_problems, code; with images: shapes; multi-turn: calculator, guess, code_feedback), 'file' for "
         "--train-file, a task a plugin registers, or module:builder (your builder, see "
         "docs/plugins.md).",
         "addition",
