@@ -60,10 +60,10 @@ def test_processor_round_trip_several_sizes(vl64):
     _, tok, fmt = vl64
     ids, pixels = fmt.encode_images(PROMPTS, _images())
     image_id = tok.convert_tokens_to_ids("<image>")
-    per_image = 4  # (32 / 8)^2 / 2^2 at tiny-vl's defaults
+    per_image = 4  # (56 / 14)^2 / 2^2 at tiny-vl's defaults
     assert [sum(t == image_id for t in row) for row in ids] == [per_image, 2 * per_image, 0]
-    assert pixels.values.shape[:2] == (3, 2) and pixels.values.shape[2:] == (3, 32, 32)
-    # Without image splitting every image is resized to the tower's 32x32 input: all real.
+    assert pixels.values.shape[:2] == (3, 2) and pixels.values.shape[2:] == (3, 56, 56)
+    # Without image splitting every image is resized to the tower's 56x56 input: all real.
     assert pixels.mask[0, 0].all() and pixels.mask[1].all()
     assert pixels.mask[0, 1].sum().item() == 0 and pixels.values[2].abs().sum() == 0
     # Text decodes back (image tokens are special and drop out).

@@ -344,11 +344,15 @@ def token_logprobs(
     if p == 0:
         raise ValueError("token_logprobs needs at least one prompt token to condition on")
 
+    from .vision import check_pixels
+
+    check_pixels(model, prompt_ids, pixels)
     vision: dict = {}
     if pixels is not None:
         if prompt_index is None:
             raise ValueError("token_logprobs with pixel inputs needs the rows' prompt_index")
-        vision = pixels.rows(prompt_index)  # [N, I, 3, H, W], [N, I, H, W]
+        dtype = next(model.parameters()).dtype
+        vision = pixels.to(prompt_ids.device, dtype).rows(prompt_index)  # [N, I, 3, H, W] ...
     if prompt_index is not None and not vision and supports(model):
         logits = completion_logits(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "CHAT_MODES",
     "PromptFormat",
+    "encode_examples",
     "end_of_turn_ids",
     "has_chat_template",
     "prompt_format",
@@ -127,6 +128,18 @@ class PromptFormat:
             raise ValueError("prompts with images need a vision-language model (--model tiny-vl)")
         texts = [self.render(p) for p in prompts]
         return encode_vision_prompts(self.processor, texts, images, special=not self.chat)
+
+
+def encode_examples(fmt: PromptFormat, examples: Any) -> tuple[list[list[int]], Any]:
+    """(prompt ids of each example, their :class:`~gspo.models.vision.PixelInputs` or None):
+    text examples through :meth:`PromptFormat.encode`, and as soon as one example has images
+    (``Example.images``), all of them through :meth:`PromptFormat.encode_images` (a text
+    example among them gets no image). Text-only runs take exactly the text path."""
+    texts = [e.prompt for e in examples]
+    images = [tuple(getattr(e, "images", ()) or ()) for e in examples]
+    if not any(images):
+        return fmt.encode(texts) if texts else [], None
+    return fmt.encode_images(texts, images)
 
 
 def prompt_format(

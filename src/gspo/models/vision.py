@@ -59,15 +59,15 @@ def build_tiny_vl(
     num_layers: int = 2,
     num_heads: int = 4,
     num_kv_heads: int = 2,
-    image_size: int = 32,
-    patch_size: int = 8,
+    image_size: int = 56,
+    patch_size: int = 14,
     vision_hidden: int = 32,
     seed: int = 0,
 ):
     """(model, tokenizer): a random-init Idefics3 over the char tokenizer plus its image special
     tokens and :data:`TINY_VL_CHAT_TEMPLATE`. An image is resized to ``image_size`` on its
     longest edge, padded square, and becomes (image_size / patch_size)^2 / 4 image tokens
-    (4 at the defaults). Weights depend only on the arguments; the global RNG is untouched."""
+    (4 at the defaults: a 56x56 image, 14-pixel patches, as the ``shapes`` task draws). Weights depend only on the arguments; the global RNG is untouched."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
 
     from . import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
@@ -118,9 +118,10 @@ def build_tiny_vl(
 
 def processor_for(model: Any, tokenizer: Any, path: str | Path | None = None):
     """The processor of a vision model: the one saved at ``path`` (a checkpoint folder with a
-    ``preprocessor_config.json``), else one derived from the model's config (no image
+    ``processor_config.json`` or ``preprocessor_config.json``), else one derived from the model's config (no image
     splitting, the vision tower's input size), which is what ``tiny-vl`` uses."""
-    if path is not None and (Path(path) / "preprocessor_config.json").is_file():
+    saved = ("processor_config.json", "preprocessor_config.json")  # transformers 5, 4
+    if path is not None and any((Path(path) / name).is_file() for name in saved):
         from transformers import AutoProcessor
 
         return AutoProcessor.from_pretrained(str(path), local_files_only=True)
@@ -258,3 +259,16 @@ def block_tokens(logits: torch.Tensor, ids: tuple[int, ...]) -> torch.Tensor:
         return logits
     index = torch.tensor(ids, device=logits.device)
     return logits.index_fill(-1, index, float("-inf"))
+
+
+def check_pixels(model: Any, prompt_ids: torch.Tensor, pixels: Any) -> None:
+    """A clear error where a vision model gets image tokens but no pixel inputs: without them
+    it would silently read the image tokens as text."""
+    if pixels is not None or not is_vision_model(model):
+        return
+    image = getattr(model.config, "image_token_id", None)
+    if image is not None and bool((prompt_ids == image).any()):
+        raise ValueError(
+            "prompts hold image tokens but no pixel inputs came with them (a rollout that lost "
+            "its extras['pixels'], or a path that does not carry images yet)"
+        )

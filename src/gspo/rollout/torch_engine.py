@@ -14,8 +14,8 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from gspo.models import forward_kwargs_support, positions_from_mask
 from gspo.models.fast_forward import FastDecoder, has_forward_hooks
-from gspo.models.vision import block_tokens, blocked_token_ids
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.models.vision import block_tokens, blocked_token_ids, check_pixels
+from gspo.rollout.base import PIXELS, Rollout, SamplingParams
 from gspo.rollout.stops import encode_stop
 from gspo.rollout.torch_decode import (
     DecodeState,
@@ -156,6 +156,8 @@ class TorchEngine:
             logprobs=out["logprobs"].clone(),
             finish_reasons=out["finish_reasons"],
             prompt_index=out["prompt_index"].clone(),
+            # Image prompts: the pixel inputs (per prompt) go with the rollout to the update.
+            extras={} if pixels is None else {PIXELS: pixels},
         )
 
     def partial(
@@ -193,6 +195,7 @@ class TorchEngine:
         """
         positions = positions_from_mask(base_mask)  # [B, P]
         num = base_ids.shape[0] * n
+        check_pixels(self.model, base_ids, pixels)
         vision: dict = {}
         if pixels is not None:
             if base_index is None:
