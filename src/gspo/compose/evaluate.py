@@ -49,6 +49,7 @@ def _problems(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str, Task | Non
             answer_format=cfg.answer_format,
             split="test",
             answer_optional=uses_sandbox(reward),  # rows scored by their tests
+            image_key=cfg.image_key,
         )
         where = f"file {cfg.data} (reward {cfg.reward})"
     else:

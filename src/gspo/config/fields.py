@@ -120,6 +120,12 @@ class SharedFields:
     test_file: str | None = _doc("jsonl/json/parquet held-out data (task='file').", None)
     prompt_key: str = _doc("Column holding the prompt in data files.", "prompt")
     answer_key: str = _doc("Column holding the reference answer in data files.", "answer")
+    image_key: str | None = _doc(
+        "Column holding each row's image(s) in data files (a path relative to the file, bytes, "
+        "or a list of them; the prompt's <image> placeholders say where, else images go "
+        "first). Needs a vision-language model (--model tiny-vl). None: text rows.",
+        None,
+    )
     answer_format: str = _doc(
         "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
         "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
