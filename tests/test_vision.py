@@ -95,22 +95,16 @@ def test_engine_logprobs_equal_training_forward_float64(vl64):
     gen = torch.Generator().manual_seed(0)
     out = engine.generate(ids, 2, params, gen, pixels=pixels)
     assert out.logprobs.dtype == torch.float64
-    lp, _ = token_logprobs(
-        model,
-        out.prompt_ids,
-        out.prompt_mask,
-        out.completion_ids,
-        out.completion_mask,
-        prompt_index=out.prompt_index,
-        pixels=pixels,
-    )
+    args = (out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
+    lp, _ = token_logprobs(model, *args, prompt_index=out.prompt_index, pixels=pixels)
     assert out.completion_mask.sum() > 0
     torch.testing.assert_close(lp, out.logprobs, rtol=0, atol=1e-10)
-    # The images matter: scoring the same tokens without them gives other log-probs.
-    blind, _ = token_logprobs(
-        model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask
-    )
-    assert not torch.allclose(blind[:4], lp[:4])
+    # The images matter: other pixels give other log-probs; none at all is refused.
+    other = PixelInputs(-pixels.values, pixels.mask)
+    moved, _ = token_logprobs(model, *args, prompt_index=out.prompt_index, pixels=other)
+    assert not torch.allclose(moved[:4], lp[:4])
+    with pytest.raises(ValueError, match="no pixel inputs"):
+        token_logprobs(model, *args)
 
 
 def test_resumable_generation_takes_the_pixels(vl64):
@@ -157,3 +151,47 @@ def test_save_and_load_vl_checkpoint(vl64, tmp_path):
     a, _ = token_logprobs(model, *args, **kw)
     b, _ = token_logprobs(loaded, *args, **kw)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_rounds_join_pixels_at_their_prompt_offsets(vl64):
+    """Dynamic sampling joins rounds: a round that kept only its first prompt's group still
+    shifts the next round's prompt indices past all of its prompts' pixels."""
+    from gspo.orchestration.dynamic_sampling import concat
+    from gspo.rollout.base import PIXELS
+    from gspo.rollout.batch import RolloutBatch
+
+    model, tok, fmt = vl64
+    engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0)
+    images = _images()
+    ids, pixels = fmt.encode_images(PROMPTS[:2], images[:2])
+    first = engine.generate(ids, 2, params, torch.Generator().manual_seed(0), pixels=pixels)
+    first = first.select(torch.tensor([0, 1]))  # only prompt 0's group kept
+    ids2, pixels2 = fmt.encode_images(PROMPTS[1:], images[1:])
+    second = engine.generate(ids2, 2, params, torch.Generator().manual_seed(1), pixels=pixels2)
+    joined = concat(
+        [RolloutBatch(r, torch.zeros(r.num_samples, dtype=torch.float64)) for r in (first, second)],
+        pad_id=tok.pad_token_id,
+    ).rollout
+    rows = joined.extras[PIXELS].rows(joined.prompt_index)["pixel_values"]
+    assert torch.equal(rows[0], pixels.values[0])
+    assert torch.equal(rows[2, :2], pixels2.values[0]) and torch.equal(rows[4], pixels2.values[1])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"model": "tiny", "task": "shapes"}, "cannot see"),
+        ({"task": "shapes", "rollout_engine": "vllm"}, "rollout_engine='torch'"),
+        ({"task": "shapes", "backend": "ray"}, "Ray"),
+        ({"task": "file", "image_key": "image", "train_file": "x.jsonl"}, None),
+    ],
+)
+def test_image_runs_refused_before_torch(overrides, problem):
+    from gspo.config.combinations import split, vision_combinations
+
+    got = vision_combinations(split(TrainConfig(**{"model": "tiny-vl", **overrides})))
+    if problem is None:
+        assert got == []
+    else:
+        assert len(got) == 1 and problem in got[0]
