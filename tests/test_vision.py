@@ -195,3 +195,17 @@ def test_image_runs_refused_before_torch(overrides, problem):
         assert got == []
     else:
         assert len(got) == 1 and problem in got[0]
+
+
+def test_compare_cold_starts_tiny_vl(tmp_path):
+    from gspo.interface.compare import plan
+
+    cfgs, sfts = plan(
+        ["gspo", "luspo"],
+        [0],
+        tmp_path,
+        overrides={"model": "tiny-vl", "task": "shapes"},
+        sft_steps=3,
+    )
+    assert sfts[0].model == "tiny-vl" and sfts[0].task == "shapes"
+    assert {c.model for c in cfgs} == {str(tmp_path / "sft" / "seed0")}
