@@ -137,3 +137,60 @@ def test_cli_refuses_a_missing_image_before_training(folder):
     assert "Traceback" not in proc.stderr
     line = [ln for ln in proc.stderr.splitlines() if "gone.png" in ln]
     assert line and "line 1" in line[0] and "'image'" in line[0]
+
+
+def _colour_rows(folder: Path, n: int) -> list[dict]:
+    """Rows asking the colour of a one-colour image saved next to the data file."""
+    colours = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}
+    rows = []
+    for i in range(n):
+        name = list(colours)[i % 3]
+        size = (20 + 3 * i, 14 + 5 * (i % 4))  # sizes differ row to row
+        (folder / "img" / f"{i}.png").write_bytes(_png(colours[name], size))
+        rows.append({"prompt": "colour?", "answer": name, "image": f"img/{i}.png"})
+    return rows
+
+
+def test_train_and_eval_on_an_image_data_file(folder):
+    from gspo.compose.evaluate import evaluate
+    from gspo.compose.train import train
+    from gspo.config import EvalConfig, TrainConfig, build
+
+    rows = _colour_rows(folder, 12)
+    data = _write_jsonl(folder / "train.jsonl", rows[:8])
+    test = _write_jsonl(folder / "test.jsonl", rows[8:])
+    common = {"model": "tiny-vl", "device": "cpu", "threads": 1, "image_key": "image"}
+    cfg = build(
+        TrainConfig,
+        preset="smoke",
+        overrides={
+            **common,
+            "task": "file",
+            "train_file": str(data),
+            "test_file": str(test),
+            "reward": "exact_match",
+            "eval_every": 1,
+            "output_dir": str(folder / "run"),
+        },
+    )
+    result = train(cfg)
+    assert len([r for r in result.history if "reward/mean" in r]) == 2
+    assert result.final_eval["eval/problems"] == 4.0
+    # Same prompt text, different images: not duplicates (the data checks see the images).
+    checks = [r for r in result.history if "data/duplicates" in r]
+    assert checks and all(r["data/duplicates"] == 0 for r in checks)
+    assert all(r["data/train_test_overlap"] == 0 for r in checks)
+    report = evaluate(
+        build(
+            EvalConfig,
+            overrides={
+                **common,
+                "model": str(folder / "run" / "final"),
+                "data": str(test),
+                "reward": "exact_match",
+                "output": str(folder / "eval.json"),
+                "max_new_tokens": 4,
+            },
+        )
+    )
+    assert report["metrics"]["problems"] == 4

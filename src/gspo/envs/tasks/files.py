@@ -7,6 +7,7 @@ plus the line number for .jsonl) and the field, so a bad row can be found and fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -270,6 +271,10 @@ def load_examples(
                 skipped.append(str(exc))
             continue
         meta = {key: value for key, value in row.items() if key not in wanted}
+        if images and "problem" not in meta:
+            # The data checks tell rows apart by prompt, answer and meta["problem"]: rows
+            # that ask the same about different images are different problems.
+            meta["problem"] = "images:" + _images_digest(images)
         if answer_format != "raw" and solution:
             meta["solution"] = solution
         examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta, images=images))
@@ -302,6 +307,13 @@ def _row_images(value: Any, field: str, where: str, folder: Path) -> tuple:
             ) from None
         out.append(bytes(item) if isinstance(item, (bytearray, memoryview)) else item)
     return tuple(out)
+
+
+def _images_digest(images: tuple) -> str:
+    digest = hashlib.blake2b(digest_size=8)
+    for item in images:
+        digest.update(Path(item).read_bytes() if isinstance(item, str) else bytes(item))
+    return digest.hexdigest()
 
 
 def _place_images(prompt: str, count: int, field: str, where: str) -> str:
