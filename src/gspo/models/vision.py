@@ -125,6 +125,12 @@ def processor_for(model: Any, tokenizer: Any, path: str | Path | None = None):
         from transformers import AutoProcessor
 
         return AutoProcessor.from_pretrained(str(path), local_files_only=True)
+    try:
+        import PIL  # noqa: F401  (the image processor resizes with Pillow)
+    except ImportError:
+        raise ModuleNotFoundError(
+            "vision-language models need Pillow: pip install 'gspo[vision]'"
+        ) from None
     from transformers import Idefics3ImageProcessorPil, Idefics3Processor
 
     cfg = model.config
