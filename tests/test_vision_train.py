@@ -49,6 +49,7 @@ def test_two_step_train_on_images_feeds_rollout_pixels_to_training(seen, tmp_pat
             "threads": 1,
             "output_dir": str(tmp_path / "run"),
             "max_new_tokens": 6,
+            "checkpoint_every": 1,
         },
     )
     result = train(cfg)
@@ -61,3 +62,6 @@ def test_two_step_train_on_images_feeds_rollout_pixels_to_training(seen, tmp_pat
     assert len(seen[False]) == 4
     final = load_model(tmp_path / "run" / "final")
     assert is_vision_model(final)
+    # Checkpoints and final/ carry the processor (image processor and chat template).
+    saved = [tmp_path / "run" / "final", *(tmp_path / "run" / "checkpoints").glob("step_*")]
+    assert len(saved) >= 2 and all((p / "processor_config.json").is_file() for p in saved)

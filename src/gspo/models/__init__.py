@@ -30,6 +30,7 @@ from gspo.core.atomic import replace_dir
 
 from .fast_forward import completion_logits, supports
 from .lora import has_lora, merged_copy, save_lora
+from .vision import save_processor
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -265,19 +266,12 @@ def save_model(
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
-            if _is_vision(model):  # its image processor and chat template travel with it
-                from .vision import processor_for
-
-                processor_for(model, tokenizer).save_pretrained(str(tmp))
+        save_processor(model, tokenizer, tmp)  # a VL model's image processor goes with it
 
         replace_dir(tmp, p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _is_vision(model) -> bool:
-    return getattr(getattr(model, "config", None), "model_type", None) in ("idefics3", "smolvlm")
 
 
 # --------------------------------------------------------------------------------------------

@@ -278,3 +278,10 @@ def check_pixels(model: Any, prompt_ids: torch.Tensor, pixels: Any) -> None:
             "prompts hold image tokens but no pixel inputs came with them (a rollout that lost "
             "its extras['pixels'], or a path that does not carry images yet)"
         )
+
+
+def save_processor(model: Any, tokenizer: Any, folder: str | Path) -> None:
+    """Write a vision model's processor (image processor, chat template) into ``folder``
+    beside its tokenizer, so the checkpoint loads back with it; nothing for a text model."""
+    if tokenizer is not None and is_vision_model(model):
+        processor_for(model, tokenizer).save_pretrained(str(folder))
