@@ -13,6 +13,7 @@ episode's tokens are exactly its completion.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -54,10 +55,11 @@ def run_one_turn(
         # per prompt for its whole group; the engine's rollout carries them to the update.
         ids, pixels = encode_examples(encoder.fmt, examples)
         prompts = ids if prompts is None else prompts
-        if generate is not None:
+        takes_pixels = "pixels" in inspect.signature(engine.generate).parameters
+        if generate is not None or not takes_pixels:
             raise ValueError(
                 "image prompts are sampled by the synchronous torch engine only for now "
-                "(no async rollout, partial rollouts or Ray workers yet)"
+                "(--rollout-engine torch; no async rollout, partial rollouts or Ray workers yet)"
             )
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]
