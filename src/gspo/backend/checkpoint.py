@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 
 from gspo.core.atomic import replace_dir  # also gspo.backend.checkpoint.replace_dir, as before
 from gspo.core.checkpoint_paths import PREFIX, checkpoint_root, list_checkpoints
+from gspo.models.vision import save_processor
 
 FAULT_DELAY_S = float(os.environ.get("GSPO_FAULT_CHECKPOINT_DELAY_S", "0"))
 """Seconds to pause inside every checkpoint write, before it is renamed into place. Only for
@@ -77,6 +78,7 @@ def save_checkpoint(
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        save_processor(model, tokenizer, tmp)  # a VL model's image processor goes with it
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
 

@@ -12,6 +12,7 @@ from gspo.core.kl import sequence_kl_penalty
 from gspo.core.losses import get_loss
 from gspo.core.offpolicy import mask_metrics, off_policy_sequence_mask
 from gspo.models import token_logprobs
+from gspo.rollout.base import PIXELS
 
 
 def loss_options(cfg: Options) -> dict[str, float | None]:
@@ -48,6 +49,7 @@ def rollout_logprobs(model, rollout, temperature: float) -> torch.Tensor:
         rollout.completion_mask,
         temperature=temperature,
         prompt_index=rollout.prompt_index,
+        pixels=rollout.extras.get(PIXELS),
     )
     return logprobs  # [N, L]
 

@@ -20,7 +20,7 @@ from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
 from gspo.models import moe, token_logprobs
-from gspo.rollout.base import Rollout
+from gspo.rollout.base import PIXELS, Rollout
 
 from .accumulator import Accumulator
 from .shard import all_ranks_sum, rank_parts
@@ -126,8 +126,11 @@ def update_policy(
                     temperature=cfg.rollout.temperature,
                     with_entropy=True,
                     prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
+                    pixels=rollout.extras.get(PIXELS),  # image prompts: the rollout's own
                 )  # [n_micro, L'] each
-            ref = _ref_logprobs(cfg, ref_model, rows, rollout.prompt_index[part])
+            ref = _ref_logprobs(
+                cfg, ref_model, rows, rollout.prompt_index[part], rollout.extras.get(PIXELS)
+            )
             # Off-policy sequence mask against the engine's log-probs (None unless enabled).
             keep, opsm = sequence_weights(
                 cfg,
@@ -324,12 +327,16 @@ def _columns(advantages: torch.Tensor, cols: slice) -> torch.Tensor:
     return advantages[:, cols] if advantages.dim() == 2 else advantages
 
 
-def _ref_logprobs(cfg: Options, ref_model, rows: _Rows, prompt_index: torch.Tensor):
+def _ref_logprobs(cfg: Options, ref_model, rows: _Rows, prompt_index: torch.Tensor, pixels=None):
     if ref_model is None:
         return None
     with torch.no_grad():
         ref, _ = token_logprobs(
-            ref_model, *rows.tensors, temperature=cfg.rollout.temperature, prompt_index=prompt_index
+            ref_model,
+            *rows.tensors,
+            temperature=cfg.rollout.temperature,
+            prompt_index=prompt_index,
+            pixels=pixels,
         )
     return ref
 

@@ -49,6 +49,7 @@ def _problems(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str, Task | Non
             answer_format=cfg.answer_format,
             split="test",
             answer_optional=uses_sandbox(reward),  # rows scored by their tests
+            image_key=cfg.image_key,
         )
         where = f"file {cfg.data} (reward {cfg.reward})"
     else:
@@ -104,6 +105,11 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     multi = env is not None and env.multi_turn  # prompt + max_total_tokens must fit
     examples, prompt_rules = eval_prompt_rules(cfg, examples, fmt, model, where, multi)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
+    if fmt.processor is not None and EngineOptions.of(cfg).rollout_engine != "torch":
+        raise ValueError(
+            "vision-language models are evaluated on the torch engine only for now "
+            "(--rollout-engine torch)"
+        )
     engine = build_engine(
         EngineOptions.of(cfg),
         model,

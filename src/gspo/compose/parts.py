@@ -54,6 +54,7 @@ def _build_task(opts: TaskOptions, reward: str | None, seed: int, demo_key: str 
             on_error="skip" if opts.bad_rows == "skip" else "raise",
             answer_format=opts.answer_format,
             **({"demo_key": demo_key} if demo_key else {}),
+            **({"image_key": opts.image_key} if opts.image_key else {}),
         )
 
     # A user's builder (module:builder, or one a plugin registers) also gets the file

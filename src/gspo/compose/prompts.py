@@ -20,6 +20,7 @@ from ..config.options import TaskOptions
 from ..config.train import TrainConfig
 from ..envs.tasks.base import Example
 from ..envs.tasks.checks import EmptyHeldOutError
+from ..models.chat import encode_examples
 from .parts import context_length, count_unknown, limit_prompts, prompt_token_limit
 
 __all__ = ["eval_prompt_rules", "fit_text", "prepare_prompts", "run_prompt_limit"]
@@ -64,7 +65,7 @@ def held_out_prompts(
     """(held-out problems within ``limit``, n truncated, n skipped) under ``policy``
     (``long_prompts``); ``error`` raises naming ``what`` (e.g. "data/test.jsonl row"), the row
     and its length."""
-    encoded = fmt.encode([e.prompt for e in examples]) if examples else []
+    encoded, _ = encode_examples(fmt, examples)
     # 'truncate' is applied on the text below; here it only marks which prompts are long.
     kept, *_ = limit_prompts(
         encoded, limit, "error" if policy == "error" else "skip", limit=named, what=what
@@ -76,7 +77,9 @@ def held_out_prompts(
         if i in short:
             out.append(example)
             continue
-        text = fit_text(fmt, example.prompt, limit) if policy == "truncate" else None
+        # (An image prompt is not cut: its placeholders and image tokens must stay whole.)
+        cut = policy == "truncate" and not example.images
+        text = fit_text(fmt, example.prompt, limit) if cut else None
         if text is None:
             skipped += 1
         else:
@@ -98,7 +101,9 @@ def _rows(cfg: TrainConfig, task, split: str) -> str:
 def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: bool = False):
     """(train problems, their prompt token ids, held-out problems, ``data/*`` counts): prompts
     over the context limit truncated, skipped or refused as ``long_prompts`` says."""
-    encoded = fmt.encode([e.prompt for e in task.train])
+    # Image prompts: every image is read and processed here, before training (a bad one stops
+    # the run now, naming it); their pixel inputs are made again per step, for the step's prompts.
+    encoded, _ = encode_examples(fmt, task.train)
     # A prompt and what follows it must fit the model's context (max_prompt_tokens 0: all of it).
     limit, named = run_prompt_limit(
         cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.max_total_tokens, multi_turn, model

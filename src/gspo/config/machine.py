@@ -23,6 +23,7 @@ EXTRAS: tuple[tuple[str, Any, str, str, str], ...] = (
     ("backend", "ray", "ray", "Ray", "pip install 'gspo[ray]' (ray==2.60.0)"),
     ("tensorboard", True, "tensorboard", "TensorBoard", "pip install tensorboard"),
     ("wandb", True, "wandb", "Weights & Biases", "pip install wandb"),
+    ("task", "shapes", "PIL", "Pillow (it draws the task's images)", "pip install 'gspo[vision]'"),
 )
 
 

@@ -168,6 +168,7 @@ BUILTIN_TASKS = (
     "sorting",
     "countdown",
     "scratchpad",
+    "shapes",
     "code",
     "word_problems",
     "calculator",

@@ -188,6 +188,7 @@ class TaskOptions(_Options):
     test_file: str | None
     prompt_key: str
     answer_key: str
+    image_key: str | None
     answer_format: str
     bad_rows: str
     max_prompt_tokens: int

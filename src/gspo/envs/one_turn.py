@@ -13,6 +13,7 @@ episode's tokens are exactly its completion.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 
 from gspo.envs.tasks.base import Example
 from gspo.models import moe
+from gspo.models.chat import encode_examples
 from gspo.models.text import decode_completions
 from gspo.rollout.base import Rollout, SamplingParams
 
@@ -47,6 +49,18 @@ def run_one_turn(
     prompt ids when the caller has them (the trainer's prompt cache), else the encoder's.
     ``routing`` False: plain ``engine.generate``, no MoE routing record (evaluation);
     ``generate``: runs the round instead (a caller's hook, as in the multi-turn driver)."""
+    pixels = None
+    if any(e.images for e in examples):
+        # Image prompts: the processor expands each <image> and makes the pixel inputs, once
+        # per prompt for its whole group; the engine's rollout carries them to the update.
+        ids, pixels = encode_examples(encoder.fmt, examples)
+        prompts = ids if prompts is None else prompts
+        takes_pixels = "pixels" in inspect.signature(engine.generate).parameters
+        if generate is not None or not takes_pixels:
+            raise ValueError(
+                "image prompts are sampled by the synchronous torch engine only for now "
+                "(--rollout-engine torch; no async rollout, partial rollouts or Ray workers yet)"
+            )
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]
     params = replace(
@@ -54,7 +68,9 @@ def run_one_turn(
         max_new_tokens=min(limits.max_tokens_per_turn, limits.max_total_tokens),
         stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
     )
-    if generate is not None:
+    if pixels is not None:
+        rollout = engine.generate(prompts, n, params, generator, pixels=pixels)
+    elif generate is not None:
         rollout = generate(prompts, n, params, generator)
     elif routing:
         rollout = moe.generate_with_routing(engine, prompts, n, params, generator)

@@ -36,6 +36,7 @@ class PlainEncoder:
     """Tokenizers without a chat template: the prompt with BOS, replies as raw text."""
 
     chat = False
+    fmt: Any = None  # the run's PromptFormat (make_encoder)
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -67,6 +68,7 @@ class ChatEncoder:
     """
 
     chat = True
+    fmt: Any = None  # the run's PromptFormat (make_encoder)
 
     def __init__(self, tokenizer: Any, end_token_id: int, system_prompt: str | None = None):
         self.tokenizer = tokenizer
@@ -108,10 +110,16 @@ class ChatEncoder:
 
 
 def make_encoder(tokenizer: Any, fmt: Any) -> PlainEncoder | ChatEncoder:
-    """The encoder matching the run's :class:`gspo.models.chat.PromptFormat`."""
+    """The encoder matching the run's :class:`gspo.models.chat.PromptFormat` (kept as its
+    ``fmt``: image prompts are encoded by the format's processor)."""
     if getattr(fmt, "chat", False):
-        return ChatEncoder(tokenizer, fmt.end_token_id, fmt.system_prompt)
-    return PlainEncoder(tokenizer)
+        enc: PlainEncoder | ChatEncoder = ChatEncoder(
+            tokenizer, fmt.end_token_id, fmt.system_prompt
+        )
+    else:
+        enc = PlainEncoder(tokenizer)
+    enc.fmt = fmt
+    return enc
 
 
 @dataclass

@@ -123,9 +123,11 @@ def plan(
             raise ConfigError(f"compare sets {key} itself; use --algos / --seeds / --output-dir")
     if sft_steps < 0:
         raise ConfigError(f"--sft-steps must be >= 0, got {sft_steps}")
-    if sft_steps > 0 and overrides.get("model", "tiny") != "tiny":
+    cold = overrides.get("model", "tiny")  # the random-init model --sft-steps cold-starts
+    if sft_steps > 0 and cold not in ("tiny", "tiny-vl"):
         raise ConfigError(
-            "--sft-steps cold-starts a tiny model; it cannot be combined with --model"
+            "--sft-steps cold-starts a tiny model (tiny or tiny-vl); it cannot be combined "
+            "with --model"
         )
     sft_cfgs: dict[int, SFTConfig] = {}
     cfgs: list[TrainConfig] = []
@@ -157,7 +159,11 @@ def plan(
             sft_cfgs[seed] = build(
                 SFTConfig,
                 overrides=dict(
-                    shared, **(sft_overrides or {}), steps=sft_steps, output_dir=str(sft_dir)
+                    shared,
+                    **(sft_overrides or {}),
+                    model=cold,
+                    steps=sft_steps,
+                    output_dir=str(sft_dir),
                 ),
             )
     registry = losses()  # each loss says whether its clip bounds token or sequence quantities

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -29,6 +30,7 @@ from gspo.core.atomic import replace_dir
 
 from .fast_forward import completion_logits, supports
 from .lora import has_lora, merged_copy, save_lora
+from .vision import save_processor
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<bos>", "<eos>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -228,7 +230,13 @@ def load_model(
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; one of {sorted(_DTYPES)}")
         dtype = _DTYPES[dtype]
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, local_files_only=True)
+    # A vision-language checkpoint (Idefics3 / SmolVLM) is an image-text model, not a causal LM.
+    config = AutoConfig.from_pretrained(str(p), local_files_only=True)
+    if getattr(config, "model_type", None) in ("idefics3", "smolvlm"):
+        from transformers import AutoModelForImageTextToText as auto
+    else:
+        auto = AutoModelForCausalLM
+    model = auto.from_pretrained(str(p), dtype=dtype, local_files_only=True)
     return model.to(device)
 
 
@@ -258,6 +266,7 @@ def save_model(
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        save_processor(model, tokenizer, tmp)  # a VL model's image processor goes with it
 
         replace_dir(tmp, p)
     except BaseException:
@@ -300,6 +309,7 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     prompt_index: torch.Tensor | None = None,
+    pixels=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of the completion tokens under ``log_softmax(logits / temperature)``.
 
@@ -315,6 +325,10 @@ def token_logprobs(
     prompt, e.g. ``Rollout.prompt_index``): for models ``gspo.models.fast_forward`` supports, each
     distinct prompt then runs once and its keys/values serve all of its rows (same values and
     gradients up to float rounding, fewer FLOPs); other models ignore it.
+
+    ``pixels`` (a :class:`gspo.models.vision.PixelInputs`, one entry per prompt) are the image
+    inputs of a vision-language rollout, the very tensors its generation was conditioned on;
+    each row gets its prompt's (``prompt_index`` is then required).
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
@@ -324,7 +338,16 @@ def token_logprobs(
     if p == 0:
         raise ValueError("token_logprobs needs at least one prompt token to condition on")
 
-    if prompt_index is not None and supports(model):
+    from .vision import check_pixels
+
+    check_pixels(model, prompt_ids, pixels)
+    vision: dict = {}
+    if pixels is not None:
+        if prompt_index is None:
+            raise ValueError("token_logprobs with pixel inputs needs the rows' prompt_index")
+        dtype = next(model.parameters()).dtype
+        vision = pixels.to(prompt_ids.device, dtype).rows(prompt_index)  # [N, I, 3, H, W] ...
+    if prompt_index is not None and not vision and supports(model):
         logits = completion_logits(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index
         )  # [N, L, V]
@@ -337,11 +360,18 @@ def token_logprobs(
             # Only the last L+1 positions' logits are materialised: P-1 .. P+L-1.
             kwargs["logits_to_keep"] = length + 1
         logits = model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **vision,
+            **kwargs,
         ).logits  # [N, L+1, V] or [N, P+L, V]
         # Position t predicts token t+1: completion token j is predicted at P-1+j. With
         # logits_to_keep=L+1 that is every kept position but the last.
         logits = logits[:, -(length + 1) : -1]  # [N, L, V]
+    from .vision import block_tokens, blocked_token_ids
+
+    logits = block_tokens(logits, blocked_token_ids(model))  # [N, L, V] (VL: no image token)
     t = 1.0 if temperature == 0 else float(temperature)
     scaled = _upcast(logits) if t == 1.0 else _upcast(logits) / t  # [N, L, V]
     logp_all = F.log_softmax(scaled, dim=-1)  # [N, L, V]

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "CHAT_MODES",
     "PromptFormat",
+    "encode_examples",
     "end_of_turn_ids",
     "has_chat_template",
     "prompt_format",
@@ -95,6 +96,8 @@ class PromptFormat:
     end_token_id: int | None = None
     """The token a supervised target ends with: the template's end-of-turn token for chat
     models (``<|im_end|>``, ``<|eot_id|>``), else EOS."""
+    processor: Any = field(default=None, repr=False)
+    """A vision-language model's processor (None: text only): :meth:`encode_images`."""
 
     def render(self, prompt: str) -> str:
         """The prompt as the model sees it (chat-formatted text, or the prompt itself)."""
@@ -114,9 +117,38 @@ class PromptFormat:
         texts = [self.render(p) for p in prompts]
         return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
+    def encode_images(self, prompts: list[str], images: list[tuple]) -> tuple[list, Any]:
+        """(token ids of each prompt, their :class:`~gspo.models.vision.PixelInputs`): each
+        prompt's ``<image>`` placeholders expanded by the processor into the model's image
+        tokens, its images (paths, bytes or PIL images; ``()`` for a text prompt) made into
+        pixel inputs, once per prompt. Images of any sizes mix in one call."""
+        from .vision import encode_vision_prompts
+
+        if self.processor is None:
+            raise ValueError("prompts with images need a vision-language model (--model tiny-vl)")
+        texts = [self.render(p) for p in prompts]
+        return encode_vision_prompts(self.processor, texts, images, special=not self.chat)
+
+
+def encode_examples(fmt: PromptFormat, examples: Any) -> tuple[list[list[int]], Any]:
+    """(prompt ids of each example, their :class:`~gspo.models.vision.PixelInputs` or None):
+    text examples through :meth:`PromptFormat.encode`, and as soon as one example has images
+    (``Example.images``), all of them through :meth:`PromptFormat.encode_images` (a text
+    example among them gets no image). Text-only runs take exactly the text path."""
+    texts = [e.prompt for e in examples]
+    images = [tuple(getattr(e, "images", ()) or ()) for e in examples]
+    if not any(images):
+        return fmt.encode(texts) if texts else [], None
+    return fmt.encode_images(texts, images)
+
 
 def prompt_format(
-    tokenizer: Any, *, mode: str = "auto", system_prompt: str | None = None, model: Any = None
+    tokenizer: Any,
+    *,
+    mode: str = "auto",
+    system_prompt: str | None = None,
+    model: Any = None,
+    processor: Any = None,
 ) -> PromptFormat:
     """The :class:`PromptFormat` for ``mode`` (one of :data:`CHAT_MODES`)."""
     if mode not in CHAT_MODES:
@@ -137,7 +169,7 @@ def prompt_format(
     end = template_end_id(tokenizer) if chat else None
     if end is None:
         end = tokenizer.eos_token_id
-    return PromptFormat(tokenizer, chat, system_prompt or None, stops, end)
+    return PromptFormat(tokenizer, chat, system_prompt or None, stops, end, processor)
 
 
 def _eos_only(tokenizer: Any) -> tuple[int, ...]:

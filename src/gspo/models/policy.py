@@ -15,6 +15,7 @@ from .chat import prompt_format
 from .lora import apply_lora
 from .moe import fit_experts_kernel
 from .pretrained import resolve_model_path
+from .vision import build_tiny_vl, is_vision_model, processor_for
 
 DTYPES = {
     "float32": torch.float32,
@@ -40,7 +41,15 @@ def set_threads(threads: int) -> None:
 def build_policy(cfg: ModelOptions, device: torch.device, *, seed: int):
     """(model, tokenizer): a random-init tiny dense or MoE model (initialized from ``seed``,
     which also seeds LoRA's adapters), or a local Hugging Face checkpoint."""
-    if cfg.model in ("tiny", "tiny-moe"):
+    if cfg.model == "tiny-vl":
+        model, tokenizer = build_tiny_vl(
+            hidden_size=cfg.hidden_size,
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            seed=seed,
+        )
+    elif cfg.model in ("tiny", "tiny-moe"):
         tokenizer = build_char_tokenizer()
         experts = {}
         if cfg.model == "tiny-moe":
@@ -97,10 +106,17 @@ def ensure_pad_token(tokenizer) -> None:
 
 def build_prompt_format(cfg: ModelOptions, tokenizer, model=None):
     """The run's :class:`gspo.models.chat.PromptFormat` from ``cfg.chat_template`` and
-    ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token)."""
+    ``cfg.system_prompt`` (tiny char models: raw prompts, EOS as the only stop token). A
+    vision-language ``model`` brings its processor (saved with a checkpoint, else derived from
+    the model's config), which encodes prompts with images."""
+    processor = None
+    if model is not None and is_vision_model(model):
+        path = None if cfg.model == "tiny-vl" else resolve_model_path(cfg.model)
+        processor = processor_for(model, tokenizer, path)
     return prompt_format(
         tokenizer,
         mode=cfg.chat_template,
         system_prompt=cfg.system_prompt,
         model=model,
+        processor=processor,
     )

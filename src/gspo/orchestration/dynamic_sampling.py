@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from gspo.rollout.base import ROW_EXTRAS, Rollout
+from gspo.rollout.base import PIXELS, ROW_EXTRAS, Rollout
 from gspo.rollout.batch import RolloutBatch
 
 
@@ -83,7 +83,10 @@ def concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         cols["cm"].append(_pad_cols(r.completion_mask, c_width, 0, left=False))
         cols["lp"].append(_pad_cols(r.logprobs, c_width, 0.0, left=False))
         cols["ix"].append(r.prompt_index + offset)
-        offset += int(r.prompt_index.max()) + 1 if r.num_samples else 0
+        if PIXELS in r.extras:  # kept whole by select: index past all of its prompts
+            offset += r.extras[PIXELS].num_prompts
+        else:
+            offset += int(r.prompt_index.max()) + 1 if r.num_samples else 0
     rollout = Rollout(
         prompt_ids=torch.cat(cols["pi"]),
         prompt_mask=torch.cat(cols["pm"]),
@@ -103,6 +106,10 @@ def concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
             if pad is not None:  # [n, L] per token
                 values = [_pad_cols(v, c_width, pad, left=False) for v in values]
             rollout.extras[key] = torch.cat(values)
+    if PIXELS in rs[0].extras:  # image prompts: their pixels, in the offset prompt order
+        from gspo.models.vision import PixelInputs
+
+        rollout.extras[PIXELS] = PixelInputs.cat([r.extras[PIXELS] for r in rs])
     if all(r.versions is not None for r in rs):  # per-token policy versions, -1 on padding
         rollout.versions = torch.cat([_pad_cols(r.versions, c_width, -1, left=False) for r in rs])
     has_task = all(p.task_rewards is not None for p in parts)

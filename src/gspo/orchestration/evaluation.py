@@ -29,7 +29,7 @@ from gspo.envs.one_turn import run_one_turn
 from gspo.envs.rewards import reward_workers
 from gspo.envs.tasks.base import Example, RewardFn
 from gspo.envs.trajectory import PlainEncoder, Trajectory, make_encoder
-from gspo.models.chat import PromptFormat
+from gspo.models.chat import PromptFormat, encode_examples
 from gspo.models.chat import prompt_format as prompt_format_for
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
@@ -64,10 +64,11 @@ def _generate_scored(engine, fmt, examples, env, params, n, generator, batch_siz
     errors = 0
     per_batch = max(batch_size // n, 1)
     encoder = PlainEncoder(fmt.tokenizer)  # the prompts come encoded: its tokenizer decodes
+    encoder.fmt = fmt  # image prompts: their pixel inputs come from the format's processor
     limits = Limits(1, params.max_new_tokens, params.max_new_tokens, env_timeout_s=ENV_TIMEOUT_S)
     for start in range(0, len(examples), per_batch):
         chunk = list(examples[start : start + per_batch])
-        prompts = fmt.encode([e.prompt for e in chunk])
+        prompts, _ = encode_examples(fmt, chunk)
         rollout, trajs = run_one_turn(
             engine, env, encoder, chunk, n, params, limits, generator, prompts, routing=False
         )

@@ -99,7 +99,7 @@ class Rollout:
     def select(self, rows: torch.Tensor) -> Rollout:
         """The listed rows [n] (CPU indices), in order, per-token fields and per-row extras
         included. Engine extras that are not laid out by row (MoE routing) cannot be split."""
-        other = set(self.extras) - set(ROW_EXTRAS)
+        other = set(self.extras) - set(ROW_EXTRAS) - {PIXELS}
         if other:
             names = ", ".join(sorted(other))
             raise ValueError(f"cannot select rows of a rollout carrying engine extras ({names})")
@@ -112,11 +112,16 @@ class Rollout:
             logprobs=self.logprobs[idx],
             finish_reasons=[self.finish_reasons[i] for i in rows.tolist()],
             prompt_index=self.prompt_index[idx],
-            extras={k: v[rows.to(v.device)] for k, v in self.extras.items()},
+            # Per-prompt pixel inputs stay whole: the rows keep their prompt indices.
+            extras={k: v if k == PIXELS else v[rows.to(v.device)] for k, v in self.extras.items()},
             loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
             versions=None if self.versions is None else self.versions[idx],
         )
 
+
+PIXELS = "pixels"
+"""Rollout extra of image prompts: their :class:`gspo.models.vision.PixelInputs`, one entry per
+prompt, indexed by ``prompt_index`` (kept whole by ``select``, offset-joined by rounds)."""
 
 ROW_EXTRAS = {"turn_ids": -1, "policy_version": None}
 """Rollout extras that are per-row tensors (episodes: the policy turn of each token [N, L],

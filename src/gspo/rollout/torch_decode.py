@@ -133,9 +133,11 @@ class ResumableGeneration:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        pixels=None,
     ) -> None:
         check_request(prompts, n, params)
         self.engine, self.n, self.params, self.generator = engine, n, params, generator
+        self.pixels = pixels  # image prompts: each re-prefill takes them again
         dev = engine.device
         stop_seqs = [engine._stop_ids(s) for s in params.stop_strings]
         width = max(len(p) for p in prompts)
@@ -208,7 +210,7 @@ class ResumableGeneration:
         self._next_pos = self.prompt_mask.sum(dim=1) + self.position  # [N]
         if self.position == 0:  # exactly TorchEngine.generate's prefill (prompts shared by n)
             logits, self._advance = self.engine._start(
-                self.base_ids, self.base_mask, self.n, remaining
+                self.base_ids, self.base_mask, self.n, remaining, self.pixels
             )
             return logits
         t = self.position
@@ -216,7 +218,9 @@ class ResumableGeneration:
         # the uninterrupted decode (their outputs are masked out).
         ids = torch.cat([self.prompt_ids, self.state.tokens[:, :t]], dim=1)  # [N, P+t]
         mask = torch.cat([self.prompt_mask, torch.ones_like(self.state.tokens[:, :t])], dim=1)
-        logits, self._advance = self.engine._start(ids, mask, 1, remaining)  # [N, V]
+        logits, self._advance = self.engine._start(
+            ids, mask, 1, remaining, self.pixels, self.prompt_index
+        )  # [N, V]
         return logits
 
     def _run(self, max_tokens: int | None, version: int, stop: Callable[[], bool] | None) -> int:

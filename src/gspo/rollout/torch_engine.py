@@ -14,7 +14,8 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from gspo.models import forward_kwargs_support, positions_from_mask
 from gspo.models.fast_forward import FastDecoder, has_forward_hooks
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.models.vision import block_tokens, blocked_token_ids, check_pixels
+from gspo.rollout.base import PIXELS, Rollout, SamplingParams
 from gspo.rollout.stops import encode_stop
 from gspo.rollout.torch_decode import (
     DecodeState,
@@ -120,7 +121,8 @@ class TorchEngine:
     def _forward(self, kw: dict, **inputs: torch.Tensor) -> torch.Tensor:
         """Last-position logits [N, V] of one cached forward, in at least float32."""
         out = self.model(**inputs, **kw)
-        return float_logits(out.logits[:, -1])  # [N, V]
+        # A vision-language policy never samples its image placeholder (token_logprobs agrees).
+        return block_tokens(float_logits(out.logits[:, -1]), blocked_token_ids(self.model))
 
     def generate(
         self,
@@ -128,15 +130,20 @@ class TorchEngine:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        pixels=None,
     ) -> Rollout:
-        """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i."""
+        """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i.
+
+        ``pixels`` (:class:`gspo.models.vision.PixelInputs`, one entry per prompt) are the
+        image inputs of vision-language prompts: the prefill takes them (once per prompt when
+        its samples share the prefill), the KV cache carries them through the decode."""
         check_request(prompts, n, params)
         stop_seqs = [self._stop_ids(s) for s in params.stop_strings]
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
-                out = self._generate(prompts, n, params, generator, stop_seqs)
+                out = self._generate(prompts, n, params, generator, stop_seqs, pixels)
         finally:
             self.model.train(was_training)
         # Tensors made under inference_mode cannot enter autograd later (the trainer feeds
@@ -149,6 +156,8 @@ class TorchEngine:
             logprobs=out["logprobs"].clone(),
             finish_reasons=out["finish_reasons"],
             prompt_index=out["prompt_index"].clone(),
+            # Image prompts: the pixel inputs (per prompt) go with the rollout to the update.
+            extras={} if pixels is None else {PIXELS: pixels},
         )
 
     def partial(
@@ -157,13 +166,22 @@ class TorchEngine:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        pixels=None,
     ) -> ResumableGeneration:
         """A generation that can stop after any token and continue under new weights
         (:class:`~gspo.rollout.base.PartialGeneration`); run to the end without a pause it
         equals :meth:`generate` bit for bit."""
-        return ResumableGeneration(self, prompts, n, params, generator)
+        return ResumableGeneration(self, prompts, n, params, generator, pixels)
 
-    def _start(self, base_ids: torch.Tensor, base_mask: torch.Tensor, n: int, max_new: int):
+    def _start(
+        self,
+        base_ids: torch.Tensor,
+        base_mask: torch.Tensor,
+        n: int,
+        max_new: int,
+        pixels=None,
+        base_index: torch.Tensor | None = None,
+    ):
         """Prefill the distinct prompts ``base_ids`` [B, P] once and repeat their state for the
         ``n`` samples of each (rows laid out ``i * n + j``); return (last-position logits
         [N, V], ``advance``), where ``advance(tokens [N], positions [N])`` feeds one token per
@@ -171,11 +189,19 @@ class TorchEngine:
 
         Uses :class:`FastDecoder` when it supports the model, else the model's own forward with
         a ``DynamicCache``. A model with forward hooks (e.g. MoE routing capture, which records
-        every row's prefill) gets the plain per-row prefill.
+        every row's prefill) gets the plain per-row prefill. ``pixels`` (image prompts) feed
+        the prefill only; ``base_index`` [B] says which of their prompts each base row is
+        (default: row b is prompt b).
         """
         positions = positions_from_mask(base_mask)  # [B, P]
         num = base_ids.shape[0] * n
-        if self.fast and FastDecoder.supports(self.model):
+        check_pixels(self.model, base_ids, pixels)
+        vision: dict = {}
+        if pixels is not None:
+            if base_index is None:
+                base_index = torch.arange(base_ids.shape[0])
+            vision = pixels.to(self.device, self.dtype).rows(base_index)  # [B, I, ...]
+        if self.fast and not vision and FastDecoder.supports(self.model):
             dec = FastDecoder(self.model, batch=num, max_len=base_ids.shape[1] + max_new)
             logits = float_logits(dec.prefill(base_ids, base_mask, positions, repeats=n))
 
@@ -199,7 +225,11 @@ class TorchEngine:
         )
         if share:
             logits = self._forward(
-                prefill_kw, input_ids=base_ids, attention_mask=base_mask, position_ids=positions
+                prefill_kw,
+                input_ids=base_ids,
+                attention_mask=base_mask,
+                position_ids=positions,
+                **vision,
             ).repeat_interleave(n, dim=0)  # [N, V]
             cache.batch_repeat_interleave(n)
         else:
@@ -208,6 +238,7 @@ class TorchEngine:
                 input_ids=base_ids.repeat_interleave(n, dim=0),
                 attention_mask=base_mask.repeat_interleave(n, dim=0),
                 position_ids=positions.repeat_interleave(n, dim=0),
+                **{k: v.repeat_interleave(n, dim=0) for k, v in vision.items()},
             )  # [N, V]
         attn = [base_mask.repeat_interleave(n, dim=0)]  # [N, P], grows by one column per step
         ones = torch.ones_like(attn[0][:, :1])  # [N, 1]
@@ -248,6 +279,7 @@ class TorchEngine:
         params: SamplingParams,
         generator: torch.Generator | None,
         stop_seqs: list[list[int]],
+        pixels=None,
     ) -> dict:
         dev = self.device
         num = len(prompts) * n
@@ -278,7 +310,7 @@ class TorchEngine:
         state = DecodeState(tokens, logps, cmask, finished, stopped, stop_tokens, stop_tensors)
         steps = 0
         if max_new > 0:
-            logits, advance = self._start(base_ids, base_mask, n, max_new)  # [N, V]
+            logits, advance = self._start(base_ids, base_mask, n, max_new, pixels)  # [N, V]
             next_pos = prompt_mask.sum(dim=1)  # [N] position of the next token in each row
             for t in range(max_new):
                 tok, lp = sample_next(logits, params.temperature, params.top_p, generator)

@@ -20,6 +20,9 @@ class Example:
     """A correct completion, for the supervised cold start (None where a task has none)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Anything else a reward needs (numbers of a countdown problem, difficulty, source row)."""
+    images: tuple[Any, ...] = ()
+    """The prompt's images (a file path, raw bytes or a ``PIL.Image.Image`` each), in the order of
+    the prompt's ``<image>`` placeholders; ``()`` for a text prompt."""
 
 
 RewardFn = Callable[[str, Example], float]

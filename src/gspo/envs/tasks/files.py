@@ -7,6 +7,7 @@ plus the line number for .jsonl) and the field, so a bad row can be found and fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -186,6 +187,7 @@ def load_examples(
     skipped: list[str] | None = None,
     answer_format: str = "raw",
     answer_optional: bool = False,
+    image_key: str | None = None,
 ) -> list[Example]:
     """Load problems from a local .jsonl, .json or .parquet file.
 
@@ -207,6 +209,10 @@ def load_examples(
 
     ``answer_optional`` (rows scored by their tests, e.g. the code reward): the answer column
     may be absent and a row's answer null or empty; such rows get the answer ``""``.
+
+    ``image_key`` names a column of images (:func:`_row_images`): each is read and decoded
+    here, so a missing or corrupt image is a :class:`DataError` naming file, row and field
+    (or a skipped row) before any training.
     """
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(
@@ -228,6 +234,7 @@ def load_examples(
         raise DataError(f"{path}: file is empty")
     columns, rows = _load_rows(path, split)
     wanted = [prompt_key, answer_key] + ([demo_key] if demo_key is not None else [])
+    wanted += [image_key] if image_key is not None else []
     for key in wanted:
         if key not in columns and not (answer_optional and key == answer_key):
             raise DataError(
@@ -253,6 +260,10 @@ def load_examples(
             demo = None
             if demo_key is not None and row[demo_key] is not None:
                 demo = _text_field(row[demo_key], demo_key, where, numbers_ok=False)
+            images: tuple = ()
+            if image_key is not None:
+                images = _row_images(row[image_key], image_key, where, path.parent)
+                prompt = _place_images(prompt, len(images), prompt_key, where)
         except DataError as exc:
             if on_error == "raise":
                 raise
@@ -260,10 +271,67 @@ def load_examples(
                 skipped.append(str(exc))
             continue
         meta = {key: value for key, value in row.items() if key not in wanted}
+        if images and "problem" not in meta:
+            # The data checks tell rows apart by prompt, answer and meta["problem"]: rows
+            # that ask the same about different images are different problems.
+            meta["problem"] = "images:" + _images_digest(images)
         if answer_format != "raw" and solution:
             meta["solution"] = solution
-        examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta))
+        examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta, images=images))
     return examples
+
+
+def _row_images(value: Any, field: str, where: str, folder: Path) -> tuple:
+    """A row's images: one or a list of paths (relative to the data file's folder, or
+    absolute), raw bytes, or ``{"bytes": ..., "path": ...}`` (a Hugging Face ``Image`` column
+    in parquet). Each is decoded once here to check it; the example keeps the path or bytes."""
+    from gspo.models.vision import load_image
+
+    if value is None:
+        raise DataError(f"{where}: field {field!r} is missing or null")
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for j, item in enumerate(items):
+        name = f"{where}: field {field!r}" + (f" item {j}" if len(items) > 1 else "")
+        if isinstance(item, dict):  # datasets' Image feature: bytes, else its path
+            item = item.get("bytes") or item.get("path")
+        if isinstance(item, str):
+            item = str(folder / item) if not Path(item).is_absolute() else item
+        try:
+            load_image(item, where=name)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+        except ImportError:
+            raise DataError(
+                f"{name}: reading images needs Pillow: pip install 'gspo[vision]'"
+            ) from None
+        out.append(bytes(item) if isinstance(item, (bytearray, memoryview)) else item)
+    return tuple(out)
+
+
+def _images_digest(images: tuple) -> str:
+    digest = hashlib.blake2b(digest_size=8)
+    for item in images:
+        digest.update(Path(item).read_bytes() if isinstance(item, str) else bytes(item))
+    return digest.hexdigest()
+
+
+def _place_images(prompt: str, count: int, field: str, where: str) -> str:
+    """The prompt with one ``<image>`` per image: as written where it has them, else the
+    images first (a prompt without placeholders is about its images)."""
+    from gspo.models.vision import IMAGE_PLACEHOLDER
+
+    have = prompt.count(IMAGE_PLACEHOLDER)
+    if have == 0 and count == 0:
+        return prompt
+    if have == 0:
+        return IMAGE_PLACEHOLDER * count + "\n" + prompt
+    if have != count:
+        raise DataError(
+            f"{where}: field {field!r} has {have} {IMAGE_PLACEHOLDER} placeholder(s) for "
+            f"{count} image(s)"
+        )
+    return prompt
 
 
 def make_file_task(
@@ -287,6 +355,7 @@ def make_file_task(
         "on_error",
         "answer_format",
         "answer_optional",
+        "image_key",
     }
     unknown = set(keys) - allowed
     if unknown:

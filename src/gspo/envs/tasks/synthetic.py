@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import gspo.envs.tasks.shapes as _shapes
 from gspo.config.plugins import is_ref, resolve
 from gspo.envs.rewards import countdown_reward, exact_match
 from gspo.envs.tasks.base import Example, RewardFn, Task, call_builder
@@ -69,6 +70,9 @@ class _Spec:
     reward: RewardFn
     key: Callable[[Example], str] = lambda ex: ex.prompt
     """What decides the split; problems with the same key always land in the same split."""
+    identity: Callable[[Example], str] = lambda ex: ex.prompt
+    """What makes two draws the same problem within a split (an image task's prompt text
+    repeats: its drawing parameters tell problems apart)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,6 +260,18 @@ _SPECS: dict[str, _Spec] = {
             reward=scratchpad_reward,
             key=scratchpad_key,
         ),
+        _Spec(
+            name="shapes",
+            description=_shapes.DESCRIPTION,
+            default=_shapes.DEFAULT_SHAPES,
+            low=_shapes.MIN_SHAPES,
+            high=_shapes.MAX_SHAPES,
+            sample=_shapes.sample_shapes,
+            space=_shapes.shapes_space,
+            reward=scratchpad_reward,  # the same answer rule: the text after the last ','
+            key=_shapes.shapes_key,
+            identity=_shapes.shapes_key,
+        ),
     ]
 }
 
@@ -278,11 +294,12 @@ def _draw(spec: _Spec, difficulty: int, split: str, n: int, seed: int) -> list[E
     misses = 0
     while len(examples) < n and misses < patience:
         example = spec.sample(rng, difficulty)
-        if example.prompt in seen or split_of(spec.key(example)) != split:
+        identity = spec.identity(example)
+        if identity in seen or split_of(spec.key(example)) != split:
             misses += 1
             continue
         misses = 0
-        seen.add(example.prompt)
+        seen.add(identity)
         examples.append(example)
     if len(examples) < n:
         if split == "test" or not examples:
@@ -328,7 +345,7 @@ it is passed those of them its signature names (:func:`gspo.envs.tasks.base.call
 TASKS: dict[str, TaskBuilder] = {
     name: functools.partial(_build, spec) for name, spec in _SPECS.items()
 }
-"""Built-in task builders by name: addition, reversal, sorting, countdown, scratchpad."""
+"""Built-in task builders by name: addition, reversal, sorting, countdown, scratchpad, shapes."""
 
 
 def register_task(name: str):
