@@ -11,6 +11,7 @@ pytest.importorskip("PIL")
 
 from transformers import Idefics3ForConditionalGeneration
 
+import gspo.models.vision as vision
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
 from gspo.models import load_model
@@ -34,7 +35,16 @@ def seen(monkeypatch):
             record[self.training] += [_digest(row) for row in pixel_values]
         return original(self, *args, pixel_values=pixel_values, **kwargs)
 
+    # The update's forwards merge image features themselves (vision.image_inputs, once per
+    # prompt): their images are the pixel entries of the rows' prompts.
+    inputs = vision.image_inputs
+
+    def image_inputs(model, input_ids, pixels, prompt_index):
+        record[model.training] += [_digest(pixels.values[i]) for i in prompt_index.tolist()]
+        return inputs(model, input_ids, pixels, prompt_index)
+
     monkeypatch.setattr(Idefics3ForConditionalGeneration, "forward", forward)
+    monkeypatch.setattr(vision, "image_inputs", image_inputs)
     return record
 
 

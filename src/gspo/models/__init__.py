@@ -341,13 +341,9 @@ def token_logprobs(
     from .vision import check_pixels
 
     check_pixels(model, prompt_ids, pixels)
-    vision: dict = {}
-    if pixels is not None:
-        if prompt_index is None:
-            raise ValueError("token_logprobs with pixel inputs needs the rows' prompt_index")
-        dtype = next(model.parameters()).dtype
-        vision = pixels.to(prompt_ids.device, dtype).rows(prompt_index)  # [N, I, 3, H, W] ...
-    if prompt_index is not None and not vision and supports(model):
+    if pixels is not None and prompt_index is None:
+        raise ValueError("token_logprobs with pixel inputs needs the rows' prompt_index")
+    if prompt_index is not None and pixels is None and supports(model):
         logits = completion_logits(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index
         )  # [N, L, V]
@@ -359,12 +355,17 @@ def token_logprobs(
         if "logits_to_keep" in forward_kwargs_support(model):
             # Only the last L+1 positions' logits are materialised: P-1 .. P+L-1.
             kwargs["logits_to_keep"] = length + 1
+        if pixels is None:
+            inputs: dict = {"input_ids": input_ids}
+        else:
+            from . import vision
+
+            dtype = next(model.parameters()).dtype
+            pix = pixels.to(prompt_ids.device, dtype)
+            # The vision tower runs once per prompt; its features are shared by the group's rows.
+            inputs = vision.image_inputs(model, input_ids, pix, prompt_index)  # [N, P+L, D]
         logits = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            **vision,
-            **kwargs,
+            attention_mask=attention_mask, position_ids=position_ids, **inputs, **kwargs
         ).logits  # [N, L+1, V] or [N, P+L, V]
         # Position t predicts token t+1: completion token j is predicted at P-1+j. With
         # logits_to_keep=L+1 that is every kept position but the last.

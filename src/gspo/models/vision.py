@@ -251,6 +251,51 @@ def encode_vision_prompts(
     return ids, PixelInputs(values, mask)
 
 
+def image_inputs(
+    model: Any, input_ids: torch.Tensor, pixels: PixelInputs, prompt_index: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Forward keywords for rows ``input_ids`` [N, T] of prompts ``prompt_index`` [N]: their
+    input embeddings with each prompt's image features in its image tokens' slots.
+
+    The vision tower and connector run once per distinct prompt, not once per row: a group's
+    rows share their prompt's features (``index_select`` sums the rows' gradients back into
+    them, so the tower gets the per-row path's gradient). Idefics3's own keyword for
+    precomputed features (``image_hidden_states``, renamed ``mm_encoder_outputs`` in
+    transformers 5.19 and changing shape in 5.20) is not used: the features are merged here.
+    """
+    uniq, inverse = torch.unique(prompt_index.to(pixels.values.device), return_inverse=True)
+    values = pixels.values.index_select(0, uniq)  # [U, I, 3, H, W]
+    mask = pixels.mask.index_select(0, uniq)  # [U, I, H, W]
+    embeds = model.get_input_embeddings()(input_ids)  # [N, T, D]
+    # All-zero images are padding (the model's own rule): they have no features and no slots.
+    real = (values != 0).flatten(2).any(-1)  # [U, I]
+    if not bool(real.any()):
+        return {"inputs_embeds": embeds}
+    features = model.get_image_features(values, mask, return_dict=True).pooler_output  # [R, S, D]
+    counts = real.sum(1)  # [U] real images per prompt, in the order of ``features``
+    first = (counts.cumsum(0) - counts).tolist()  # [U] each prompt's first feature row
+    counts = counts.tolist()
+    take = [first[u] + j for u in inverse.tolist() for j in range(counts[u])]
+    rows = features.index_select(0, torch.tensor(take, device=features.device))  # [sum, S, D]
+    rows = rows.reshape(-1, rows.shape[-1]).to(embeds.dtype)  # [sum * S, D]
+    slots = input_ids == model.config.image_token_id  # [N, T]
+    if int(slots.sum()) != rows.shape[0]:
+        raise ValueError(
+            f"{int(slots.sum())} image tokens in the rows but {rows.shape[0]} image features "
+            "from their pixel inputs (an image's placeholder count does not match its images)"
+        )
+    return {"inputs_embeds": embeds.masked_scatter(slots.unsqueeze(-1), rows)}  # [N, T, D]
+
+
+def per_row_image_inputs(
+    model: Any, input_ids: torch.Tensor, pixels: PixelInputs, prompt_index: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The reference for :func:`image_inputs`: every row's pixels expanded, so the model runs
+    its vision tower once per row (what the training forward did before; tests and
+    ``benchmarks/vision_prompts.py`` compare against it)."""
+    return {"input_ids": input_ids, **pixels.rows(prompt_index)}
+
+
 def blocked_token_ids(model: Any) -> tuple[int, ...]:
     """Token ids a vision-language policy must never sample: its image placeholder (a sampled
     one would ask the training forward for an image that does not exist). The engine and
