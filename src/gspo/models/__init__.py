@@ -328,7 +328,9 @@ def token_logprobs(
 
     ``pixels`` (a :class:`gspo.models.vision.PixelInputs`, one entry per prompt) are the image
     inputs of a vision-language rollout, the very tensors its generation was conditioned on;
-    each row gets its prompt's (``prompt_index`` is then required).
+    each row gets its prompt's (``prompt_index`` is then required). The vision tower runs once
+    per distinct prompt and its features are shared by the prompt's rows
+    (:func:`gspo.models.vision.image_inputs`).
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
