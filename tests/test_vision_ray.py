@@ -163,3 +163,23 @@ def test_ray_image_run_equals_local_and_sends_pixels_by_reference(tmp_path, monk
     assert pixel_batches
     assert all(isinstance(s.extras[PIXELS], ray.ObjectRef) for s in pixel_batches)
     assert len(puts) == len(payloads)
+
+
+def test_entropy_of_a_vl_policy_is_finite():
+    """The blocked <image> token (p = 0, log p = -inf) adds 0 to the entropy, not NaN: Ray and
+    local runs compare every metric, and NaN equals nothing."""
+    from gspo.models import token_logprobs
+    from gspo.models.vision import build_tiny_vl
+
+    model, tok = build_tiny_vl(seed=0)
+    prompt = torch.tensor([tok("count red=")["input_ids"]])  # [1, P]
+    completion = torch.tensor([tok("2")["input_ids"]])  # [1, L]
+    _, entropy = token_logprobs(
+        model,
+        prompt,
+        torch.ones_like(prompt),
+        completion,
+        torch.ones_like(completion),
+        with_entropy=True,
+    )  # [1, L]
+    assert torch.isfinite(entropy).all() and (entropy > 0).all()
