@@ -183,3 +183,30 @@ def test_entropy_of_a_vl_policy_is_finite():
         with_entropy=True,
     )  # [1, L]
     assert torch.isfinite(entropy).all() and (entropy > 0).all()
+
+
+def test_dynamic_sampling_keeps_groups_of_image_prompts():
+    """Dynamic sampling drops whole groups of an image rollout; the per-prompt pixels stay
+    whole (rows keep their prompt indices) instead of being refused as MoE routing."""
+    from gspo.orchestration.dynamic_sampling import select_groups
+    from gspo.rollout.base import Rollout
+    from gspo.rollout.batch import RolloutBatch
+
+    prompts, group = 3, 2
+    n = prompts * group
+    pixels = _pixels(prompts)
+    rollout = Rollout(
+        prompt_ids=torch.ones(n, 2, dtype=torch.long),
+        prompt_mask=torch.ones(n, 2, dtype=torch.long),
+        completion_ids=torch.ones(n, 3, dtype=torch.long),
+        completion_mask=torch.ones(n, 3, dtype=torch.long),
+        logprobs=torch.zeros(n, 3),
+        finish_reasons=["stop"] * n,
+        prompt_index=torch.arange(prompts).repeat_interleave(group),  # [N]
+        extras={PIXELS: pixels},
+    )
+    kept = select_groups(
+        RolloutBatch(rollout, torch.zeros(n, dtype=torch.float64)), torch.tensor([0, 2]), group
+    )
+    assert kept.rollout.prompt_index.tolist() == [0, 0, 2, 2]
+    assert kept.rollout.extras[PIXELS] is pixels
