@@ -72,6 +72,7 @@ def _fake_backend(log: _Recorder, monkeypatch):
     backend = RayFSDPBackend.__new__(RayFSDPBackend)
     backend.model, backend.sleeper, backend.asleep = model, None, False
     backend.ray = SimpleNamespace(put=lambda x: x)
+    backend.refs = SimpleNamespace(by_reference=lambda rollout: rollout)  # no image prompts
 
     def run_all(call, what: str) -> list:
         log.calls.append(what)

@@ -183,7 +183,11 @@ def test_rounds_join_pixels_at_their_prompt_offsets(vl64):
     [
         ({"model": "tiny", "task": "shapes"}, "cannot see"),
         ({"task": "shapes", "rollout_engine": "vllm"}, "rollout_engine='torch'"),
-        ({"task": "shapes", "backend": "ray"}, "Ray"),
+        ({"task": "shapes", "backend": "ray"}, None),  # by reference (tests/test_vision_ray.py)
+        (
+            {"task": "shapes", "backend": "ray", "rollout_workers": 1, "rollout_engine": "vllm"},
+            "rollout_engine='torch'",
+        ),
         ({"task": "file", "image_key": "image", "train_file": "x.jsonl"}, None),
     ],
 )

@@ -31,9 +31,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..models import token_logprobs
 from ..models.policy import build_policy, set_threads
-from ..rollout.base import Rollout
+from ..models.vision import is_vision_model
+from ..rollout.base import PIXELS, Rollout
 from .accumulator import Accumulator
 from .options import reference_logprobs, reward_kl_penalty
+from .ray_refs import with_pixels
 from .reshard import load_dcp_into
 from .update import _frozen_copy, build_optimizer, update_policy
 
@@ -95,7 +97,10 @@ class FSDPRank:
             shard_kw["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=getattr(torch, cfg.backend.fsdp_param_dtype), reduce_dtype=torch.float32
             )
-        for layer in model.model.layers:  # one all-gather per decoder layer, then the rest
+        # A VL model's decoder layers are its text model's; the vision tower and connector go
+        # with the rest (the root unit).
+        decoder = model.model.text_model if is_vision_model(model) else model.model
+        for layer in decoder.layers:  # one all-gather per decoder layer, then the rest
             fully_shard(layer, **shard_kw)
         fully_shard(model, **shard_kw)
         # Sum the ranks' parts (the denominators are already global). gloo has no PREMUL_SUM:
@@ -113,10 +118,16 @@ class FSDPRank:
 
     def old_logprobs(self, rollout: Rollout) -> torch.Tensor:
         """[n_r, L] recomputed log-probs of this rank's rows ``rank::world`` (one forward on
-        every rank: a rank without rows runs one on row 0 and returns none)."""
-        rollout = rollout.to(self.device)
+        every rank: a rank without rows runs one on row 0 and returns none). Image prompts:
+        each row gets its prompt's pixel inputs, read from the object store."""
+        rollout = with_pixels(rollout).to(self.device)
         rows = torch.arange(rollout.num_samples)[self.rank :: self.world]  # [n_r]
         run = rows if len(rows) else torch.zeros(1, dtype=torch.long)
+        pixels = rollout.extras.get(PIXELS)
+        # Text rows keep the plain forward they always had (no prompt_index).
+        vision = (
+            {} if pixels is None else {"pixels": pixels, "prompt_index": rollout.prompt_index[run]}
+        )
         with torch.no_grad():
             logprobs, _ = token_logprobs(
                 self.model,
@@ -125,23 +136,25 @@ class FSDPRank:
                 rollout.completion_ids[run],
                 rollout.completion_mask[run],
                 temperature=self.cfg.rollout.temperature,
+                **vision,
             )  # [n_r, L]
         return logprobs[: len(rows)].cpu()
 
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
         """[N, L] reference log-probs (the reference is whole: one rank is enough)."""
-        ref = reference_logprobs(self.cfg, self.ref_model, rollout)
+        ref = reference_logprobs(self.cfg, self.ref_model, with_pixels(rollout))
         return None if ref is None else ref.cpu()  # [N, L]
 
     def kl_penalty(self, rollout: Rollout, old_logprobs: torch.Tensor):
-        return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
+        return reward_kl_penalty(self.cfg, self.ref_model, with_pixels(rollout), old_logprobs)
 
     def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
         """This rank's share of the update: its raw metric sums (merged by the driver) and
         the learning rate after it (one round trip)."""
-        # The batch comes from the driver on CPU; a GPU rank works on its own device.
+        # The batch comes from the driver on CPU (its pixel inputs by reference); a GPU rank
+        # works on its own device.
         rollout, old, advantages = (
-            rollout.to(self.device),
+            with_pixels(rollout).to(self.device),
             old.to(self.device),
             advantages.to(self.device),
         )

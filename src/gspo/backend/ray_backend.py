@@ -22,6 +22,7 @@ from ..core.checkpoint_paths import latest_checkpoint
 from ..core.mismatch import mismatch_stats
 from ..models import save_model
 from ..models.moe import is_moe
+from ..models.vision import save_processor
 from ..rollout.base import Rollout
 from .checkpoint import (
     load_state,
@@ -30,6 +31,7 @@ from .checkpoint import (
 )
 from .fsdp import FSDPRank
 from .ray_cluster import import_ray, start_ray, stop_ray
+from .ray_refs import PixelRefs
 from .reshard import is_sharded, local_to_dcp
 from .shard import merge_rank_metrics
 
@@ -138,6 +140,9 @@ class RayFSDPBackend:
         self.sleeper: Any = None
         self.asleep = False
         self.ray = start_ray(address, num_cpus=workers, temp_dir=temp_dir)
+        # Image prompts: a step's pixel inputs in the object store once, read by reference by
+        # the ranks (and by the rollout workers, which share this object: ray_parts).
+        self.refs = PixelRefs(self.ray)
         self.ranks = []
         try:
             self._launch_ranks(FSDPRank, cfg, workers, actor_options)
@@ -180,19 +185,22 @@ class RayFSDPBackend:
     def old_logprobs(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         if self.cfg.rollout.old_logprobs == "engine":
             return rollout.logprobs, {}
-        parts = self._all(lambda r: r.old_logprobs.remote(rollout), "the old log-prob pass")
+        batch = self.ray.put(self.refs.by_reference(rollout))  # one copy for all ranks
+        parts = self._all(lambda r: r.old_logprobs.remote(batch), "the old log-prob pass")
         out = torch.zeros(rollout.logprobs.shape, dtype=parts[0].dtype)  # [N, L]
         for rank, part in enumerate(parts):
             out[rank :: len(parts)] = part
         return out, mismatch_stats(out, rollout.logprobs, rollout.policy_mask)
 
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
-        return self._rank0(lambda r: r.reference_logprobs.remote(rollout), "the reference pass")
+        batch = self.refs.by_reference(rollout)
+        return self._rank0(lambda r: r.reference_logprobs.remote(batch), "the reference pass")
 
     def kl_penalty(
         self, rollout: Rollout, old_logprobs: torch.Tensor
     ) -> tuple[torch.Tensor | None, dict[str, float]]:
-        return self._rank0(lambda r: r.kl_penalty.remote(rollout, old_logprobs), "the KL pass")
+        batch = self.refs.by_reference(rollout)
+        return self._rank0(lambda r: r.kl_penalty.remote(batch, old_logprobs), "the KL pass")
 
     def update(
         self,
@@ -205,8 +213,10 @@ class RayFSDPBackend:
         if self.sleeper is not None and not self.asleep:
             self.sleeper.sleep()  # free the shared GPU memory for the update
             self.asleep = True
-        # One object-store copy of the batch for all ranks (each takes its rows).
-        args = [self.ray.put(a) for a in (rollout, old_logprobs, advantages, weights)]
+        # One object-store copy of the batch for all ranks (each takes its rows); its pixel
+        # inputs (image prompts) by reference, the copy the step's earlier passes read.
+        batch = self.refs.by_reference(rollout)
+        args = [self.ray.put(a) for a in (batch, old_logprobs, advantages, weights)]
         states = self._all(
             lambda r: r.update.remote(args[0], args[1], args[2], step, args[3]), "the update"
         )
@@ -249,6 +259,7 @@ class RayFSDPBackend:
             self.model.config.save_pretrained(tmp)  # the architecture, for `gspo` tools
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
+            save_processor(self.model, tokenizer, tmp)  # a VL model's image processor too
 
         state = {"config": config, "ranks": len(self.ranks), **extra}
         return write_checkpoint(output_dir, step, write=write, state=state, keep=keep)

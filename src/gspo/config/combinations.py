@@ -118,8 +118,6 @@ def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
         )
     if o.engine.rollout_engine != "torch":
         out.append(f"{what} needs rollout_engine='torch' (vLLM does not take images here yet)")
-    if images and o.backend.backend == "ray":
-        out.append(f"{what}: image prompts do not travel to Ray ranks yet; use backend='local'")
     if images and o.asynchronous.staleness_ok and o.asynchronous.max_staleness > 0:
         out.append(f"{what}: image prompts are not sampled ahead of training yet (max_staleness 0)")
     if images and multi_turn:

@@ -59,7 +59,8 @@ def run_one_turn(
         if generate is not None or not takes_pixels:
             raise ValueError(
                 "image prompts are sampled by the synchronous torch engine only for now "
-                "(--rollout-engine torch; no async rollout, partial rollouts or Ray workers yet)"
+                "(--rollout-engine torch, in the driver or on Ray rollout workers; no async "
+                "rollout or partial rollouts yet)"
             )
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]

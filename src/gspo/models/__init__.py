@@ -386,5 +386,8 @@ def token_logprobs(
         # Detached: no second graph through the [N, L, V] tensor.
         with torch.no_grad():
             la = logp_all.detach()  # [N, L, V]
-            entropy = (-(la.exp() * la).sum(-1)).masked_fill(~keep, 0.0)  # [N, L]
+            # A blocked token (a VL model's <image>) has p = 0 and log p = -inf: its term is
+            # 0, not NaN (text logits are finite: their terms are untouched).
+            plogp = (la.exp() * la).nan_to_num(nan=0.0)  # [N, L, V]
+            entropy = (-plogp.sum(-1)).masked_fill(~keep, 0.0)  # [N, L]
     return logp, entropy

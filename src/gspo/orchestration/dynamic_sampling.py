@@ -50,7 +50,8 @@ def round_prompts(n_examples: int, batch: int, seed: int, step: int, round_: int
 def select_groups(s: RolloutBatch, groups: torch.Tensor, group_size: int) -> RolloutBatch:
     """The rows of the listed groups, in order."""
     rows = (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)  # [n * G]
-    if set(s.rollout.extras) - set(ROW_EXTRAS):
+    # Image prompts' pixels are per prompt and stay whole (Rollout.select keeps them).
+    if set(s.rollout.extras) - set(ROW_EXTRAS) - {PIXELS}:
         raise ValueError(
             "dynamic_sampling cannot split a rollout that carries engine extras (MoE routing): "
             "turn dynamic_sampling off for MoE models"

@@ -143,7 +143,14 @@ def build_ray_parts(
         )
         if m:
             pool = RolloutPool(
-                ray, cfg, model, tokenizer.pad_token_id, m, rollout_opts, output_dir=out
+                ray,
+                cfg,
+                model,
+                tokenizer.pad_token_id,
+                m,
+                rollout_opts,
+                output_dir=out,
+                refs=backend.refs,  # one object-store copy of a step's pixels for both
             )
             engine: Any = pool
         else:

@@ -7,12 +7,18 @@ group after group). Worker 0 samples with the step generator itself, so one work
 exactly what the engine in the driver gives; worker k > 0 gets a generator seeded from the step
 generator's state and k, so a run is reproducible for a fixed M. ``update_weights`` sends the
 new full weights to every worker through the object store (one copy).
+
+Image prompts: the step's pixel inputs go into the object store once
+(:class:`gspo.backend.ray_refs.PixelRefs`, shared with the training ranks) and every worker's
+payload carries their ``ObjectRef`` and its share's range; a worker returns its rollout without
+the pixels (the driver holds them) and the pool puts the step's own on the joined rollout.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,9 +26,10 @@ import torch
 from gspo.config.combinations import Options
 
 from ..backend.ray_backend import gather
+from ..backend.ray_refs import PixelRefs, resolve
 from ..models import token_logprobs
 from ..models.policy import build_policy, set_threads
-from ..rollout.base import Rollout, SamplingParams
+from ..rollout.base import PIXELS, Rollout, SamplingParams
 from ..rollout.engines import close_engine, policy_engine
 
 
@@ -43,13 +50,28 @@ class RolloutWorker:
         return os.getpid()
 
     def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, gen_state: Any
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        gen_state: Any,
+        pixels: Any = None,
+        share: tuple[int, int] | None = None,
     ) -> Rollout:
+        """``pixels``: the step's pixel inputs (an ``ObjectRef``), of which this worker's
+        prompts are entries ``share`` = (start, stop)."""
         generator = None
         if gen_state is not None:
             generator = torch.Generator(device=self.engine.device)
             generator.set_state(gen_state)
-        return self.engine.generate(prompts, n, params, generator)
+        if pixels is None:
+            return self.engine.generate(prompts, n, params, generator)
+        start, stop = share
+        step = resolve(pixels)
+        mine = type(step)(step.values[start:stop], step.mask[start:stop])  # [k, I, ...]
+        rollout = self.engine.generate(prompts, n, params, generator, pixels=mine)
+        # The driver holds the pixels: they do not travel back.
+        return replace(rollout, extras={k: v for k, v in rollout.extras.items() if k != PIXELS})
 
     @torch.no_grad()
     def update_weights(self, state: dict[str, torch.Tensor]) -> None:
@@ -144,8 +166,12 @@ class RolloutPool:
         workers: int,
         actor_options: list[dict[str, Any]] | None = None,
         output_dir: str | None = None,
+        refs: PixelRefs | None = None,
     ) -> None:
+        """``refs``: the object-store copies of pixel inputs, shared with the training ranks
+        (one copy per step for both)."""
         self.ray, self.pad_id, self.output_dir = ray, int(pad_id), output_dir
+        self.refs = PixelRefs(ray) if refs is None else refs
         state = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
         actor = ray.remote(num_cpus=1)(RolloutWorker)
         options = actor_options or [{} for _ in range(workers)]
@@ -165,21 +191,39 @@ class RolloutPool:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        pixels: Any = None,
     ) -> Rollout:
+        """``pixels``: image prompts' pixel inputs (one entry per prompt), sent by reference."""
         split = shares(len(prompts), len(self.workers))
         busy = self.workers[: len(split)]
-        states = [
-            None if generator is None else worker_generator_state(generator, k)
-            for k in range(len(split))
-        ]
-        parts = self._all(
-            lambda w: w.generate.remote(
-                [prompts[i] for i in split[busy.index(w)]], n, params, states[busy.index(w)]
-            ),
-            "generation",
-            busy,
-        )
-        return concat_in_order(parts, [s.start for s in split], self.pad_id)
+        requests = self.requests(prompts, n, params, generator, pixels)
+        parts = self._all(lambda w: w.generate.remote(*requests[busy.index(w)]), "generation", busy)
+        rollout = concat_in_order(parts, [s.start for s in split], self.pad_id)
+        if pixels is None:
+            return rollout
+        return replace(rollout, extras={**rollout.extras, PIXELS: pixels})
+
+    def requests(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        pixels: Any = None,
+    ) -> list[tuple]:
+        """Each busy worker's ``generate`` arguments: its share of the prompts, its generator
+        state and, for image prompts, the ``ObjectRef`` of the step's pixel inputs (put once,
+        never a tensor per worker) with its share's range."""
+        split = shares(len(prompts), len(self.workers))
+        ref = None if pixels is None else self.refs.ref(pixels)
+        out = []
+        for k, share in enumerate(split):
+            state = None if generator is None else worker_generator_state(generator, k)
+            args: tuple = ([prompts[i] for i in share], n, params, state)
+            if ref is not None:
+                args += (ref, (share.start, share.stop))
+            out.append(args)
+        return out
 
     def update_weights(self, model: torch.nn.Module | dict[str, torch.Tensor]) -> None:
         """The new full weights (a module or its state dict) to every worker."""
