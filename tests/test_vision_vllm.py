@@ -170,20 +170,28 @@ def test_small_head_size_cli_line(tmp_path, capsys):
 
 
 @needs_vllm
-def test_train_and_eval_shapes_with_vllm(tmp_path):
+def test_train_and_eval_shapes_with_vllm(tmp_path, monkeypatch):
+    from test_vllm_train import _random_rewards
+
+    _random_rewards(monkeypatch)  # a random-init model earns no reward: make the weights move
     out = tmp_path / "run"
     args = ["train", "--model", "tiny-vl", *SHAPE, "--task", "shapes", "--steps", "2"]
     args += ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "6"]
-    args += ["--eval-every", "0", "--rollout-engine", "vllm", "--output-dir", str(out), *COMMON]
+    args += ["--eval-every", "0", "--rollout-engine", "vllm", "--old-logprobs", "recompute"]
+    args += ["--output-dir", str(out), *COMMON]
     assert main(args) == 0
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "time/weight_sync_s" in r]
     assert len(steps) == 2 and all(r["time/weight_sync_s"] > 0 for r in steps)
-    # The engine's log-probs are the trainer's on the image prompts (same pixels).
+    assert all(r["grad_norm"] > 0 for r in steps)  # the weights changed, the sync carried them
+    # vLLM's log-probs equal the trainer's recompute on the image prompts (same pixels).
     assert all(r["mismatch/max_abs"] < 1e-4 for r in steps), [r["mismatch/max_abs"] for r in steps]
-    report = tmp_path / "eval.json"
-    eval_args = ["eval", "--model", str(out / "final"), "--task", "shapes", "--n-test", "8"]
-    eval_args += ["--samples", "2", "--max-new-tokens", "4", "--rollout-engine", "vllm"]
-    eval_args += ["--output", str(report), *COMMON]
-    assert main(eval_args) == 0
-    assert len(json.loads(report.read_text())["examples"]) == 8
+    # gspo eval on the trained VL checkpoint: greedy answers agree across the two engines.
+    greedy = {}
+    for engine in ("torch", "vllm"):
+        report = tmp_path / f"eval-{engine}.json"
+        eval_args = ["eval", "--model", str(out / "final"), "--task", "shapes", "--n-test", "8"]
+        eval_args += ["--samples", "2", "--max-new-tokens", "4", "--rollout-engine", engine]
+        assert main([*eval_args, "--output", str(report), *COMMON]) == 0
+        greedy[engine] = [e["greedy"] for e in json.loads(report.read_text())["examples"]]
+    assert len(greedy["vllm"]) == 8 and greedy["vllm"] == greedy["torch"]
