@@ -43,10 +43,8 @@ install command.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -54,14 +52,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import save
 
 from gspo.models.lora import has_lora, merged_copy
 from gspo.models.vision import is_vision_model
 from gspo.rollout.base import PIXELS, Rollout, SamplingParams
-from gspo.rollout.stops import encode_stop
+from gspo.rollout.stops import encode_stop, first_stop
 from gspo.rollout.torch_decode import check_request
 from gspo.rollout.vllm_images import ImagePrompts, check_expanded
 from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay importable here)
@@ -69,6 +66,7 @@ from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay i
     _model_config,
     _tied,
     check_loadable,
+    process_state_kept,
     reload_in_worker,
     text_config,
     trainer_state_dict,
@@ -203,7 +201,7 @@ class VLLMEngine:
         else:
             kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
         try:
-            with _process_state_kept():
+            with process_state_kept():
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             raise RuntimeError(f"vLLM could not start on this model: {exc}") from exc
@@ -364,7 +362,7 @@ class VLLMEngine:
                 if c.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM finished a sample with reason {c.finish_reason!r}")
                 reason = c.finish_reason
-                cut = _first_stop(ids, stop_seqs)
+                cut = first_stop(ids, stop_seqs)
                 if cut is not None:
                     ids, lps, reason = ids[:cut], lps[:cut], "stop"
                 rows.append((ids, lps, reason))
@@ -396,31 +394,3 @@ class VLLMEngine:
             finish_reasons=[r[2] for r in rows],
             prompt_index=torch.arange(len(prompts)).repeat_interleave(n),  # [N]
         )
-
-
-@contextlib.contextmanager
-def _process_state_kept():
-    """Undo what vLLM's in-process CPU worker does to the whole process while it starts: it
-    seeds the global RNGs (torch, numpy, random) with its own seed and replaces
-    ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
-    and thread settings."""
-    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_threads
-        torch.set_num_threads(threads)
-        torch.random.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-
-
-def _first_stop(ids: list[int], stop_seqs: list[list[int]]) -> int | None:
-    """Length of the shortest prefix of ``ids`` that ends with one of ``stop_seqs``, if any."""
-    for end in range(1, len(ids) + 1):
-        for seq in stop_seqs:
-            k = len(seq)
-            if end >= k and ids[end - k : end] == seq:
-                return end
-    return None

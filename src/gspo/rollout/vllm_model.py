@@ -5,8 +5,11 @@ vLLM can serve it (``check_loadable``, before starting anything), the weights to
 
 from __future__ import annotations
 
+import contextlib
+import random
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load
 
@@ -93,3 +96,21 @@ def reload_in_worker(worker: Any, weights: Any, tied: bool, refresh_head: bool =
         method = getattr(head, "quant_method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(head)
+
+
+@contextlib.contextmanager
+def process_state_kept():
+    """Undo what vLLM's in-process CPU worker does to the whole process while it starts: it
+    seeds the global RNGs (torch, numpy, random) with its own seed and replaces
+    ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
+    and thread settings."""
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
