@@ -105,11 +105,6 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     multi = env is not None and env.multi_turn  # prompt + max_total_tokens must fit
     examples, prompt_rules = eval_prompt_rules(cfg, examples, fmt, model, where, multi)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else fmt.stop_token_ids[0]
-    if fmt.processor is not None and EngineOptions.of(cfg).rollout_engine != "torch":
-        raise ValueError(
-            "vision-language models are evaluated on the torch engine only for now "
-            "(--rollout-engine torch)"
-        )
     engine = build_engine(
         EngineOptions.of(cfg),
         model,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .names import environment_tasks
+from .names import VLLM_CPU_HEAD_SIZES, environment_tasks
 from .options import EngineOptions, ModelOptions, RewardOptions, RunOptions, TaskOptions
 from .options_train import (
     AsyncOptions,
@@ -116,13 +116,36 @@ def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
             f"{what} has image prompts, which model {o.model.model!r} cannot see: use "
             "--model tiny-vl or a local vision-language checkpoint"
         )
-    if o.engine.rollout_engine != "torch":
-        out.append(f"{what} needs rollout_engine='torch' (vLLM does not take images here yet)")
+    if o.engine.rollout_engine == "vllm" and o.model.model == "tiny-vl":
+        out.extend(_vllm_head_size(o))
+    if images and o.engine.rollout_engine == "vllm" and o.backend.backend == "ray":
+        out.append(
+            f"{what} on Ray needs rollout_engine='torch' (vLLM rollout workers do not take "
+            "images yet)"
+        )
     if images and o.asynchronous.staleness_ok and o.asynchronous.max_staleness > 0:
         out.append(f"{what}: image prompts are not sampled ahead of training yet (max_staleness 0)")
     if images and multi_turn:
         out.append(f"{what}: multi-turn environments do not carry images yet")
     return out
+
+
+def _vllm_head_size(o: Options) -> list[str]:
+    """tiny-vl's default head size (64 / 4 = 16) is one vLLM's CPU attention refuses at start-up,
+    after the model is built; say so here, with the flags that fix it."""
+    m = o.model
+    if o.run.device.startswith("cuda") or m.num_heads <= 0 or m.hidden_size % m.num_heads:
+        return []
+    head = m.hidden_size // m.num_heads
+    if head in VLLM_CPU_HEAD_SIZES:
+        return []
+    fix = f"--hidden-size {m.hidden_size} --num-heads {m.hidden_size // 32}"
+    fix += f" --num-kv-heads {max(1, m.hidden_size // 64)}"
+    return [
+        f"model 'tiny-vl' with rollout_engine='vllm': head size {head} (hidden_size "
+        f"{m.hidden_size} / num_heads {m.num_heads}) is not one vLLM's CPU attention runs "
+        f"{list(VLLM_CPU_HEAD_SIZES)}; use e.g. {fix} (head size 32), or --rollout-engine torch"
+    ]
 
 
 def multi_turn_combinations(o: Options) -> list[str]:

@@ -58,9 +58,9 @@ def run_one_turn(
         takes_pixels = "pixels" in inspect.signature(engine.generate).parameters
         if generate is not None or not takes_pixels:
             raise ValueError(
-                "image prompts are sampled by the synchronous torch engine only for now "
-                "(--rollout-engine torch, in the driver or on Ray rollout workers; no async "
-                "rollout or partial rollouts yet)"
+                "image prompts are sampled by the synchronous torch and vLLM engines only for "
+                "now (torch: in the driver or on Ray rollout workers; no async rollout or "
+                "partial rollouts yet)"
             )
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]

@@ -16,7 +16,7 @@ prompt's group of samples) and :meth:`PixelInputs.rows` hands each row its promp
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,9 @@ class PixelInputs:
 
     values: torch.Tensor  # [B, I, 3, H, W]
     mask: torch.Tensor  # [B, I, H, W]
+    images: list[list[Any]] | None = field(default=None, repr=False, compare=False)
+    """The decoded source images (``PIL.Image``, RGB) of each prompt, for an engine that runs
+    its own copy of the processor on them (vLLM); None where only the tensors were kept."""
 
     @property
     def num_prompts(self) -> int:
@@ -192,7 +195,8 @@ class PixelInputs:
         }
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> PixelInputs:
-        return PixelInputs(self.values.to(device=device, dtype=dtype), self.mask.to(device))
+        values = self.values.to(device=device, dtype=dtype)
+        return PixelInputs(values, self.mask.to(device), self.images)
 
     @classmethod
     def cat(cls, parts: list[PixelInputs]) -> PixelInputs:
@@ -200,7 +204,10 @@ class PixelInputs:
         most = max(p.values.shape[1] for p in parts)
         values = [_pad_images(p.values, most) for p in parts]
         masks = [_pad_images(p.mask, most) for p in parts]
-        return cls(torch.cat(values), torch.cat(masks))
+        images = None
+        if all(p.images is not None for p in parts):
+            images = [imgs for p in parts for imgs in p.images]
+        return cls(torch.cat(values), torch.cat(masks), images)
 
 
 def _pad_images(t: torch.Tensor, count: int) -> torch.Tensor:
@@ -222,6 +229,7 @@ def encode_vision_prompts(
     tok = processor.tokenizer
     ids: list[list[int]] = []
     pixels: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    sources: list[list[Any]] = []
     for i, (text, imgs) in enumerate(zip(texts, images, strict=True)):
         placeholders = text.count(IMAGE_PLACEHOLDER)
         if placeholders != len(imgs):
@@ -232,8 +240,10 @@ def encode_vision_prompts(
         if not imgs:
             ids.append(list(tok(text, add_special_tokens=special)["input_ids"]))
             pixels.append(None)
+            sources.append([])
             continue
         pil = [load_image(im, where=f"prompt {i}, image {j}") for j, im in enumerate(imgs)]
+        sources.append(pil)
         out = processor(text=[text], images=[pil], add_special_tokens=special, return_tensors="pt")
         ids.append(out["input_ids"][0].tolist())
         pixels.append((out["pixel_values"][0], out["pixel_attention_mask"][0].bool()))
@@ -248,7 +258,7 @@ def encode_vision_prompts(
         if p is not None:
             values[i, : p[0].shape[0]] = p[0]
             mask[i, : p[1].shape[0]] = p[1]
-    return ids, PixelInputs(values, mask)
+    return ids, PixelInputs(values, mask, sources)
 
 
 def image_inputs(

@@ -17,3 +17,14 @@ def encode_stop(tokenizer: Any, cache: dict[str, list[int]], text: str, engine: 
             raise ValueError(f"stop string {text!r} encodes to no tokens")
         cache[text] = list(ids)
     return cache[text]
+
+
+def first_stop(ids: list[int], stop_seqs: list[list[int]]) -> int | None:
+    """Length of the shortest prefix of ``ids`` that ends with one of ``stop_seqs``, if any
+    (the vLLM engine cuts its completions there)."""
+    for end in range(1, len(ids) + 1):
+        for seq in stop_seqs:
+            k = len(seq)
+            if end >= k and ids[end - k : end] == seq:
+                return end
+    return None

