@@ -75,6 +75,10 @@ class Step:
     success: bool | None = None
     """Read when ``done``: the environment's verdict on the episode (True: solved; None: the
     environment says nothing, counted as no success)."""
+    images: list[Any] = field(default_factory=list)
+    """Images the reply shows (paths, bytes or PIL images), one per ``<image>`` placeholder in
+    its messages' text, in order (vision-language models only: the driver expands each with
+    the processor; image tokens are environment tokens, masked out of the loss)."""
 
 
 @dataclass

@@ -310,6 +310,7 @@ def token_logprobs(
     with_entropy: bool = False,
     prompt_index: torch.Tensor | None = None,
     pixels=None,
+    pixel_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of the completion tokens under ``log_softmax(logits / temperature)``.
 
@@ -328,7 +329,10 @@ def token_logprobs(
 
     ``pixels`` (a :class:`gspo.models.vision.PixelInputs`, one entry per prompt) are the image
     inputs of a vision-language rollout, the very tensors its generation was conditioned on;
-    each row gets its prompt's (``prompt_index`` is then required).
+    each row gets its prompt's (``prompt_index`` is then required), or the entry
+    ``pixel_index`` [N] names (multi-turn episodes: each row its own episode's images, those of
+    environment replies included, :func:`gspo.rollout.base.pixel_rows`). Image tokens in the
+    completion are environment tokens (a policy never samples one): their log-prob is 0.
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
@@ -341,12 +345,14 @@ def token_logprobs(
     from .vision import check_pixels
 
     check_pixels(model, prompt_ids, pixels)
+    check_pixels(model, completion_ids, pixels)  # (image tokens of environment replies)
     vision: dict = {}
     if pixels is not None:
-        if prompt_index is None:
+        rows = prompt_index if pixel_index is None else pixel_index
+        if rows is None:
             raise ValueError("token_logprobs with pixel inputs needs the rows' prompt_index")
         dtype = next(model.parameters()).dtype
-        vision = pixels.to(prompt_ids.device, dtype).rows(prompt_index)  # [N, I, 3, H, W] ...
+        vision = pixels.to(prompt_ids.device, dtype).rows(rows)  # [N, I, 3, H, W] ...
     if prompt_index is not None and not vision and supports(model):
         logits = completion_logits(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, prompt_index
@@ -371,12 +377,15 @@ def token_logprobs(
         logits = logits[:, -(length + 1) : -1]  # [N, L, V]
     from .vision import block_tokens, blocked_token_ids
 
-    logits = block_tokens(logits, blocked_token_ids(model))  # [N, L, V] (VL: no image token)
+    blocked = blocked_token_ids(model)
+    logits = block_tokens(logits, blocked)  # [N, L, V] (VL: no image token)
     t = 1.0 if temperature == 0 else float(temperature)
     scaled = _upcast(logits) if t == 1.0 else _upcast(logits) / t  # [N, L, V]
     logp_all = F.log_softmax(scaled, dim=-1)  # [N, L, V]
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, L]
     keep = completion_mask.bool()  # [N, L]
+    if blocked:  # image tokens of environment replies: context, never sampled (-inf above)
+        keep = keep & ~torch.isin(completion_ids, torch.tensor(blocked, device=keep.device))
     logp = logp.masked_fill(~keep, 0.0)  # [N, L]
     entropy = None
     if with_entropy:

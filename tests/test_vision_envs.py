@@ -1,0 +1,155 @@
+"""Images in multi-turn environments and async sampling (issue 37): an environment's replies show
+new images, async runs carry the pixels across the buffer, a VL run resumes exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("PIL")
+
+from transformers import Idefics3ForConditionalGeneration
+
+from gspo.config.options import ModelOptions
+from gspo.config.train import TrainConfig
+from gspo.envs.base import Step
+from gspo.envs.driver import Limits, run_episodes
+from gspo.envs.shapes_turns import ShapesTurnsEnv
+from gspo.envs.tasks.shapes import sample_shapes
+from gspo.envs.trajectory import make_encoder
+from gspo.models import token_logprobs
+from gspo.models.policy import build_policy, build_prompt_format
+from gspo.rollout.base import PIXEL_INDEX, PIXELS, SamplingParams, pixel_rows
+from gspo.rollout.torch_engine import TorchEngine
+
+
+def _digest(t: torch.Tensor) -> str:
+    """A tensor's bytes in float64 (the float64 model's forwards get them so)."""
+    data = t.detach().cpu().to(torch.float64).contiguous().numpy().tobytes()
+    return hashlib.blake2b(data).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def vl64():
+    opts = ModelOptions.of(TrainConfig(model="tiny-vl", dtype="float64"))
+    model, tok = build_policy(opts, torch.device("cpu"), seed=0)
+    return model, tok, build_prompt_format(opts, tok, model)
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """Every image (one [3, H, W] tensor each, padding images left out) the model's forwards
+    get, by mode: False for the engine (eval mode), True for the update (train mode)."""
+    record: dict[bool, list[str]] = {False: [], True: []}
+    original = Idefics3ForConditionalGeneration.forward
+
+    def forward(self, *args, pixel_values=None, **kwargs):
+        if pixel_values is not None:
+            flat = pixel_values.reshape(-1, *pixel_values.shape[2:])  # [N * I, 3, H, W]
+            record[self.training] += [_digest(im) for im in flat if im.abs().sum() > 0]
+        return original(self, *args, pixel_values=pixel_values, **kwargs)
+
+    monkeypatch.setattr(Idefics3ForConditionalGeneration, "forward", forward)
+    return record
+
+
+def _examples(k: int):
+    rng = random.Random(7)
+    return [sample_shapes(rng, 4) for _ in range(k)]
+
+
+def _stops(tok, fmt) -> tuple[int, ...]:
+    """Half the vocabulary as stop tokens: the random-init policy then ends its turns itself
+    after about two tokens (finish "stop"), so its episodes reach the environment's replies."""
+    return tuple(sorted({*fmt.stop_token_ids, *range(0, len(tok), 2)}))
+
+
+def _episodes(vl64, n=2, seed=0, images=3):
+    model, tok, fmt = vl64
+    engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=_stops(tok, fmt))
+    limits = Limits(max_turns=images, max_tokens_per_turn=8, max_total_tokens=200)
+    env = ShapesTurnsEnv(images=images)
+    gen = torch.Generator().manual_seed(seed)
+    rollout, trajs = run_episodes(
+        engine, env, make_encoder(tok, fmt), _examples(2), n, params, limits, gen
+    )
+    return rollout, trajs, env
+
+
+def test_episode_with_images_in_two_replies(vl64, seen):
+    model = vl64[0]
+    rollout, trajs, _ = _episodes(vl64)
+    image_id = model.config.image_token_id
+    # Every episode saw the prompt's image and one in each of two replies (none was cut: the
+    # environment answers any turn, and the token budget holds three turns).
+    assert all(t.num_turns == 3 and t.finish == "stop" for t in trajs), [t.finish for t in trajs]
+    ids, mask, loss = rollout.completion_ids, rollout.completion_mask, rollout.policy_mask
+    in_replies = (ids == image_id) & mask.bool()  # [N, L]
+    assert (in_replies.sum(dim=1) == 2 * 4).all()  # 4 image tokens per image, two replies
+    # Image tokens of replies are environment tokens: no loss, no version, no turn.
+    assert not (loss.bool() & in_replies).any()
+    assert (rollout.extras["turn_ids"][in_replies] == -1).all()
+    # Each row carries its own episode's three images, in order.
+    pixels = rollout.extras[PIXELS]
+    assert pixels.num_prompts == rollout.num_samples and pixels.values.shape[1] == 3
+    assert rollout.extras[PIXEL_INDEX].tolist() == list(range(rollout.num_samples))
+    # The engine's log-probs equal the training forward's (float64) on the whole episode.
+    args = (rollout.prompt_ids, rollout.prompt_mask, ids, mask)
+    engine_images = set(seen[False])
+    model.train()  # the "training forward" side of the record
+    try:
+        lp, _ = token_logprobs(
+            model, *args, prompt_index=rollout.prompt_index, pixels=pixels,
+            pixel_index=pixel_rows(rollout),
+        )  # fmt: skip
+    finally:
+        model.eval()
+    assert torch.isfinite(lp).all()
+    assert loss.sum() > 0
+    torch.testing.assert_close(lp * loss, rollout.logprobs * loss, rtol=0, atol=1e-10)
+    assert (lp[in_replies] == 0).all()  # environment image tokens score nothing
+    # The training forward saw exactly the images the engine was conditioned on.
+    assert set(seen[True]) == engine_images and len(engine_images) >= 2 * 3
+
+
+def test_reply_pixels_are_the_ones_generation_used(vl64, seen):
+    rollout, trajs, _ = _episodes(vl64, seed=1)
+    engine_images = set(seen[False])
+    # Every reply image the environment drew reached the engine's prefills ...
+    drawn = {_digest(t.pixels.values[0, k]) for t in trajs for k in range(3)}
+    assert drawn <= engine_images
+    # ... and the rollout's pixels for training are those same tensors, row by row.
+    pixels = rollout.extras[PIXELS]
+    for i, t in enumerate(trajs):
+        assert torch.equal(pixels.values[i, :3], t.pixels.values[0])
+    assert {_digest(im) for im in pixels.values.reshape(-1, 3, 56, 56)} == drawn
+
+
+def test_reply_images_need_a_vision_model_and_matching_placeholders(vl64):
+    class Bad:
+        name, multi_turn, stop_strings = "bad", True, ()
+
+        def __init__(self, images):
+            self.images = images
+
+        def reset(self, example):
+            return 0
+
+        def step(self, state, text, finished):
+            return Step(done=False, messages=[{"role": "user", "content": "see"}],
+                        images=self.images)  # fmt: skip
+
+    model, tok, fmt = vl64
+    engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
+    params = SamplingParams(
+        max_new_tokens=1, temperature=1.0, stop_token_ids=tuple(range(len(tok)))
+    )
+    limits = Limits(max_turns=2, max_tokens_per_turn=1, max_total_tokens=100)
+    image = _examples(1)[0].images[0]
+    with pytest.raises(ValueError, match=r"environment 'bad' reply: .*placeholder"):
+        run_episodes(engine, Bad([image]), make_encoder(tok, fmt), _examples(1), 1, params,
+                     limits, torch.Generator().manual_seed(0))  # fmt: skip
