@@ -153,3 +153,50 @@ def test_reply_images_need_a_vision_model_and_matching_placeholders(vl64):
     with pytest.raises(ValueError, match=r"environment 'bad' reply: .*placeholder"):
         run_episodes(engine, Bad([image]), make_encoder(tok, fmt), _examples(1), 1, params,
                      limits, torch.Generator().manual_seed(0))  # fmt: skip
+
+
+def _cfg(tmp_path, **overrides):
+    from gspo.config import build
+
+    base = {"model": "tiny-vl", "task": "shapes", "device": "cpu", "threads": 1,
+            "output_dir": str(tmp_path), "max_new_tokens": 4, "eval_every": 0}  # fmt: skip
+    return build(TrainConfig, preset="smoke", overrides={**base, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"max_staleness": 1}, None),
+        ({"max_staleness": 1, "async_partial": "mask"}, None),
+        ({"env": "gspo.envs.shapes_turns:shapes_turns"}, None),
+        ({"max_staleness": 1, "rollout_engine": "vllm"}, "rollout_engine='torch'"),
+        ({"max_staleness": 1, "backend": "ray", "rollout_workers": 1}, "Ray"),
+    ],
+)
+def test_async_and_multi_turn_images_are_accepted(overrides, problem):
+    from gspo.config.combinations import split, vision_combinations
+
+    got = vision_combinations(split(TrainConfig(model="tiny-vl", task="shapes", **overrides)))
+    assert got == [] if problem is None else (len(got) == 1 and problem in got[0])
+
+
+def test_async_run_on_shapes_trains_on_the_sampled_pixels(seen, tmp_path):
+    from gspo.compose.train import train
+
+    result = train(_cfg(tmp_path / "run", max_staleness=1, steps=2))
+    steps = [r for r in result.history if "reward/mean" in r]
+    assert len(steps) == 2 and all("async/staleness_mean" in r or "async/trainer_idle_s" in r
+                                   for r in steps)  # fmt: skip
+    # The update's forwards took exactly the images the rollout thread sampled from.
+    assert seen[True] and set(seen[True]) == set(seen[False])
+
+
+def test_multi_turn_run_with_reply_images_trains(seen, tmp_path):
+    from gspo.compose.train import train
+
+    cfg = _cfg(tmp_path / "mt", env="gspo.envs.shapes_turns:shapes_turns", steps=2,
+               max_turns=3, max_tokens_per_turn=2, max_total_tokens=96)  # fmt: skip
+    result = train(cfg)
+    steps = [r for r in result.history if "reward/mean" in r]
+    assert len(steps) == 2 and all("episode/turns_mean" in r for r in steps)
+    assert set(seen[True]) <= set(seen[False]) and seen[True]

@@ -392,5 +392,8 @@ def token_logprobs(
         # Detached: no second graph through the [N, L, V] tensor.
         with torch.no_grad():
             la = logp_all.detach()  # [N, L, V]
-            entropy = (-(la.exp() * la).sum(-1)).masked_fill(~keep, 0.0)  # [N, L]
+            probs = la.exp()  # [N, L, V]
+            if blocked:  # a VL policy's blocked image token: p = 0, log p = -inf, p log p = 0
+                la = la.masked_fill(la.isneginf(), 0.0)  # [N, L, V]
+            entropy = (-(probs * la).sum(-1)).masked_fill(~keep, 0.0)  # [N, L]
     return logp, entropy
