@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.base import PIXELS, Rollout, SamplingParams
 
 from .agent import AgentEnvironment
 from .agent_driver import run_agent_episodes
@@ -145,7 +145,9 @@ def run_episodes(
             states.append(state)
             prompt_index.append(i)
     first, stamped, cut = True, False, cut_reward(env)
-    dtype = torch.float32  # the engine's log-prob dtype (float64 engines: kept)
+    # Episodes with images keep a float64 engine's log-probs in float64; text episodes pack
+    # them in float32, as they always did (the fixed-seed metrics pin that).
+    dtype = torch.float32
     while True:
         active = [k for k, t in enumerate(trajs) if not t.done]
         if not active:
@@ -159,7 +161,8 @@ def run_episodes(
             ctx, now = [trajs[k].context() for k in active], [trajs[k] for k in active]
             out = generate_round(generate, ctx, 1, params, generator, episode_pixels(now))
         stamped = out.versions is not None
-        dtype = torch.float64 if out.logprobs.dtype == torch.float64 else torch.float32
+        if out.logprobs.dtype == torch.float64 and PIXELS in out.extras:
+            dtype = torch.float64
         first = False
         turns = [_take_turn(trajs[k], tokenizer, out, row, limits) for row, k in enumerate(active)]
         texts, finished = [x[1] for x in turns], [x[2] for x in turns]
