@@ -76,6 +76,7 @@ class ShapesTurnsEnv:
 
 
 def shapes_turns(task: Any, opts: Any, chat: bool) -> ShapesTurnsEnv:
-    """The ``--env`` factory: three images per episode, the task's own shape count."""
-    del opts, chat  # the replies are user messages in either prompt format
-    return ShapesTurnsEnv(shapes=getattr(task, "difficulty", None) or DEFAULT_SHAPES)
+    """The ``--env`` factory: three images per episode, the replies' drawings of
+    :data:`~gspo.envs.tasks.shapes.DEFAULT_SHAPES` shapes (whatever the prompt's difficulty)."""
+    del task, opts, chat  # the replies are user messages in either prompt format
+    return ShapesTurnsEnv()
