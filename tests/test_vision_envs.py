@@ -272,3 +272,38 @@ def test_partial_rollout_pauses_and_keeps_the_pixels(vl64):
     args = (out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
     lp, _ = token_logprobs(model, *args, prompt_index=out.prompt_index, pixels=pixels)
     torch.testing.assert_close(lp, out.logprobs, rtol=0, atol=1e-10)
+
+
+def test_an_opening_with_an_image_starts_the_episode(vl64, seen):
+    """An environment's own opening observation (``Opening``) may show an image (a board):
+    each episode starts from it, with its pixels, and the replies' images follow."""
+    from gspo.envs.base import Opening
+
+    class Opened(ShapesTurnsEnv):
+        def reset(self, example):
+            state = super().reset(example)
+            board = _examples(3)[2]  # another drawing than the example's
+            state.answers = [board.answer]
+            return Opening(state, [{"role": "user", "content": board.prompt}], list(board.images))
+
+    model, tok, fmt = vl64
+    engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=_stops(tok, fmt))
+    limits = Limits(max_turns=3, max_tokens_per_turn=8, max_total_tokens=200)
+    rollout, trajs = run_episodes(engine, Opened(), make_encoder(tok, fmt), _examples(1), 2,
+                                  params, limits, torch.Generator().manual_seed(2))  # fmt: skip
+    image_id = model.config.image_token_id
+    assert ((rollout.prompt_ids == image_id).sum(dim=1) == 4).all()  # the opening's image
+    # Each episode's first image is the opening's board (not the example's image).
+    drawn = _examples(3)[2]
+    _, board = fmt.encode_images([drawn.prompt], [drawn.images])
+    _, own = fmt.encode_images([_examples(1)[0].prompt], [_examples(1)[0].images])
+    assert all(torch.equal(t.pixels.values[0, 0], board.values[0, 0]) for t in trajs)
+    assert not torch.equal(board.values[0, 0], own.values[0, 0])
+    args = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+            rollout.completion_mask)  # fmt: skip
+    lp, _ = token_logprobs(model, *args, prompt_index=rollout.prompt_index,
+                           pixels=rollout.extras[PIXELS], pixel_index=pixel_rows(rollout))  # fmt: skip
+    loss = rollout.policy_mask
+    assert loss.sum() > 0 and all(t.num_turns >= 2 for t in trajs)
+    torch.testing.assert_close(lp * loss, rollout.logprobs * loss, rtol=0, atol=1e-10)

@@ -50,13 +50,14 @@ from gspo.rollout.base import PIXELS, Rollout, SamplingParams
 
 from .agent import AgentEnvironment
 from .agent_driver import run_agent_episodes
-from .base import Environment, Step, cut_reward, opening_of
+from .base import Environment, Step, cut_reward, opening_with_images
 from .env_round import step_round
 from .episode_images import (
     add_reply_pixels,
     attach_pixels,
     episode_pixels,
     generate_round,
+    opening_ids,
     prompt_pixels,
     reply_ids,
     start_pixels,
@@ -130,18 +131,20 @@ def run_episodes(
         if prompts is not None or image_ids is not None:
             ids = list((prompts or image_ids)[i])
         for j in range(n):
-            state, opening = opening_of(env, example)
-            own_ids, own_history = (
-                (ids, history) if opening is None else encoder.start_messages(opening)
+            state, opening, shown = opening_with_images(env, example)
+            own_ids, own_history, own_pixels = (
+                (ids, history, start_pixels(pixels, i, example))
+                if opening is None  # (an opening replaces the example's prompt and images)
+                else opening_ids(encoder, env.name, opening, shown)
             )
             if j == 0:
                 starts.append(own_ids)
-            shared = shared and own_ids == starts[-1]
+            # (Openings with images: each episode from its own, even where the texts agree.)
+            shared = shared and own_ids == starts[-1] and not shown
             trajs.append(
                 Trajectory(prompt_ids=list(own_ids), history=[dict(m) for m in own_history])
             )
-            if opening is None:  # (an opening replaces the example's prompt and its images)
-                trajs[-1].pixels = start_pixels(pixels, i, example)
+            trajs[-1].pixels = own_pixels
             states.append(state)
             prompt_index.append(i)
     first, stamped, cut = True, False, cut_reward(env)

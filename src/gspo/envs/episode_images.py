@@ -51,6 +51,31 @@ def start_pixels(pixels: Any, i: int, example: Any) -> Any:
     return pixels.entry(i, count) if pixels is not None and count else None
 
 
+def opening_ids(
+    encoder: Any, env_name: str, messages: list[Message], images: tuple
+) -> tuple[list[int], list[Message], Any]:
+    """(prompt ids, history, pixel inputs or None) of an environment's opening observation
+    (:class:`gspo.envs.base.Opening`), its images expanded by the processor."""
+    processor = getattr(encoder.fmt, "processor", None)
+    shown = "".join(m["content"] for m in messages)
+    if processor is None and images:
+        raise ValueError(
+            f"environment {env_name!r} opened with images, which need a vision-language "
+            "model (--model tiny-vl or a local vision-language checkpoint)"
+        )
+    if processor is None or (not images and PLACEHOLDER not in shown):
+        ids, history = encoder.start_messages(messages)
+        return ids, history, None
+    from gspo.models.vision import encode_vision_prompts
+
+    text, history, special = encoder.start_text(messages)
+    try:
+        ids, pixels = encode_vision_prompts(processor, [text], [images], special=special)
+    except ValueError as exc:
+        raise ValueError(f"environment {env_name!r} opening: {exc}") from None
+    return ids[0], history, pixels
+
+
 def reply_ids(
     encoder: Any, env_name: str, history: list[Message], last_turn: list[int], step: Step
 ) -> tuple[list[int], Any]:

@@ -46,9 +46,13 @@ class PlainEncoder:
 
     def start_messages(self, messages: list[Message]) -> tuple[list[int], list[Message]]:
         """An opening observation (:class:`gspo.envs.base.Opening`) as the prompt: its text."""
-        text = "".join(m["content"] for m in messages)
-        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
-        return ids, [dict(m) for m in messages]
+        text, history, special = self.start_text(messages)
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"]), history
+
+    def start_text(self, messages: list[Message]) -> tuple[str, list[Message], bool]:
+        """(the prompt text of ``messages``, the history, whether the tokenizer adds its
+        special tokens), before tokenizing (image openings go through the processor)."""
+        return "".join(m["content"] for m in messages), [dict(m) for m in messages], True
 
     def reply_ids(
         self, history: list[Message], last_turn: list[int], messages: list[Message]
@@ -88,12 +92,18 @@ class ChatEncoder:
     def start_messages(self, messages: list[Message]) -> tuple[list[int], list[Message]]:
         """The prompt of ``messages`` (after the system prompt, if any), ending with the
         assistant's generation prompt."""
+        text, history, _ = self.start_text(messages)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), history
+
+    def start_text(self, messages: list[Message]) -> tuple[str, list[Message], bool]:
+        """(the rendered prompt of ``messages``, the history, False: the template writes its
+        own special tokens), before tokenizing (image openings go through the processor)."""
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         history = [*head, *(dict(m) for m in messages)]
         text = self.tokenizer.apply_chat_template(
             history, tokenize=False, add_generation_prompt=True
         )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), history
+        return text, history, False
 
     def reply_ids(
         self, history: list[Message], last_turn: list[int], messages: list[Message]
