@@ -58,8 +58,8 @@ def run_one_turn(
         takes_pixels = "pixels" in inspect.signature(engine.generate).parameters
         if generate is not None or not takes_pixels:
             raise ValueError(
-                "image prompts are sampled by the synchronous torch engine only for now "
-                "(--rollout-engine torch; no async rollout, partial rollouts or Ray workers yet)"
+                "image prompts are sampled by the torch engine in this process only "
+                "(--rollout-engine torch, backend='local'; no Ray workers yet)"
             )
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]
