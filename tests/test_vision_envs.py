@@ -307,3 +307,23 @@ def test_an_opening_with_an_image_starts_the_episode(vl64, seen):
     loss = rollout.policy_mask
     assert loss.sum() > 0 and all(t.num_turns >= 2 for t in trajs)
     torch.testing.assert_close(lp * loss, rollout.logprobs * loss, rtol=0, atol=1e-10)
+
+
+def test_rounds_of_episodes_join_their_pixel_entries(vl64):
+    """Dynamic sampling joins rounds of episodes: each row still reads its own episode's
+    images (pixel_index offset past the earlier rounds' entries), prompt indices stay apart."""
+    from gspo.orchestration.dynamic_sampling import concat
+    from gspo.rollout.batch import RolloutBatch
+
+    first, trajs1, _ = _episodes(vl64, seed=4)
+    first = first.select(torch.tensor([2, 3]))  # only the second group kept
+    second, trajs2, _ = _episodes(vl64, seed=5)
+    joined = concat(
+        [RolloutBatch(r, torch.zeros(r.num_samples, dtype=torch.float64)) for r in (first, second)],
+        pad_id=vl64[1].pad_token_id,
+    ).rollout
+    rows = joined.extras[PIXELS].rows(pixel_rows(joined))["pixel_values"]  # [6, I, 3, H, W]
+    own = [trajs1[2], trajs1[3], *trajs2]
+    for k, t in enumerate(own):
+        assert torch.equal(rows[k, :3], t.pixels.values[0])
+    assert joined.prompt_index.tolist() == [1, 1, 2, 2, 3, 3]
