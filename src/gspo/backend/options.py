@@ -12,7 +12,7 @@ from gspo.core.kl import sequence_kl_penalty
 from gspo.core.losses import get_loss
 from gspo.core.offpolicy import mask_metrics, off_policy_sequence_mask
 from gspo.models import token_logprobs
-from gspo.rollout.base import PIXELS
+from gspo.rollout.base import PIXEL_INDEX, PIXELS
 
 
 def loss_options(cfg: Options) -> dict[str, float | None]:
@@ -50,6 +50,7 @@ def rollout_logprobs(model, rollout, temperature: float) -> torch.Tensor:
         temperature=temperature,
         prompt_index=rollout.prompt_index,
         pixels=rollout.extras.get(PIXELS),
+        pixel_index=rollout.extras.get(PIXEL_INDEX),  # episodes' own images
     )
     return logprobs  # [N, L]
 

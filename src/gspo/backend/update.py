@@ -20,7 +20,7 @@ from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
 from gspo.models import moe, token_logprobs
-from gspo.rollout.base import PIXELS, Rollout
+from gspo.rollout.base import PIXELS, Rollout, pixel_rows
 
 from .accumulator import Accumulator
 from .shard import all_ranks_sum, rank_parts
@@ -127,10 +127,12 @@ def update_policy(
                     with_entropy=True,
                     prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
                     pixels=rollout.extras.get(PIXELS),  # image prompts: the rollout's own
+                    pixel_index=pixel_rows(rollout)[part],
                 )  # [n_micro, L'] each
             ref = _ref_logprobs(
-                cfg, ref_model, rows, rollout.prompt_index[part], rollout.extras.get(PIXELS)
-            )
+                cfg, ref_model, rows, rollout.prompt_index[part], rollout.extras.get(PIXELS),
+                pixel_rows(rollout)[part],
+            )  # fmt: skip
             # Off-policy sequence mask against the engine's log-probs (None unless enabled).
             keep, opsm = sequence_weights(
                 cfg,
@@ -327,7 +329,9 @@ def _columns(advantages: torch.Tensor, cols: slice) -> torch.Tensor:
     return advantages[:, cols] if advantages.dim() == 2 else advantages
 
 
-def _ref_logprobs(cfg: Options, ref_model, rows: _Rows, prompt_index: torch.Tensor, pixels=None):
+def _ref_logprobs(
+    cfg: Options, ref_model, rows: _Rows, prompt_index: torch.Tensor, pixels=None, pixel_index=None
+):
     if ref_model is None:
         return None
     with torch.no_grad():
@@ -337,6 +341,7 @@ def _ref_logprobs(cfg: Options, ref_model, rows: _Rows, prompt_index: torch.Tens
             temperature=cfg.rollout.temperature,
             prompt_index=prompt_index,
             pixels=pixels,
+            pixel_index=pixel_index,
         )
     return ref
 

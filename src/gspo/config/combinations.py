@@ -118,15 +118,28 @@ def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
         )
     if o.engine.rollout_engine == "vllm" and o.model.model == "tiny-vl":
         out.extend(_vllm_head_size(o))
-    if images and o.engine.rollout_engine == "vllm" and o.backend.backend == "ray":
-        out.append(
-            f"{what} on Ray needs rollout_engine='torch' (vLLM rollout workers do not take "
-            "images yet)"
-        )
-    if images and o.asynchronous.staleness_ok and o.asynchronous.max_staleness > 0:
-        out.append(f"{what}: image prompts are not sampled ahead of training yet (max_staleness 0)")
-    if images and multi_turn:
-        out.append(f"{what}: multi-turn environments do not carry images yet")
+    if images and o.engine.rollout_engine == "vllm":
+        # The vLLM engine takes image prompts one turn at a time, in this process.
+        if o.backend.backend == "ray":
+            out.append(
+                f"{what} on Ray needs rollout_engine='torch' (vLLM rollout workers do not take "
+                "images yet)"
+            )
+        if o.asynchronous.staleness_ok and o.asynchronous.max_staleness > 0:
+            out.append(
+                f"{what} sampled ahead of training (max_staleness >= 1) needs "
+                "rollout_engine='torch'"
+            )
+        if multi_turn:
+            out.append(f"{what} in multi-turn environments needs rollout_engine='torch'")
+    if images and o.backend.backend == "ray":
+        # Ray ranks and rollout workers take one-turn image prompts, sampled each step.
+        if o.asynchronous.staleness_ok and o.asynchronous.max_staleness > 0:
+            out.append(f"{what} on Ray is sampled each step only (max_staleness 0)")
+        if multi_turn:
+            out.append(f"{what} in multi-turn environments needs backend='local'")
+    # (Async sampling, partial rollouts and multi-turn environments carry the pixels on the
+    # torch engine in this process.)
     return out
 
 

@@ -75,6 +75,10 @@ class Step:
     success: bool | None = None
     """Read when ``done``: the environment's verdict on the episode (True: solved; None: the
     environment says nothing, counted as no success)."""
+    images: list[Any] = field(default_factory=list)
+    """Images the reply shows (paths, bytes or PIL images), one per ``<image>`` placeholder in
+    its messages' text, in order (vision-language models only: the driver expands each with
+    the processor; image tokens are environment tokens, masked out of the loss)."""
 
 
 @dataclass
@@ -85,14 +89,25 @@ class Opening:
 
     state: Any
     messages: list[Message]
+    images: list[Any] = field(default_factory=list)
+    """Images the opening shows (a board), one ``<image>`` placeholder each in its messages'
+    text, in order (vision-language models only, as :attr:`Step.images`)."""
 
 
 def opening_of(env: Environment, example: Example) -> tuple[Any, list[Message] | None]:
     """``env.reset(example)`` as (state, opening messages or None: the example's prompt)."""
+    state, messages, _ = opening_with_images(env, example)
+    return state, messages
+
+
+def opening_with_images(
+    env: Environment, example: Example
+) -> tuple[Any, list[Message] | None, tuple[Any, ...]]:
+    """``env.reset(example)`` as (state, opening messages or None, the opening's images)."""
     state = env.reset(example)
     if isinstance(state, Opening):
-        return state.state, [dict(m) for m in state.messages]
-    return state, None
+        return state.state, [dict(m) for m in state.messages], tuple(state.images or ())
+    return state, None, ()
 
 
 def cut_reward(env: Environment) -> float:

@@ -46,12 +46,22 @@ from typing import Any
 import torch
 
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.base import PIXELS, Rollout, SamplingParams
 
 from .agent import AgentEnvironment
 from .agent_driver import run_agent_episodes
-from .base import Environment, Step, cut_reward, opening_of
+from .base import Environment, Step, cut_reward, opening_with_images
 from .env_round import step_round
+from .episode_images import (
+    add_reply_pixels,
+    attach_pixels,
+    episode_pixels,
+    generate_round,
+    opening_ids,
+    prompt_pixels,
+    reply_ids,
+    start_pixels,
+)
 from .one_turn import run_one_turn
 from .trajectory import Trajectory, to_rollout
 
@@ -93,6 +103,8 @@ def run_episodes(
     encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
     the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
     if isinstance(env, AgentEnvironment):  # the agent calls the model over HTTP itself
+        if any(e.images for e in examples):
+            raise ValueError(f"{env.name}: agent environments do not take image prompts")
         return run_agent_episodes(
             engine, env, encoder, examples, n, params, limits, generator, version, generate, prompts
         )
@@ -112,42 +124,58 @@ def run_episodes(
     prompt_index: list[int] = []
     starts: list[list[int]] = []
     shared = True  # every episode of a group starts from one prompt
+    # Image prompts: ids with the image tokens expanded, pixel inputs once per example.
+    image_ids, pixels = prompt_pixels(encoder, examples)
     for i, example in enumerate(examples):
         ids, history = encoder.start(example.prompt)
-        if prompts is not None:
-            ids = list(prompts[i])
+        if prompts is not None or image_ids is not None:
+            ids = list((prompts or image_ids)[i])
         for j in range(n):
-            state, opening = opening_of(env, example)
-            own_ids, own_history = (
-                (ids, history) if opening is None else encoder.start_messages(opening)
+            state, opening, shown = opening_with_images(env, example)
+            own_ids, own_history, own_pixels = (
+                (ids, history, start_pixels(pixels, i, example))
+                if opening is None  # (an opening replaces the example's prompt and images)
+                else opening_ids(encoder, env.name, opening, shown)
             )
             if j == 0:
                 starts.append(own_ids)
-            shared = shared and own_ids == starts[-1]
+            # (Openings with images: each episode from its own, even where the texts agree.)
+            shared = shared and own_ids == starts[-1] and not shown
             trajs.append(
                 Trajectory(prompt_ids=list(own_ids), history=[dict(m) for m in own_history])
             )
+            trajs[-1].pixels = own_pixels
             states.append(state)
             prompt_index.append(i)
     first, stamped, cut = True, False, cut_reward(env)
+    # Episodes with images keep a float64 engine's log-probs in float64; text episodes pack
+    # them in float32, as they always did (the fixed-seed metrics pin that).
+    dtype = torch.float32
     while True:
         active = [k for k, t in enumerate(trajs) if not t.done]
         if not active:
             break
         if first and shared:  # every group starts from one prompt: n samples of each, as one-turn
-            out = generate(starts, n, params, generator)
+            out = generate_round(generate, starts, n, params, generator, pixels)
         elif first:  # openings of their own (Opening): one sample of each episode's prompt
-            out = generate([t.prompt_ids for t in trajs], 1, params, generator)
-        else:
-            out = generate([trajs[k].context() for k in active], 1, params, generator)
+            ctx = [t.prompt_ids for t in trajs]
+            out = generate_round(generate, ctx, 1, params, generator, episode_pixels(trajs))
+        else:  # each context with its episode's images so far
+            ctx, now = [trajs[k].context() for k in active], [trajs[k] for k in active]
+            out = generate_round(generate, ctx, 1, params, generator, episode_pixels(now))
         stamped = out.versions is not None
+        if out.logprobs.dtype == torch.float64 and PIXELS in out.extras:
+            dtype = torch.float64
         first = False
         turns = [_take_turn(trajs[k], tokenizer, out, row, limits) for row, k in enumerate(active)]
         texts, finished = [x[1] for x in turns], [x[2] for x in turns]
         steps = step_round(env, [states[k] for k in active], texts, finished, limits.env_timeout_s)
         for k, (ids, _, done), step in zip(active, turns, steps, strict=True):
-            _advance(trajs[k], step, ids, done, encoder, limits, cut)
-    rollout = to_rollout(trajs, prompt_index, pad_id=_pad_id(tokenizer), versions=stamped)
+            _advance(trajs[k], step, ids, done, encoder, limits, cut, env.name)
+    rollout = to_rollout(
+        trajs, prompt_index, pad_id=_pad_id(tokenizer), versions=stamped, logprob_dtype=dtype
+    )
+    attach_pixels(rollout, trajs)  # episodes with images: each row its own pixel entry
     rollout.extras["policy_version"] = torch.full((len(trajs),), version, dtype=torch.long)
     return rollout, trajs
 
@@ -184,6 +212,7 @@ def _advance(
     encoder,
     limits: Limits,
     cut: float,
+    env_name: str = "",
 ) -> None:
     """The environment's answer ``step`` to the turn ``ids``: append its reply or end ``t``.
     An episode the environment ends earns its step's reward and success; one the driver cuts
@@ -202,12 +231,14 @@ def _advance(
     if t.num_turns >= limits.max_turns:
         _cut(t, cut, "turns")
         return
-    reply = encoder.reply_ids(t.history, ids, step.messages)
+    # (A reply with images: its image tokens expanded, their pixel inputs made once.)
+    reply, shown = reply_ids(encoder, env_name, t.history, ids, step)
     t.history.extend(step.messages)
     if len(t.ids) + len(reply) >= limits.max_total_tokens:  # no room for the reply and a turn
         _cut(t, cut, "length")
         return
     t.add_env(reply)
+    add_reply_pixels(t, shown)
 
 
 def _cut(t: Trajectory, reward: float, finish: str) -> None:

@@ -58,9 +58,8 @@ def run_one_turn(
         takes_pixels = "pixels" in inspect.signature(engine.generate).parameters
         if generate is not None or not takes_pixels:
             raise ValueError(
-                "image prompts are sampled by the synchronous torch and vLLM engines only for "
-                "now (torch: in the driver or on Ray rollout workers; no async rollout or "
-                "partial rollouts yet)"
+                "image prompts need an engine that takes pixel inputs: the torch engine (in this "
+                "process or on Ray rollout workers) or vLLM in this process"
             )
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]

@@ -46,15 +46,25 @@ class PlainEncoder:
 
     def start_messages(self, messages: list[Message]) -> tuple[list[int], list[Message]]:
         """An opening observation (:class:`gspo.envs.base.Opening`) as the prompt: its text."""
-        text = "".join(m["content"] for m in messages)
-        ids = list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
-        return ids, [dict(m) for m in messages]
+        text, history, special = self.start_text(messages)
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"]), history
+
+    def start_text(self, messages: list[Message]) -> tuple[str, list[Message], bool]:
+        """(the prompt text of ``messages``, the history, whether the tokenizer adds its
+        special tokens), before tokenizing (image openings go through the processor)."""
+        return "".join(m["content"] for m in messages), [dict(m) for m in messages], True
 
     def reply_ids(
         self, history: list[Message], last_turn: list[int], messages: list[Message]
     ) -> list[int]:
-        text = "".join(m["content"] for m in messages)
+        text = self.reply_text(history, last_turn, messages)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def reply_text(
+        self, history: list[Message], last_turn: list[int], messages: list[Message]
+    ) -> str:
+        """The text of a reply, before tokenizing (image replies go through the processor)."""
+        return "".join(m["content"] for m in messages)
 
 
 class ChatEncoder:
@@ -82,16 +92,30 @@ class ChatEncoder:
     def start_messages(self, messages: list[Message]) -> tuple[list[int], list[Message]]:
         """The prompt of ``messages`` (after the system prompt, if any), ending with the
         assistant's generation prompt."""
+        text, history, _ = self.start_text(messages)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), history
+
+    def start_text(self, messages: list[Message]) -> tuple[str, list[Message], bool]:
+        """(the rendered prompt of ``messages``, the history, False: the template writes its
+        own special tokens), before tokenizing (image openings go through the processor)."""
         head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         history = [*head, *(dict(m) for m in messages)]
         text = self.tokenizer.apply_chat_template(
             history, tokenize=False, add_generation_prompt=True
         )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), history
+        return text, history, False
 
     def reply_ids(
         self, history: list[Message], last_turn: list[int], messages: list[Message]
     ) -> list[int]:
+        text = self.reply_text(history, last_turn, messages)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def reply_text(
+        self, history: list[Message], last_turn: list[int], messages: list[Message]
+    ) -> str:
+        """The text the template adds for ``messages`` after ``history`` (see the class doc),
+        before tokenizing (image replies go through the processor)."""
         render = self.tokenizer.apply_chat_template
         base = render(history, tokenize=False)
         full = render([*history, *messages], tokenize=False, add_generation_prompt=True)
@@ -105,8 +129,7 @@ class ChatEncoder:
         # policy's turn already holds the end token when it stopped on it.
         after = base.rsplit(self.end_text, 1)[1] if self.end_text in base else ""
         lead = after if last_turn and last_turn[-1] == self.end_token_id else self.end_text + after
-        text = lead + full[len(base) :]
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return lead + full[len(base) :]
 
 
 def make_encoder(tokenizer: Any, fmt: Any) -> PlainEncoder | ChatEncoder:
@@ -152,6 +175,9 @@ class Trajectory:
     """The environment's verdict on the finished episode (:attr:`gspo.envs.base.Step.success`
     of its final step; False when the driver cut it; None: the environment reported none)."""
     done: bool = False
+    pixels: Any = None
+    """The episode's pixel inputs so far (a one-entry :class:`gspo.models.vision.PixelInputs`:
+    its prompt's images, then those of each environment reply, in order), None: no image."""
 
     @property
     def num_turns(self) -> int:
@@ -193,7 +219,11 @@ class Trajectory:
 
 
 def to_rollout(
-    trajectories: list[Trajectory], prompt_index: list[int], pad_id: int, versions: bool = False
+    trajectories: list[Trajectory],
+    prompt_index: list[int],
+    pad_id: int,
+    versions: bool = False,
+    logprob_dtype: torch.dtype = torch.float32,
 ) -> Rollout:
     """Pack trajectories into a :class:`Rollout` (prompts left-padded, the rest right-padded).
 
@@ -201,7 +231,8 @@ def to_rollout(
     the attention mask of the training forward); ``loss_mask`` is 1 on policy tokens only;
     ``extras["turn_ids"]`` [N, L] holds each policy token's turn index (-1 elsewhere);
     with ``versions``, ``Rollout.versions`` [N, L] each token's policy version (NO_VERSION on
-    environment tokens and padding).
+    environment tokens and padding). ``logprob_dtype``: the engine's (float64 engines keep
+    their precision).
     """
     n = len(trajectories)
     p = max(len(t.prompt_ids) for t in trajectories)
@@ -211,7 +242,7 @@ def to_rollout(
     ids = torch.full((n, length), pad_id, dtype=torch.long)  # [N, L]
     mask = torch.zeros((n, length), dtype=torch.long)  # [N, L]
     loss_mask = torch.zeros((n, length), dtype=torch.long)  # [N, L]
-    logprobs = torch.zeros((n, length), dtype=torch.float32)  # [N, L]
+    logprobs = torch.zeros((n, length), dtype=logprob_dtype)  # [N, L]
     turns = torch.full((n, length), -1, dtype=torch.long)  # [N, L]
     stamps = torch.full((n, length), NO_VERSION, dtype=torch.long)  # [N, L]
     for i, t in enumerate(trajectories):
@@ -223,7 +254,7 @@ def to_rollout(
             ids[i, :k] = torch.tensor(t.ids)
             mask[i, :k] = 1
             loss_mask[i, :k] = torch.tensor(t.policy, dtype=torch.long)
-            logprobs[i, :k] = torch.tensor(t.logprobs)
+            logprobs[i, :k] = torch.tensor(t.logprobs, dtype=logprob_dtype)
             turns[i, :k] = torch.tensor(t.turn)
             stamps[i, :k] = torch.tensor(t.versions, dtype=torch.long)
     return Rollout(

@@ -310,6 +310,7 @@ def token_logprobs(
     with_entropy: bool = False,
     prompt_index: torch.Tensor | None = None,
     pixels=None,
+    pixel_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs of the completion tokens under ``log_softmax(logits / temperature)``.
 
@@ -328,9 +329,12 @@ def token_logprobs(
 
     ``pixels`` (a :class:`gspo.models.vision.PixelInputs`, one entry per prompt) are the image
     inputs of a vision-language rollout, the very tensors its generation was conditioned on;
-    each row gets its prompt's (``prompt_index`` is then required). The vision tower runs once
-    per distinct prompt and its features are shared by the prompt's rows
-    (:func:`gspo.models.vision.image_inputs`).
+    each row gets its prompt's (``prompt_index`` is then required), or the entry
+    ``pixel_index`` [N] names (multi-turn episodes: each row its own episode's images, those of
+    environment replies included, :func:`gspo.rollout.base.pixel_rows`). The vision tower runs
+    once per distinct entry and its features are shared by the entry's rows
+    (:func:`gspo.models.vision.image_inputs`). Image tokens in the completion are environment
+    tokens (a policy never samples one): their log-prob is 0.
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
@@ -343,7 +347,9 @@ def token_logprobs(
     from .vision import check_pixels
 
     check_pixels(model, prompt_ids, pixels)
-    if pixels is not None and prompt_index is None:
+    check_pixels(model, completion_ids, pixels)  # (image tokens of environment replies)
+    rows = prompt_index if pixel_index is None else pixel_index
+    if pixels is not None and rows is None:
         raise ValueError("token_logprobs with pixel inputs needs the rows' prompt_index")
     if prompt_index is not None and pixels is None and supports(model):
         logits = completion_logits(
@@ -364,8 +370,8 @@ def token_logprobs(
 
             dtype = next(model.parameters()).dtype
             pix = pixels.to(prompt_ids.device, dtype)
-            # The vision tower runs once per prompt; its features are shared by the group's rows.
-            inputs = vision.image_inputs(model, input_ids, pix, prompt_index)  # [N, P+L, D]
+            # The vision tower runs once per entry; its features are shared by the entry's rows.
+            inputs = vision.image_inputs(model, input_ids, pix, rows)  # [N, P+L, D]
         logits = model(
             attention_mask=attention_mask, position_ids=position_ids, **inputs, **kwargs
         ).logits  # [N, L+1, V] or [N, P+L, V]
@@ -374,20 +380,23 @@ def token_logprobs(
         logits = logits[:, -(length + 1) : -1]  # [N, L, V]
     from .vision import block_tokens, blocked_token_ids
 
-    logits = block_tokens(logits, blocked_token_ids(model))  # [N, L, V] (VL: no image token)
+    blocked = blocked_token_ids(model)
+    logits = block_tokens(logits, blocked)  # [N, L, V] (VL: no image token)
     t = 1.0 if temperature == 0 else float(temperature)
     scaled = _upcast(logits) if t == 1.0 else _upcast(logits) / t  # [N, L, V]
     logp_all = F.log_softmax(scaled, dim=-1)  # [N, L, V]
     logp = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # [N, L]
     keep = completion_mask.bool()  # [N, L]
+    if blocked:  # image tokens of environment replies: context, never sampled (-inf above)
+        keep = keep & ~torch.isin(completion_ids, torch.tensor(blocked, device=keep.device))
     logp = logp.masked_fill(~keep, 0.0)  # [N, L]
     entropy = None
     if with_entropy:
         # Detached: no second graph through the [N, L, V] tensor.
         with torch.no_grad():
             la = logp_all.detach()  # [N, L, V]
-            # A blocked token (a VL model's <image>) has p = 0 and log p = -inf: its term is
-            # 0, not NaN (text logits are finite: their terms are untouched).
-            plogp = (la.exp() * la).nan_to_num(nan=0.0)  # [N, L, V]
-            entropy = (-plogp.sum(-1)).masked_fill(~keep, 0.0)  # [N, L]
+            probs = la.exp()  # [N, L, V]
+            if blocked:  # a VL policy's blocked image token: p = 0, log p = -inf, p log p = 0
+                la = la.masked_fill(la.isneginf(), 0.0)  # [N, L, V]
+            entropy = (-(probs * la).sum(-1)).masked_fill(~keep, 0.0)  # [N, L]
     return logp, entropy

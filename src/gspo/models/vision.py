@@ -198,6 +198,18 @@ class PixelInputs:
         values = self.values.to(device=device, dtype=dtype)
         return PixelInputs(values, self.mask.to(device), self.images)
 
+    def entry(self, i: int, count: int | None = None) -> PixelInputs:
+        """Prompt ``i`` alone (one entry), its first ``count`` images (None: all, padding
+        included): the start of an episode's images (:mod:`gspo.envs.driver`)."""
+        end = self.values.shape[1] if count is None else count
+        return PixelInputs(self.values[i : i + 1, :end], self.mask[i : i + 1, :end])
+
+    def extend(self, more: PixelInputs) -> PixelInputs:
+        """One entry's images followed by ``more``'s (both one entry): an episode's images
+        after an environment reply that shows new ones."""
+        values = torch.cat([self.values, more.values.to(self.values.dtype)], dim=1)
+        return PixelInputs(values, torch.cat([self.mask, more.mask], dim=1))  # [1, I+K, ...]
+
     @classmethod
     def cat(cls, parts: list[PixelInputs]) -> PixelInputs:
         """The prompts of ``parts`` in order (prompt indices offset as the rollouts' are)."""

@@ -31,10 +31,9 @@ from .async_rollout import WeightSync, snapshot
 from .async_source import AsyncSource, GroupProducer
 from .state import Parts
 
-Start = Callable[
-    [list[list[int]], int, SamplingParams, "torch.Generator | None"], PartialGeneration
-]
-"""Starts a partial generation: (prompts, n, params, generator)."""
+Start = Callable[..., PartialGeneration]
+"""Starts a partial generation: (prompts, n, params, generator), and ``pixels=`` for contexts
+with images."""
 
 
 class SharedMemorySink:
@@ -75,10 +74,12 @@ class InProcess:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        pixels: Any = None,
     ) -> PartialGeneration:
         return partial_generation(
-            self.engine, prompts, n, params, generator, chunk=self.chunk, tokenizer=self.tokenizer
-        )
+            self.engine, prompts, n, params, generator, chunk=self.chunk,
+            tokenizer=self.tokenizer, pixels=pixels,
+        )  # fmt: skip
 
     def one_turn(
         self,
@@ -88,8 +89,9 @@ class InProcess:
         generator: Callable[[], torch.Generator],
         weights: WeightSync,
         mode: str,
+        pixels: Any = None,
     ) -> Rollout:
-        g = self.generation(prompts, n, params, generator())
+        g = self.generation(prompts, n, params, generator(), pixels)
         while not g.done:
             g.run(None, weights.version, stop=weights.newer)  # to the end or new weights
             # Also after the last token: 'restart' then samples the step again (as it always did).
@@ -97,7 +99,7 @@ class InProcess:
                 g.pause()
                 weights.sync()
                 if mode == "restart":
-                    g = self.generation(prompts, n, params, generator())
+                    g = self.generation(prompts, n, params, generator(), pixels)
         return g.result()
 
     def round_hook(
@@ -123,9 +125,11 @@ def round_generate(
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        pixels: Any = None,
     ) -> Rollout:
         turn_boundary(weights, mode, rounds, counts)
-        g = start(prompts, n, params, generator)
+        # Contexts with images (gspo.envs.episode_images): their pixels, every re-prefill too.
+        g = start(prompts, n, params, generator, **({} if pixels is None else {"pixels": pixels}))
         while not g.done:
             g.run(None, weights.version, stop=weights.newer)  # to the turn's end or new weights
             if weights.newer() and not g.done:

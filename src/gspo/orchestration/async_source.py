@@ -46,6 +46,7 @@ import torch
 from gspo.config.combinations import Options
 
 from ..core.seeding import prompt_indices, step_generator
+from ..models.chat import encode_examples
 from ..rollout.base import NO_VERSION, Rollout, SamplingParams
 from ..rollout.batch import RolloutBatch
 from ..rollout.partial import sample_versions
@@ -71,9 +72,11 @@ class Place(Protocol):
         generator: Callable[[], torch.Generator],
         weights: WeightSync,
         mode: str,
+        pixels: Any = None,
     ) -> Rollout:
         """One-turn completions with every token's version, loading newer weights when they
-        arrive (``mode`` 'restart': then again from the start, with a fresh ``generator()``)."""
+        arrive (``mode`` 'restart': then again from the start, with a fresh ``generator()``);
+        ``pixels``: the prompts' pixel inputs (image prompts), on the rollout's extras."""
         ...
 
     def round_hook(
@@ -124,17 +127,23 @@ class GroupProducer:
         t0 = time.perf_counter()
         idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
         prompts = [parts.prompt_cache[i] for i in idx]
+        examples = [parts.train_set[i] for i in idx]
+        # Image prompts: their pixel inputs, once per prompt, ride on the rollout through the
+        # buffer to the update (as the synchronous round's do).
+        pixels = None
+        if any(e.images for e in examples):
+            _, pixels = encode_examples(parts.episodes.encoder.fmt, examples)
 
         def generator() -> torch.Generator:
             return step_generator(cfg.run.seed, step, stream=0, device=place.device)
 
         rollout = place.one_turn(
-            prompts, cfg.rollout.group_size, parts.params, generator, weights, self.mode
+            prompts, cfg.rollout.group_size, parts.params, generator, weights, self.mode, pixels
         )
         if self.mode == "mask":
             rollout = mask_older_tokens(rollout)
         oldest, newest = sample_versions(rollout)  # [N], [N]
-        sampled = score_round(parts, rollout.to(parts.device), [parts.train_set[i] for i in idx])
+        sampled = score_round(parts, rollout.to(parts.device), examples)
         size = cfg.rollout.group_size
         lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)

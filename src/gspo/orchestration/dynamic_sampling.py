@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from gspo.rollout.base import PIXELS, ROW_EXTRAS, Rollout
+from gspo.rollout.base import PIXEL_INDEX, PIXELS, ROW_EXTRAS, Rollout
 from gspo.rollout.batch import RolloutBatch
 
 
@@ -84,7 +84,8 @@ def concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         cols["cm"].append(_pad_cols(r.completion_mask, c_width, 0, left=False))
         cols["lp"].append(_pad_cols(r.logprobs, c_width, 0.0, left=False))
         cols["ix"].append(r.prompt_index + offset)
-        if PIXELS in r.extras:  # kept whole by select: index past all of its prompts
+        if PIXELS in r.extras and PIXEL_INDEX not in r.extras:  # kept whole by select: index
+            # past all of its prompts (episodes' pixels are indexed by pixel_index instead)
             offset += r.extras[PIXELS].num_prompts
         else:
             offset += int(r.prompt_index.max()) + 1 if r.num_samples else 0
@@ -106,6 +107,9 @@ def concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
             values = [r.extras[key] for r in rs]
             if pad is not None:  # [n, L] per token
                 values = [_pad_cols(v, c_width, pad, left=False) for v in values]
+            if key == PIXEL_INDEX:  # episodes' own pixel entries: offset as the pixels join
+                starts = torch.tensor([0, *(r.extras[PIXELS].num_prompts for r in rs)]).cumsum(0)
+                values = [v + int(s) for v, s in zip(values, starts.tolist(), strict=False)]
             rollout.extras[key] = torch.cat(values)
     if PIXELS in rs[0].extras:  # image prompts: their pixels, in the offset prompt order
         from gspo.models.vision import PixelInputs

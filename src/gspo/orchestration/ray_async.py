@@ -104,7 +104,10 @@ class RayWorkers:
         generator: Callable[[], torch.Generator],
         weights: WeightSync,
         mode: str,
+        pixels: Any = None,
     ) -> Rollout:
+        if pixels is not None:  # (refused before the run: config.combinations)
+            raise ValueError("image prompts do not travel to Ray rollout workers yet")
         g = self.generation(prompts, n, params, generator())
         while not g.done:
             self.generate_chunk(g, weights.version)

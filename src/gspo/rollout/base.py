@@ -112,7 +112,7 @@ class Rollout:
             logprobs=self.logprobs[idx],
             finish_reasons=[self.finish_reasons[i] for i in rows.tolist()],
             prompt_index=self.prompt_index[idx],
-            # Per-prompt pixel inputs stay whole: the rows keep their prompt indices.
+            # Pixel inputs stay whole: the rows keep their prompt (or pixel) indices.
             extras={k: v if k == PIXELS else v[rows.to(v.device)] for k, v in self.extras.items()},
             loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
             versions=None if self.versions is None else self.versions[idx],
@@ -123,9 +123,21 @@ PIXELS = "pixels"
 """Rollout extra of image prompts: their :class:`gspo.models.vision.PixelInputs`, one entry per
 prompt, indexed by ``prompt_index`` (kept whole by ``select``, offset-joined by rounds)."""
 
-ROW_EXTRAS = {"turn_ids": -1, "policy_version": None}
+PIXEL_INDEX = "pixel_index"
+"""Rollout extra [N] of multi-turn episodes with images: the entry of ``extras["pixels"]`` each
+row reads (its own: an episode's images grow turn by turn, so rows of one group differ);
+absent, a row reads its ``prompt_index`` entry (:func:`pixel_rows`)."""
+
+ROW_EXTRAS = {"turn_ids": -1, "policy_version": None, PIXEL_INDEX: None}
 """Rollout extras that are per-row tensors (episodes: the policy turn of each token [N, L],
-padded with the value given; the policy version of each row [N]), split and joined by row."""
+padded with the value given; the policy version of each row [N]; the pixel entry of each row
+[N]), split and joined by row."""
+
+
+def pixel_rows(rollout: Rollout) -> torch.Tensor:
+    """[N] the entry of ``rollout.extras["pixels"]`` each row's forward takes: its episode's
+    (``extras["pixel_index"]``) or its prompt's."""
+    return rollout.extras.get(PIXEL_INDEX, rollout.prompt_index)
 
 
 @runtime_checkable

@@ -41,12 +41,21 @@ def partial_generation(
     *,
     chunk: int,
     tokenizer: Any = None,
+    pixels: Any = None,
 ) -> PartialGeneration:
     """A partial generation on ``engine``: its own (:class:`ResumableEngine`), else chunks of at
     most ``chunk`` new tokens through ``generate`` (``tokenizer`` encodes the stop strings, so
-    that one spanning a chunk boundary is matched)."""
+    that one spanning a chunk boundary is matched). ``pixels``: the prompts' pixel inputs
+    (image prompts; the torch engine's own partial generation takes them, every re-prefill
+    after a pause again)."""
     if isinstance(engine, ResumableEngine):
-        return engine.partial(prompts, n, params, generator)
+        if pixels is None:
+            return engine.partial(prompts, n, params, generator)
+        return engine.partial(prompts, n, params, generator, pixels=pixels)  # type: ignore[call-arg]
+    if pixels is not None:
+        raise ValueError(
+            "partial rollouts of image prompts need the torch engine (--rollout-engine torch)"
+        )
     stops = stop_sequences(tokenizer, params.stop_strings) if params.stop_strings else []
     pad = engine.pad_id  # type: ignore[attr-defined]
     return ChunkedGeneration(engine, prompts, n, params, generator, chunk, pad, stops)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gspo.rollout.base import NO_VERSION, Rollout, SamplingParams
+from gspo.rollout.base import NO_VERSION, PIXELS, Rollout, SamplingParams
 
 
 @dataclass
@@ -265,4 +265,6 @@ class ResumableGeneration:
             finish_reasons=["stop" if s else "length" for s in st.stopped.tolist()],
             prompt_index=self.prompt_index.clone(),
             versions=self.versions[:, :length].clone(),  # [N, L]
+            # Image prompts: the pixel inputs go with the rollout to the update, as generate's.
+            extras={} if self.pixels is None else {PIXELS: self.pixels},
         )
