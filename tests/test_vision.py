@@ -186,7 +186,10 @@ def test_rounds_join_pixels_at_their_prompt_offsets(vl64):
         ({"task": "shapes", "rollout_engine": "vllm", "num_heads": 2, "num_kv_heads": 1}, None),
         ({"task": "shapes", "backend": "ray"}, None),  # by reference (tests/test_vision_ray.py)
         (
-            {"task": "shapes", "backend": "ray", "rollout_workers": 1, "rollout_engine": "vllm"},
+            {
+                **{"task": "shapes", "backend": "ray", "rollout_workers": 1},
+                **{"rollout_engine": "vllm", "num_heads": 2, "num_kv_heads": 1},
+            },
             "rollout_engine='torch'",
         ),
         ({"task": "file", "image_key": "image", "train_file": "x.jsonl"}, None),

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("PIL")
 
-from transformers import Idefics3ForConditionalGeneration
+from transformers.models.idefics3.modeling_idefics3 import Idefics3Model
 
 from gspo.config.options import ModelOptions
 from gspo.config.train import TrainConfig
@@ -41,18 +41,19 @@ def vl64():
 
 @pytest.fixture
 def seen(monkeypatch):
-    """Every image (one [3, H, W] tensor each, padding images left out) the model's forwards
-    get, by mode: False for the engine (eval mode), True for the update (train mode)."""
+    """Every image (one [3, H, W] tensor each, padding images left out) the vision tower gets,
+    by mode: False for the engine (eval mode), True for the update (train mode). Recorded at
+    the tower's entry, which the engine's forward and the update's shared-feature path
+    (:func:`gspo.models.vision.image_inputs`) both go through."""
     record: dict[bool, list[str]] = {False: [], True: []}
-    original = Idefics3ForConditionalGeneration.forward
+    original = Idefics3Model.get_image_features
 
-    def forward(self, *args, pixel_values=None, **kwargs):
-        if pixel_values is not None:
-            flat = pixel_values.reshape(-1, *pixel_values.shape[2:])  # [N * I, 3, H, W]
-            record[self.training] += [_digest(im) for im in flat if im.abs().sum() > 0]
-        return original(self, *args, pixel_values=pixel_values, **kwargs)
+    def get_image_features(self, pixel_values, *args, **kwargs):
+        flat = pixel_values.reshape(-1, *pixel_values.shape[2:])  # [N * I, 3, H, W]
+        record[self.training] += [_digest(im) for im in flat if im.abs().sum() > 0]
+        return original(self, pixel_values, *args, **kwargs)
 
-    monkeypatch.setattr(Idefics3ForConditionalGeneration, "forward", forward)
+    monkeypatch.setattr(Idefics3Model, "get_image_features", get_image_features)
     return record
 
 
@@ -163,20 +164,31 @@ def _cfg(tmp_path, **overrides):
     return build(TrainConfig, preset="smoke", overrides={**base, **overrides})
 
 
+HEAD32 = {"num_heads": 2, "num_kv_heads": 1}  # tiny-vl at a head size vLLM's CPU attention takes
+
+
 @pytest.mark.parametrize(
     ("overrides", "problem"),
     [
         ({"max_staleness": 1}, None),
         ({"max_staleness": 1, "async_partial": "mask"}, None),
         ({"env": "gspo.envs.shapes_turns:shapes_turns"}, None),
-        ({"max_staleness": 1, "rollout_engine": "vllm"}, "rollout_engine='torch'"),
+        # vLLM (at a head size it serves) and Ray take one-turn image prompts sampled each step.
+        ({"max_staleness": 1, "rollout_engine": "vllm", **HEAD32}, "rollout_engine='torch'"),
+        (
+            {"env": "gspo.envs.shapes_turns:shapes_turns", "rollout_engine": "vllm", **HEAD32},
+            "rollout_engine='torch'",
+        ),
         ({"max_staleness": 1, "backend": "ray", "rollout_workers": 1}, "Ray"),
+        ({"env": "gspo.envs.shapes_turns:shapes_turns", "backend": "ray"}, "backend='local'"),
+        ({"backend": "ray", "rollout_workers": 1}, None),
     ],
 )
 def test_async_and_multi_turn_images_are_accepted(overrides, problem):
     from gspo.config.combinations import split, vision_combinations
 
-    got = vision_combinations(split(TrainConfig(model="tiny-vl", task="shapes", **overrides)))
+    opts = split(TrainConfig(model="tiny-vl", task="shapes", **overrides))
+    got = vision_combinations(opts, multi_turn="env" in overrides)
     assert got == [] if problem is None else (len(got) == 1 and problem in got[0])
 
 
