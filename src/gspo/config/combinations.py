@@ -102,14 +102,17 @@ IMAGE_TASKS = ("shapes",)
 TEXT_MODELS = ("tiny", "tiny-moe", "smollm2-135m-instruct")
 """Built-in models that read text only."""
 
+VISION_MODELS = ("tiny-vl", "tiny-qwen-vl")
+"""Built-in vision-language models."""
+
 
 def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
     """What image prompts need, and what they do not support yet (checked before torch)."""
     images = o.task.task in IMAGE_TASKS or bool(o.task.image_key)
-    if not images and o.model.model != "tiny-vl":
+    if not images and o.model.model not in VISION_MODELS:
         return []
     what = f"task {o.task.task!r}" if o.task.task in IMAGE_TASKS else "image_key"
-    what = what if images else "model 'tiny-vl'"
+    what = what if images else f"model {o.model.model!r}"
     out: list[str] = []
     if images and o.model.model in TEXT_MODELS:
         out.append(

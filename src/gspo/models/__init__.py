@@ -230,9 +230,9 @@ def load_model(
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; one of {sorted(_DTYPES)}")
         dtype = _DTYPES[dtype]
-    # A vision-language checkpoint (Idefics3 / SmolVLM) is an image-text model, not a causal LM.
+    # A vision-language checkpoint (Idefics3 / SmolVLM / Qwen2.5-VL) is an image-text model, not a causal LM.
     config = AutoConfig.from_pretrained(str(p), local_files_only=True)
-    if getattr(config, "model_type", None) in ("idefics3", "smolvlm"):
+    if getattr(config, "model_type", None) in ("idefics3", "smolvlm", "qwen2_5_vl"):
         from transformers import AutoModelForImageTextToText as auto
     else:
         auto = AutoModelForCausalLM
@@ -355,6 +355,11 @@ def token_logprobs(
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, P+L]
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, P+L]
         position_ids = positions_from_mask(attention_mask)  # [N, P+L]
+        if vision:  # M-RoPE (Qwen2.5-VL): [3, N, P+L], the engine's prefill + decode positions
+            from .vision_qwen import mrope_positions
+
+            mrope = mrope_positions(model, input_ids, attention_mask, vision)
+            position_ids = position_ids if mrope is None else mrope[0]
         kwargs: dict = {"use_cache": False}
         if "logits_to_keep" in forward_kwargs_support(model):
             # Only the last L+1 positions' logits are materialised: P-1 .. P+L-1.
