@@ -183,3 +183,18 @@ def test_two_step_train_on_shapes(tmp_path):
     assert isinstance(final, Qwen2_5_VLForConditionalGeneration)
     saved = [run / "final", *(run / "checkpoints").glob("step_*")]
     assert len(saved) >= 2 and all((p / "preprocessor_config.json").is_file() for p in saved)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"rollout_engine": "vllm"}, "model 'tiny-qwen-vl' needs rollout_engine='torch'"),
+        ({"task": "shapes", "backend": "ray"}, "Ray"),
+        ({"task": "shapes"}, None),
+    ],
+)
+def test_tiny_qwen_vl_refusals_before_torch(overrides, problem):
+    from gspo.config.combinations import split, vision_combinations
+
+    got = vision_combinations(split(TrainConfig(**{"model": "tiny-qwen-vl", **overrides})))
+    assert got == [] if problem is None else (len(got) == 1 and problem in got[0])
