@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -169,6 +171,16 @@ def test_save_and_load_with_its_processor(qvl64, tmp_path):
         rtol=0,
         atol=0,
     )
+    # A whole processor saved by transformers 5 nests the image processor in
+    # processor_config.json: it loads from there too (not the derived default).
+    folder = tmp_path / "final"
+    nested = json.loads((folder / "preprocessor_config.json").read_text())
+    nested["size"]["longest_edge"] = 56 * 56  # a limit the derived processor does not have
+    (folder / "preprocessor_config.json").unlink()
+    (folder / "processor_config.json").write_text(json.dumps({"image_processor": nested}))
+    fmt3 = build_prompt_format(opts, load_tokenizer(folder), loaded)
+    ids3, pixels3 = fmt3.encode_images(PROMPTS, _images())
+    assert ids3[0] == ids[0] and pixels3.grids[1][0].tolist() == [1, 2, 4]  # 84x56 scaled down
 
 
 def test_two_step_train_on_shapes(tmp_path):

@@ -124,7 +124,7 @@ def processor_for(model: Any, tokenizer: Any, path: str | Path | None = None):
     splitting, the vision tower's input size), which is what ``tiny-vl`` uses."""
     saved = ("processor_config.json", "preprocessor_config.json")  # transformers 5, 4
     if uses_mrope(model):  # Qwen2.5-VL: this package's processor (no video processor)
-        if path is not None and (Path(path) / "preprocessor_config.json").is_file():
+        if path is not None and any((Path(path) / name).is_file() for name in saved):
             return QwenVLProcessor.load(path, tokenizer)
         _need_pillow()
         return QwenVLProcessor.derived(model, tokenizer)

@@ -170,7 +170,8 @@ class QwenVLProcessor:
 
     @classmethod
     def load(cls, path: str | Path, tokenizer: Any) -> QwenVLProcessor:
-        """The image processor saved at ``path`` (``preprocessor_config.json``)."""
+        """The image processor saved at ``path``: its ``preprocessor_config.json``, or the one
+        nested in a whole processor's ``processor_config.json`` (transformers 5)."""
         from transformers import Qwen2VLImageProcessorPil
 
         images = Qwen2VLImageProcessorPil.from_pretrained(str(path), local_files_only=True)
