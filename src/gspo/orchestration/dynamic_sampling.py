@@ -112,9 +112,8 @@ def concat(parts: list[RolloutBatch], pad_id: int) -> RolloutBatch:
                 values = [v + int(s) for v, s in zip(values, starts.tolist(), strict=False)]
             rollout.extras[key] = torch.cat(values)
     if PIXELS in rs[0].extras:  # image prompts: their pixels, in the offset prompt order
-        from gspo.models.vision import PixelInputs
-
-        rollout.extras[PIXELS] = PixelInputs.cat([r.extras[PIXELS] for r in rs])
+        pixels = [r.extras[PIXELS] for r in rs]  # PixelInputs, or QwenPixelInputs (Qwen2.5-VL)
+        rollout.extras[PIXELS] = type(pixels[0]).cat(pixels)
     if all(r.versions is not None for r in rs):  # per-token policy versions, -1 on padding
         rollout.versions = torch.cat([_pad_cols(r.versions, c_width, -1, left=False) for r in rs])
     has_task = all(p.task_rewards is not None for p in parts)

@@ -15,6 +15,7 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from gspo.models import forward_kwargs_support, positions_from_mask
 from gspo.models.fast_forward import FastDecoder, has_forward_hooks
 from gspo.models.vision import block_tokens, blocked_token_ids, check_pixels
+from gspo.models.vision_qwen import decode_positions, mrope_positions
 from gspo.rollout.base import PIXELS, Rollout, SamplingParams
 from gspo.rollout.stops import encode_stop
 from gspo.rollout.torch_decode import (
@@ -197,10 +198,16 @@ class TorchEngine:
         num = base_ids.shape[0] * n
         check_pixels(self.model, base_ids, pixels)
         vision: dict = {}
+        deltas = None  # [N] M-RoPE: how far each row's positions run ahead of its token count
         if pixels is not None:
             if base_index is None:
                 base_index = torch.arange(base_ids.shape[0])
-            vision = pixels.to(self.device, self.dtype).rows(base_index)  # [B, I, ...]
+            pixels = pixels.to(self.device, self.dtype)
+            vision = pixels.rows(base_index)  # [B, I, ...]
+            # M-RoPE (Qwen2.5-VL): 3-D positions [3, B, P] from the model's own rope index.
+            mrope = mrope_positions(self.model, base_ids, base_mask, vision)
+            if mrope is not None:
+                positions, deltas = mrope[0], mrope[1].repeat_interleave(n)  # [3, B, P], [N]
         if self.fast and not vision and FastDecoder.supports(self.model):
             dec = FastDecoder(self.model, batch=num, max_len=base_ids.shape[1] + max_new)
             logits = float_logits(dec.prefill(base_ids, base_mask, positions, repeats=n))
@@ -233,12 +240,14 @@ class TorchEngine:
             ).repeat_interleave(n, dim=0)  # [N, V]
             cache.batch_repeat_interleave(n)
         else:
+            if vision:  # each repeated row its prompt's images (Qwen's are flat patches)
+                vision = pixels.rows(base_index.repeat_interleave(n))  # [N, I, ...]
             logits = self._forward(
                 prefill_kw,
                 input_ids=base_ids.repeat_interleave(n, dim=0),
                 attention_mask=base_mask.repeat_interleave(n, dim=0),
-                position_ids=positions.repeat_interleave(n, dim=0),
-                **{k: v.repeat_interleave(n, dim=0) for k, v in vision.items()},
+                position_ids=positions.repeat_interleave(n, dim=-2),  # [N, P] or [3, N, P]
+                **vision,
             )  # [N, V]
         attn = [base_mask.repeat_interleave(n, dim=0)]  # [N, P], grows by one column per step
         ones = torch.ones_like(attn[0][:, :1])  # [N, 1]
@@ -249,7 +258,7 @@ class TorchEngine:
                 kw,
                 input_ids=tok.unsqueeze(1),
                 attention_mask=attn[0],
-                position_ids=pos.unsqueeze(1),
+                position_ids=decode_positions(pos, deltas),  # [N, 1] or [3, N, 1]
             )
 
         return logits, advance_hf
