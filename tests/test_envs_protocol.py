@@ -116,3 +116,34 @@ def test_a_one_turn_environment_refuses_an_opening_instead_of_ignoring_it():
     rollout = ScriptedEngine(["win"]).generate([[1]], 1, PARAMS)
     with pytest.raises(ValueError, match="Opening"):
         answer_round(OneTurnGame(), TOK, rollout, [Example("p", "")], 1.0)
+
+
+def test_one_turn_trajectories_keep_exactly_the_masked_tokens_of_each_row():
+    """answer_round and decode_completions take each row's tokens and log-probs where its mask
+    is 1 (as plain lists now, no per-row tensor indexing): holes and padding are left out."""
+    import torch
+
+    from gspo.models.text import decode_completions
+    from gspo.rollout.base import Rollout
+
+    ids = TOK(["abc", "de"], add_special_tokens=False)["input_ids"]
+    completion_ids = torch.tensor([ids[0], [*ids[1], TOK.pad_token_id]])  # [2, 3]
+    mask = torch.tensor([[1, 0, 1], [1, 1, 0]])  # row 0 with a hole, row 1 right-padded
+    logprobs = torch.tensor([[-0.5, -9.0, -0.25], [-1.0, -2.0, 0.0]])  # [2, 3]
+    rollout = Rollout(
+        prompt_ids=torch.tensor([[1], [1]]),
+        prompt_mask=torch.ones(2, 1, dtype=torch.long),
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        logprobs=logprobs,
+        finish_reasons=["stop", "length"],
+        prompt_index=torch.tensor([0, 1]),
+    )
+    assert decode_completions(TOK, completion_ids, mask) == ["ac", "de"]
+    env = SingleTurnEnv(lambda text, ex: float(text == ex.answer))
+    trajs = answer_round(env, TOK, rollout, [Example("p", "ac"), Example("q", "x")], 1.0)
+    assert [t.reward for t in trajs] == [1.0, 0.0]
+    assert trajs[0].history[-1]["content"] == "ac"
+    assert trajs[0].ids == [ids[0][0], ids[0][2]] and trajs[1].ids == ids[1]
+    assert trajs[0].logprobs == [-0.5, -0.25] and trajs[1].logprobs == [-1.0, -2.0]
+    assert all(type(x) is int for t in trajs for x in t.ids)

@@ -96,14 +96,20 @@ def answer_round(
     states = [_state(env, examples[i]) for i in rows]
     finished = [f == "stop" for f in rollout.finish_reasons]
     steps = step_round(env, states, texts, finished, timeout_s)
-    ids, mask = rollout.completion_ids.cpu(), rollout.completion_mask.cpu().bool()  # [N, L]
-    logprobs = rollout.logprobs.cpu()  # [N, L]
+    # Plain lists, one host copy each: per-row tensor indexing costs several ops per row.
+    ids = rollout.completion_ids.cpu().tolist()  # [N][L]
+    mask = rollout.completion_mask.cpu().bool().tolist()  # [N][L]
+    logprobs = rollout.logprobs.cpu().tolist()  # [N][L]
     trajs = []
     for k, (i, step) in enumerate(zip(rows, steps, strict=True)):
         history = [{"role": "user", "content": examples[i].prompt}]
         history.append({"role": "assistant", "content": texts[k]})
         t = Trajectory(prompt_ids=list(prompts[i]) if prompts is not None else [], history=history)
-        t.add_policy(ids[k][mask[k]].tolist(), logprobs[k][mask[k]].tolist())
+        keep = mask[k]
+        t.add_policy(
+            [x for x, m in zip(ids[k], keep, strict=True) if m],
+            [x for x, m in zip(logprobs[k], keep, strict=True) if m],
+        )
         t.turn_rewards[-1] = step.turn_reward
         t.tool_calls, t.tool_errors, t.info = step.tool_calls, step.tool_errors, step.info
         t.done, t.reward, t.success = True, step.reward, False if step.failed else step.success
