@@ -304,6 +304,13 @@ def image_inputs(
     precomputed features (``image_hidden_states``, renamed ``mm_encoder_outputs`` in
     transformers 5.19 and changing shape in 5.20) is not used: the features are merged here.
     """
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        # An FSDP2 root gathers its own parameters (the embedding, the vision tower) only
+        # inside its forward; calling the tower here would meet sharded weights. Ranks take
+        # the per-row keywords instead (the same values, the tower once per row).
+        return per_row_image_inputs(model, input_ids, pixels, prompt_index)
     uniq, inverse = torch.unique(prompt_index.to(pixels.values.device), return_inverse=True)
     values = pixels.values.index_select(0, uniq)  # [U, I, 3, H, W]
     mask = pixels.mask.index_select(0, uniq)  # [U, I, H, W]
