@@ -19,6 +19,24 @@ def build_policy_for(cfg: TrainConfig | SFTConfig | EvalConfig, device):
     return build_policy(ModelOptions.of(cfg), device, seed=cfg.seed)
 
 
+def refuse_mrope_paths(cfg: TrainConfig, model) -> None:
+    """A Qwen2.5-VL checkpoint (``--model PATH``) gets the refusals ``tiny-qwen-vl`` gets before
+    torch (config/combinations.py): its M-RoPE positions are built by the torch engine and the
+    training forward only. Its type is known only once it is loaded."""
+    from dataclasses import replace
+
+    from ..config.combinations import combination_problems, split
+    from ..models.vision_qwen import uses_mrope
+
+    if not uses_mrope(model):
+        return
+    as_tiny = combination_problems(split(replace(cfg, model="tiny-qwen-vl")))
+    for line in as_tiny:
+        if line.startswith("model 'tiny-qwen-vl' runs on"):
+            name = f"model {cfg.model!r} (Qwen2.5-VL)"
+            raise ValueError(line.replace("model 'tiny-qwen-vl'", name, 1))
+
+
 def build_task(cfg: TrainConfig | SFTConfig) -> Task:
     """A built-in synthetic task, or a task made of the user's data files, with the run's
     code-reward limits (``code_*`` fields) on a reward that runs the sandbox."""

@@ -32,7 +32,7 @@ from ..orchestration.source import build_source
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
 from ..rollout.engines import check_engine_available, close_engine, policy_engine
-from .parts import build_task, build_train_reward
+from .parts import build_task, build_train_reward, refuse_mrope_paths
 from .prompts import prepare_prompts
 from .ray_check import check_backend_available
 
@@ -139,6 +139,8 @@ def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Par
     opts = opts if opts is not None else split(cfg)
     device = resolve_device(cfg.device)
     model, tokenizer = build_policy(opts.model, device, seed=cfg.seed)
+    if cfg.model != "tiny-qwen-vl":
+        refuse_mrope_paths(cfg, model)  # a Qwen2.5-VL checkpoint: known once loaded
     task = build_task(cfg)
     if not task.train:
         raise ValueError(f"task {task.name} has no training problems")
