@@ -196,7 +196,8 @@ def _train_config(
     """The gspo TrainConfig of a workload (also used by the TRL runner for task and prompts)."""
     from gspo.config import TrainConfig, build
 
-    w = WORKLOADS[spec["workload"]]
+    # benchmarks/growth.py varies a workload's length, group and model size through these.
+    w = {**WORKLOADS[spec["workload"]], **spec.get("workload_overrides", {})}
     overrides = {
         **w["size"],
         "model": spec["init"],
@@ -650,8 +651,9 @@ def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[st
     return str(folder), metrics
 
 
-def run_in_subprocess(spec: dict[str, Any]) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)]
+def run_in_subprocess(spec: dict[str, Any], script: str | None = None) -> dict[str, Any]:
+    """One run in a fresh interpreter: ``script --one SPEC`` (this file unless named)."""
+    cmd = [sys.executable, script or str(Path(__file__).resolve()), "--one", json.dumps(spec)]
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"}
     # gspo from this checkout, or from the baseline's worktree for gspo@REF (not whichever one
     # happens to be installed).
