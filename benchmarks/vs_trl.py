@@ -421,7 +421,7 @@ def run_init_eval(spec: dict[str, Any]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-init-") as tmp:
         cfg = _train_config(spec, tmp)
-        model, tokenizer = build_policy(cfg, torch.device("cpu"))
+        model, tokenizer = build_policy(cfg, torch.device("cpu"), seed=cfg.seed)
         model.eval()
         task = build_task(cfg)
         fmt = build_prompt_format(cfg, tokenizer, model)
@@ -447,7 +447,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-trl-") as tmp:
         cfg = _train_config(spec, tmp)
-        model, tokenizer = build_policy(cfg, torch.device("cpu"))
+        model, tokenizer = build_policy(cfg, torch.device("cpu"), seed=cfg.seed)
         task = build_task(cfg)
         fmt = build_prompt_format(cfg, tokenizer, model)
         order = _step_prompts(cfg, len(task.train))
