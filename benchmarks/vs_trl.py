@@ -4,6 +4,8 @@ settings, both in one invocation, alternating, each run in its own subprocess.
     python benchmarks/vs_trl.py                                  # tiny models, 3 repetitions
     python benchmarks/vs_trl.py --workloads d64-add --reps 2 --steps 10
     python benchmarks/vs_trl.py --workloads smollm2 --reps 1 --steps 2   # slow: ~1 min per step
+    python benchmarks/vs_trl.py --workloads d64-add --systems gspo,trl --baseline main
+        # also gspo@<main's commit>, from its own temp worktree (benchmarks/baseline.py)
 
 Needs the ``bench`` extra (``pip install -c constraints.txt -e ".[bench]"``: TRL). TRL is never
 imported by the package itself.
@@ -641,7 +643,10 @@ def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[st
     }
     print(f"cold start SFT for {workload} ...", file=sys.stderr, flush=True)
     proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(overrides)], capture_output=True, text=True
+        [sys.executable, "-c", code, json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        env=bl.env_with_src(dict(os.environ), bl.src_for("gspo", {})),  # this checkout's gspo
     )
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
