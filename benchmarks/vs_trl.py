@@ -4,6 +4,8 @@ settings, both in one invocation, alternating, each run in its own subprocess.
     python benchmarks/vs_trl.py                                  # tiny models, 3 repetitions
     python benchmarks/vs_trl.py --workloads d64-add --reps 2 --steps 10
     python benchmarks/vs_trl.py --workloads smollm2 --reps 1 --steps 2   # slow: ~1 min per step
+    python benchmarks/vs_trl.py --workloads d64-add --systems gspo,trl --baseline main
+        # also gspo@<main's commit>, from its own temp worktree (benchmarks/baseline.py)
 
 Needs the ``bench`` extra (``pip install -c constraints.txt -e ".[bench]"``: TRL). TRL is never
 imported by the package itself.
@@ -81,6 +83,7 @@ better) and TRL / gspo for time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -94,6 +97,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import baseline as bl
 from _results import OUT_HELP, dated_result
 
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -194,7 +198,8 @@ def _train_config(
     """The gspo TrainConfig of a workload (also used by the TRL runner for task and prompts)."""
     from gspo.config import TrainConfig, build
 
-    w = WORKLOADS[spec["workload"]]
+    # benchmarks/growth.py varies a workload's length, group and model size through these.
+    w = {**WORKLOADS[spec["workload"]], **spec.get("workload_overrides", {})}
     overrides = {
         **w["size"],
         "model": spec["init"],
@@ -340,9 +345,10 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(spec["threads"])
+    import gspo
     import gspo.compose.train as trainer_mod
 
-    system = spec["system"]
+    system, _ = bl.split(spec["system"])  # gspo@REF: the same system, another commit's package
     if system == "gspo-before":
         _ablate(list(OPTIMIZATIONS))
     elif system.startswith("gspo-no-"):
@@ -401,6 +407,7 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
             "held_out_greedy": held,
             "base_rss_mb": base_rss,
             "params": sum(p.numel() for p in result.model.parameters()),
+            "gspo_file": gspo.__file__,
         },
     )
 
@@ -636,7 +643,10 @@ def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[st
     }
     print(f"cold start SFT for {workload} ...", file=sys.stderr, flush=True)
     proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(overrides)], capture_output=True, text=True
+        [sys.executable, "-c", code, json.dumps(overrides)],
+        capture_output=True,
+        text=True,
+        env=bl.env_with_src(dict(os.environ), bl.src_for("gspo", {})),  # this checkout's gspo
     )
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -646,9 +656,13 @@ def prepare_init(workload: str, threads: int, cache: Path) -> tuple[str, dict[st
     return str(folder), metrics
 
 
-def run_in_subprocess(spec: dict[str, Any]) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)]
+def run_in_subprocess(spec: dict[str, Any], script: str | None = None) -> dict[str, Any]:
+    """One run in a fresh interpreter: ``script --one SPEC`` (this file unless named)."""
+    cmd = [sys.executable, script or str(Path(__file__).resolve()), "--one", json.dumps(spec)]
     env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "TOKENIZERS_PARALLELISM": "false"}
+    # gspo from this checkout, or from the baseline's worktree for gspo@REF (not whichever one
+    # happens to be installed).
+    env = bl.env_with_src(env, Path(spec.get("gspo_src") or bl.src_for("gspo", {})))
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-6000:])
@@ -689,6 +703,16 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: med(k) for k in keys} | learning | {"reps": len(runs), "params": runs[0]["params"]}
 
 
+def _version(package: str) -> str | None:
+    """An installed distribution's version (None when absent: TRL is only needed for "trl")."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -715,14 +739,17 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
         "held-out",
         "zero-adv rows",
         "speed vs TRL",
+        "speed vs baseline",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for workload, systems in summary.items():
         trl = systems.get("trl")
+        vs_base = bl.speed_ratios({s: a["step_s"] for s, a in systems.items()})
         for system, a in systems.items():
             ratio = "1.00" if system == "trl" else "-"
             if trl and system != "trl" and a["step_s"]:
                 ratio = f"{trl['step_s'] / a['step_s']:.2f}x"
+            base = vs_base.get(system)
             lines.append(
                 "| "
                 + " | ".join(
@@ -739,6 +766,7 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
                         _pm(a, "held_out_greedy"),
                         _f(a.get("zero_adv_fraction"), ".2f"),
                         ratio,
+                        "-" if base is None else f"{base:.2f}x",
                     ]
                 )
                 + " |"
@@ -751,24 +779,27 @@ def ratios(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str,
     out: dict[str, dict[str, Any]] = {}
     for workload, systems in summary.items():
         trl = systems.get("trl")
-        if not trl:
-            continue
         for system, a in systems.items():
-            if system == "trl":
+            if system == "trl" or not trl:
                 continue
 
             def div(x: float | None, y: float | None) -> float | None:
                 return None if x is None or not y else x / y
 
-            out.setdefault(workload, {})[system] = {
-                "speedup_step": div(trl["step_s"], a["step_s"]),
-                "gen_tokens_per_s": div(a["gen_tokens_per_s"], trl["gen_tokens_per_s"]),
-                "train_tokens_per_s": div(a["train_tokens_per_s"], trl["train_tokens_per_s"]),
-                "rollout_speedup": div(trl["rollout_s"], a["rollout_s"]),
-                "peak_rss": div(a["peak_rss_mb"], trl["peak_rss_mb"]),
-                "reward_last": div(a["reward_last"], trl["reward_last"]),
-                "held_out_greedy": div(a["held_out_greedy"], trl["held_out_greedy"]),
-            }
+            out.setdefault(workload, {}).setdefault(system, {}).update(
+                {
+                    "speedup_step": div(trl["step_s"], a["step_s"]),
+                    "gen_tokens_per_s": div(a["gen_tokens_per_s"], trl["gen_tokens_per_s"]),
+                    "train_tokens_per_s": div(a["train_tokens_per_s"], trl["train_tokens_per_s"]),
+                    "rollout_speedup": div(trl["rollout_s"], a["rollout_s"]),
+                    "peak_rss": div(a["peak_rss_mb"], trl["peak_rss_mb"]),
+                    "reward_last": div(a["reward_last"], trl["reward_last"]),
+                    "held_out_greedy": div(a["held_out_greedy"], trl["held_out_greedy"]),
+                }
+            )
+        vs_base = bl.speed_ratios({s: a["step_s"] for s, a in systems.items()})
+        for system, r in vs_base.items():
+            out.setdefault(workload, {}).setdefault(system, {})["speedup_vs_baseline"] = r
     return out
 
 
@@ -795,6 +826,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--cache", default=None, help="folder for SFT cold starts (default: tmp)")
     ap.add_argument("--out", default=None, help=OUT_HELP)
+    ap.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also run each gspo system on commit REF (its own temp worktree) as SYSTEM@REF, "
+        "alternating; the table adds the speed ratio current/baseline",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:  # never overwrite committed results
@@ -817,6 +854,20 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"unknown workload/system {bad}")
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is a warm-up)")
+    with contextlib.ExitStack() as stack:
+        worktrees: dict[str, Path] = {}
+        if args.baseline:
+            try:
+                ref = bl.resolve(args.baseline)
+                worktrees[ref] = stack.enter_context(bl.worktree(ref))
+            except bl.BaselineError as err:
+                ap.error(str(err))
+            systems = bl.baseline_systems(systems, ref)
+        _run_all(args, argv, workloads, systems, worktrees)
+
+
+def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) -> None:
+    """Every workload x repetition x system, alternating; then the table and the JSON."""
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="vs-trl-cache-"))
     cache.mkdir(parents=True, exist_ok=True)
 
@@ -863,6 +914,7 @@ def main(argv: list[str] | None = None) -> None:
                     "reward_window": args.reward_window,
                     "rep": rep,
                     "seed": args.seed + rep if args.vary_seed else args.seed,
+                    "gspo_src": str(bl.src_for(system, worktrees)),
                 }
                 print(
                     f"[{time.time() - started:6.0f}s] {workload} rep {rep} {system} "
@@ -881,7 +933,6 @@ def main(argv: list[str] | None = None) -> None:
     summary = {w: {s: aggregate(rs) for s, rs in by.items()} for w, by in runs.items()}
     import torch
     import transformers
-    import trl
 
     report = {
         "benchmark": "vs_trl",
@@ -889,6 +940,7 @@ def main(argv: list[str] | None = None) -> None:
         "settings": {
             "workloads": {w: WORKLOADS[w] for w in workloads},
             "systems": systems,
+            "baseline": {ref: str(path) for ref, path in worktrees.items()},
             "steps": args.steps,
             "warmup_steps_excluded": 1,
             "reps": args.reps,
@@ -901,7 +953,7 @@ def main(argv: list[str] | None = None) -> None:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "trl": trl.__version__,
+            "trl": _version("trl"),
             "cpu_count": os.cpu_count(),
             "load_avg_at_end": os.getloadavg(),
             "wall_s": time.time() - started,
@@ -919,6 +971,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{workload} start checkpoint (seed {seed}): held-out greedy {acc:.3f}")
     for workload, by in report["ratios"].items():
         for system, r in by.items():
+            if "speedup_vs_baseline" in r:
+                print(
+                    f"{workload} {system}: speed now / baseline {_f(r['speedup_vs_baseline'], '.2f')}x"
+                )
+            if "speedup_step" not in r:
+                continue
             print(
                 f"{workload} {system}/TRL: step speedup {_f(r['speedup_step'], '.2f')}x, "
                 f"gen tok/s {_f(r['gen_tokens_per_s'], '.2f')}x, "

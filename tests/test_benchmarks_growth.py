@@ -1,0 +1,83 @@
+"""``benchmarks/growth.py``: the fitted exponent, the sweep points, the argument checks and the
+alternation order (the runs themselves are faked: no training, no timing asserted)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def growth(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    for name in ("baseline", "vs_trl", "growth"):
+        sys.modules.pop(name, None)
+    yield importlib.import_module("growth")
+    for name in ("baseline", "vs_trl", "growth"):
+        sys.modules.pop(name, None)
+
+
+def test_exponent_is_the_log_log_slope(growth):
+    xs = [64.0, 128.0, 256.0, 512.0]
+    assert growth.fit_exponent(xs, [3 * x**2 for x in xs]) == pytest.approx(2.0)
+    assert growth.fit_exponent(xs, [0.5 * x for x in xs]) == pytest.approx(1.0)
+    assert growth.fit_exponent([64.0], [1.0]) is None
+
+
+def test_points_vary_one_thing_from_the_base(growth):
+    model, over = growth.point_overrides("length", 256)
+    assert model == "tiny" and over["max_new_tokens"] == 256 and over["group_size"] == 8
+    model, over = growth.point_overrides("model", "d512")
+    assert over["size"]["hidden_size"] == 512 and over["max_new_tokens"] == 64
+    assert growth.point_overrides("model", "smollm2")[0] == "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sweeps", "width"], "unknown sweep/system ['width']"),
+        (["--sweeps", "length", "--points", "group=4,8"], "name one of the sweeps"),
+        (["--sweeps", "model", "--points", "model=d64,d99"], "unknown model size ['d99']"),
+        (["--sweeps", "length", "--points", "64,x"], "length points are integers"),
+        (["--steps", "1"], "--steps must be >= 2"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(growth, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        growth.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_systems_alternate_point_by_point(growth, monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def fake_run(spec, script):
+        over = spec["workload_overrides"]
+        calls.append((spec["system"], over["max_new_tokens"]))
+        tokens = over["max_new_tokens"]
+        step_s = (1e-3 if spec["system"] == "gspo" else 2e-3) * tokens
+        return {"step_s": step_s, "params": 1000}
+
+    monkeypatch.setattr(growth.vs_trl, "run_in_subprocess", fake_run)
+    monkeypatch.setattr(growth, "plot", lambda results, path: None)
+    out = tmp_path / "g.json"
+    growth.main(["--sweeps", "length", "--points", "64,128,256", "--steps", "2", "--out", str(out)])
+    assert calls == [
+        ("gspo", 64),
+        ("trl", 64),
+        ("trl", 128),
+        ("gspo", 128),
+        ("gspo", 256),
+        ("trl", 256),
+    ]
+    result = json.loads(out.read_text())["results"]["length"]
+    assert result["exponent"]["gspo"] == pytest.approx(1.0)
+    assert result["exponent"]["trl"] == pytest.approx(1.0)
+    assert "| length | 64 | 0.064 | 0.128 | 2.00x |" in capsys.readouterr().out
