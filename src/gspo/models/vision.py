@@ -320,6 +320,10 @@ def image_inputs(
     if not bool(real.any()):
         return {"inputs_embeds": embeds}
     features = model.get_image_features(values, mask, return_dict=True).pooler_output  # [R, S, D]
+    if isinstance(features, (list, tuple)):
+        # Newer transformers (5.2x) give one [images * S, D] tensor per prompt instead.
+        flat = torch.cat(list(features))  # [R * S, D]
+        features = flat.reshape(int(real.sum()), -1, flat.shape[-1])  # [R, S, D]
     counts = real.sum(1)  # [U] real images per prompt, in the order of ``features``
     first = (counts.cumsum(0) - counts).tolist()  # [U] each prompt's first feature row
     counts = counts.tolist()
