@@ -61,21 +61,25 @@ def vllm_phase(args, model, shape, res, deadline) -> Any:
         enforce_eager=args.tiny,  # CUDA graphs on the GPU (vLLM's default there)
     )
     engine = VLLMEngine(model, pad_id=0, eos_id=shape["vocab_size"] - 1, options=opts, seed=0)
-    res["vllm_startup_s"] = time.perf_counter() - t0
-    deadline = max(deadline, time.perf_counter() + 1)  # the start-up may have used it all
-    gen = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
-    prompts = random_prompts(gen, args.prompts, args.prompt_tokens, shape["vocab_size"] - 1)
-    engine.generate(prompts[:2], 2, SamplingParams(max_new_tokens=8), gen)  # warm-up
-    times, rollout, tokens = [], None, 0
-    while not times or (time.perf_counter() < deadline and len(times) < args.repeats):
-        t0 = time.perf_counter()
-        rollout = engine.generate(prompts, args.group, params, gen)
-        times.append(time.perf_counter() - t0)
-        tokens += int(rollout.completion_mask.sum())
-    res["vllm_gen_tokens_per_s"] = tokens / sum(times)
-    res["vllm_gen_calls"] = len(times)
-    res["vllm_gen_tokens_per_call"] = tokens / len(times)
+    try:
+        res["vllm_startup_s"] = time.perf_counter() - t0
+        deadline = max(deadline, time.perf_counter() + 1)  # the start-up may have used it all
+        gen = torch.Generator().manual_seed(0)
+        params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
+        prompts = random_prompts(gen, args.prompts, args.prompt_tokens, shape["vocab_size"] - 1)
+        engine.generate(prompts[:2], 2, SamplingParams(max_new_tokens=8), gen)  # warm-up
+        times, rollout, tokens = [], None, 0
+        while not times or (time.perf_counter() < deadline and len(times) < args.repeats):
+            t0 = time.perf_counter()
+            rollout = engine.generate(prompts, args.group, params, gen)
+            times.append(time.perf_counter() - t0)
+            tokens += int(rollout.completion_mask.sum())
+        res["vllm_gen_tokens_per_s"] = tokens / sum(times)
+        res["vllm_gen_calls"] = len(times)
+        res["vllm_gen_tokens_per_call"] = tokens / len(times)
+    except BaseException:
+        engine.close()  # its GPU memory back for the trainer phase
+        raise
     return engine, rollout
 
 

@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -122,31 +123,40 @@ def run(args) -> dict[str, Any]:
             return None
         return time.perf_counter() + min(budget, left)
 
-    engine = rollout = None
     timings = res["phase_s"] = {}
+
+    def guarded(phase: str, fn, *a):
+        """``fn(*a)`` timed; a failure becomes a line in ``skipped`` (the traceback on stderr)
+        so the other phases still run and the table and JSON are still written."""
+        t0 = time.perf_counter()
+        try:
+            return fn(*a)
+        except Exception as exc:  # one phase's failure must not lose the others' figures
+            traceback.print_exc()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            res["skipped"][phase] = f"failed: {type(exc).__name__}: {first[:200]}"
+            return None
+        finally:
+            timings[phase] = time.perf_counter() - t0
+
+    engine = rollout = None
     try:
         if (deadline := admit("vllm")) is not None:
-            t0 = time.perf_counter()
-            engine, rollout = vllm_phase(args, model, shape, res, deadline)
-            timings["vllm"] = time.perf_counter() - t0
-        if rollout is not None and admit("mismatch") is not None:
-            t0 = time.perf_counter()
-            mismatch_phase(model, rollout, device, args.micro_batch, res)
-            timings["mismatch"] = time.perf_counter() - t0
-        elif rollout is None:
+            engine, rollout = guarded("vllm", vllm_phase, args, model, shape, res, deadline) or (
+                None,
+                None,
+            )
+        if rollout is None:
             res["skipped"].setdefault("mismatch", "no vLLM samples to re-score")
+        elif admit("mismatch") is not None:
+            guarded("mismatch", mismatch_phase, model, rollout, device, args.micro_batch, res)
         backend = build_backend(args, model, device)
-        deadline = admit("trainer")
-        if deadline is not None:
-            t0 = time.perf_counter()
-            trainer_phase(args, backend, shape, device, peak, res, deadline)
-            timings["trainer"] = time.perf_counter() - t0
+        if (deadline := admit("trainer")) is not None:
+            guarded("trainer", trainer_phase, args, backend, shape, device, peak, res, deadline)
         if engine is None:
             res["skipped"].setdefault("e2e", "needs the vLLM engine")
         elif (deadline := admit("e2e")) is not None:
-            t0 = time.perf_counter()
-            e2e_phase(args, backend, engine, shape, device, res, deadline)
-            timings["e2e"] = time.perf_counter() - t0
+            guarded("e2e", e2e_phase, args, backend, engine, shape, device, res, deadline)
     finally:
         if engine is not None:
             engine.close()
