@@ -92,7 +92,8 @@ def run(args) -> dict[str, Any]:
     end = start + args.budget
     device = torch.device("cpu" if args.tiny else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gpu_ready.py: no CUDA device visible to torch (use --tiny on CPU)")
+        print("gpu_ready.py: no CUDA device visible to torch (--tiny runs on CPU)", file=sys.stderr)
+        raise SystemExit(2)
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
     peak = peak_flops(name)
     shape = TINY if args.tiny else QWEN3_06B
