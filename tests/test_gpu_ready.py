@@ -95,3 +95,15 @@ def test_a_failing_phase_becomes_a_line_and_the_rest_runs(phases, monkeypatch, c
     assert res["skipped"]["trainer"] == "failed: RuntimeError: CUDA error: out of memory"
     assert "trainer_tokens_per_s" not in res
     assert "skipped trainer: failed: RuntimeError" in gpu_ready.table(res)
+
+
+def test_without_vllm_its_phases_are_lines_and_the_trainer_runs(phases, monkeypatch):
+    import gspo.rollout.vllm_engine as vllm_engine
+
+    gpu_ready = importlib.import_module("gpu_ready")
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
+    res = gpu_ready.run(gpu_ready.parse(["--tiny"]))
+    assert res["skipped"]["vllm"].startswith("vLLM is not installed")
+    assert res["skipped"]["mismatch"] == "no vLLM samples to re-score"
+    assert res["skipped"]["e2e"] == "needs the vLLM engine"
+    assert res["trainer_tokens_per_s"] > 0
