@@ -34,9 +34,12 @@ benchmarks/results/BENCHMARKS.md). Results go to a new JSON file (``--out``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -82,6 +85,35 @@ TINY = dict(
 )
 # Seconds of budget per phase on a GPU (--tiny: a tenth).
 PHASES = {"vllm": 150, "mismatch": 30, "trainer": 150, "e2e": 180}
+# A phase still running at 1.5 x its (unscaled) budget + this margin, or this long past the end
+# of --budget, is interrupted (SIGALRM) and becomes a "failed" line: a hung start-up or a step
+# far slower than planned cannot eat the call's wall-clock limit and lose the table.
+HARD_MARGIN_S = 30.0
+
+
+class PhaseTimeout(Exception):
+    """A phase ran past its hard time box."""
+
+
+@contextlib.contextmanager
+def hard_limit(seconds: float):
+    """Raise :class:`PhaseTimeout` in the main thread after ``seconds`` (POSIX, main thread
+    only; elsewhere no limit). The earlier SIGALRM handler is restored on the way out."""
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def fire(signum, frame):
+        raise PhaseTimeout(f"over its hard time box of {seconds:.0f} s")
+
+    before = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.1))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def run(args) -> dict[str, Any]:
@@ -130,8 +162,10 @@ def run(args) -> dict[str, Any]:
         """``fn(*a)`` timed; a failure becomes a line in ``skipped`` (the traceback on stderr)
         so the other phases still run and the table and JSON are still written."""
         t0 = time.perf_counter()
+        hard = min(PHASES[phase] * 1.5, end - t0) + HARD_MARGIN_S
         try:
-            return fn(*a)
+            with hard_limit(hard):
+                return fn(*a)
         except Exception as exc:  # one phase's failure must not lose the others' figures
             traceback.print_exc()
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,16 @@ def test_without_vllm_its_phases_are_lines_and_the_trainer_runs(phases, monkeypa
     assert res["skipped"]["mismatch"] == "no vLLM samples to re-score"
     assert res["skipped"]["e2e"] == "needs the vLLM engine"
     assert res["trainer_tokens_per_s"] > 0
+
+
+def test_a_phase_past_its_hard_time_box_is_interrupted(phases, monkeypatch):
+    gpu_ready = importlib.import_module("gpu_ready")
+    monkeypatch.setattr(gpu_ready, "PHASES", {**gpu_ready.PHASES, "trainer": 1})
+    monkeypatch.setattr(gpu_ready, "HARD_MARGIN_S", 0.0)
+
+    def hangs(*a):
+        time.sleep(600)  # interrupted after 1.5 s (1.5 x the 1 s budget, no margin)
+
+    monkeypatch.setattr(gpu_ready, "trainer_phase", hangs)
+    res = gpu_ready.run(gpu_ready.parse(["--tiny", "--phases", "trainer"]))
+    assert res["skipped"]["trainer"].startswith("failed: PhaseTimeout: over its hard time box")
