@@ -149,6 +149,8 @@ def trainer_phase(args, backend, shape, device, peak, res, deadline) -> None:
     import torch
 
     gen = torch.Generator().manual_seed(1)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()  # vLLM's memory, allocated in this process, stays in
     prompt_len = args.train_len // 4
     comp_len = args.train_len - prompt_len
     rows = args.train_seqs

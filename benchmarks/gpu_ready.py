@@ -215,6 +215,7 @@ def table(res: dict[str, Any]) -> str:
         ("trainer tokens/s", f("trainer_tokens_per_s"), f"{PRIME_RL_TPS:,} (prime-rl, 1xH100)"),
         ("trainer MFU, real head size", f("mfu", "{:.1f}%"), ""),
         ("trainer MFU, prime-rl formula", f("mfu_primerl", "{:.1f}%"), f"{PRIME_RL_MFU}%"),
+        ("trainer peak GPU memory GiB (vLLM's included)", f("trainer_peak_mem_gib", "{:.1f}"), ""),
         ("vLLM generation tokens/s", f("vllm_gen_tokens_per_s"), ""),
         ("end-to-end tokens/s", f("e2e_tokens_per_s"), ""),
         ("end-to-end step s (generate/update/sync)", e2e, ""),
