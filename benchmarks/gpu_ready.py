@@ -1,7 +1,7 @@
 """GPU readiness in one call: a Qwen3-0.6B-shaped random-init model through gspo's trainer and
 vLLM engine, with every phase time-boxed so the whole call stays under ten minutes.
 
-    python benchmarks/gpu_ready.py                 # one H100 / H200 (about 5-8 minutes)
+    python benchmarks/gpu_ready.py                 # one H100 / H200 (480 s budget; not run yet)
     python benchmarks/gpu_ready.py --tiny          # CPU, a tiny shape, seconds (the test's path)
 
 Phases, in order (each gets a budget; a phase whose budget no longer fits in what is left of
