@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Run benchmarks/gpu_ready.py first (one call, no installs, the issue-38 figures); this longer
+# script installs packages (needs a network) and adds SmolLM2 runs and the Ray backend.
 # GPU machines: install the CUDA build of vLLM, run the engine benchmark, and short RL runs with
 # vLLM as the rollout engine on SmolLM2-135M-Instruct and on a random-init Qwen3-0.6B-shaped
 # model, then print the figures.
