@@ -38,10 +38,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import OUT_HELP, dated_result
 
-# tqdm's meter: "desc:  25%|██▌       | 200/800 [00:12<00:36, 16.1step/s, ...]"
+# tqdm's meter: "desc:  25%|██▌       | 200/800 [00:12<00:36, 16.1step/s, ...]" (the demo's
+# one bar has no "n/total": "demo:  25%|██▌       | [00:12<00:36, [1/2] SFT 200/300, ...]")
 BAR = re.compile(
-    r"(?P<desc>[^\r\n|]*?):\s+(?P<pct>\d+)%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s+"
-    r"\[(?P<elapsed>[\d:]+)<(?P<left>[\d:?]+)"
+    r"(?P<desc>[^\r\n|]*?):\s+(?P<pct>\d+)%\|[^|]*\|\s*(?:\d+/\d+\s+)?"
+    r"\[(?P<elapsed>[\d:]+)<(?P<left>-?[\d:?]+)"
 )
 GREEDY = re.compile(r"\| greedy accuracy \| ([\d.]+) ± ([\d.]+) \| ([\d.]+) ± ([\d.]+) \|")
 PASS1 = re.compile(r"\| sampled pass@1 \| ([\d.]+) ± ([\d.]+) \| ([\d.]+) ± ([\d.]+) \|")
@@ -77,9 +78,8 @@ def read_bars(stream, t0: float, samples: list[dict]) -> None:
                 {
                     "t": time.perf_counter() - t0,
                     "desc": m["desc"].strip(),
-                    "n": int(m["n"]),
-                    "total": int(m["total"]),
-                    "left_s": seconds(m["left"]),
+                    "pct": int(m["pct"]),
+                    "left_s": seconds(m["left"].lstrip("-")),
                 }
             )
         buf = ""
@@ -101,7 +101,7 @@ def eta_check(samples: list[dict], wall: float) -> dict:
         bars.setdefault(s["desc"], []).append(s)
     out["per_bar"] = {}
     for desc, rows in bars.items():
-        quarter = next((s for s in rows if s["n"] >= 0.25 * s["total"] and s["left_s"]), None)
+        quarter = next((s for s in rows if s["pct"] >= 25 and s["left_s"]), None)
         if quarter is None:
             continue
         out["per_bar"][desc] = {

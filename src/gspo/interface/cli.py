@@ -22,7 +22,7 @@ from gspo.interface import algos
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
 from .compare import add_cli_parsers, run_cli
-from .demo import DEMO_DEFAULTS, run_demo
+from .demo import DEMO_DEFAULTS, SFT_BATCH_SIZE, run_demo
 from .logs import quiet_transformers, set_log_level
 from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
 from .serve import add_serve_parser, run_serve
@@ -117,8 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--algo", default=None, help="a registered loss (gspo algos) [gspo]")
     p_demo.add_argument("--seed", type=int, default=None, help="[0]")
     p_demo.add_argument("--output-dir", default="runs/demo")
-    p_demo.add_argument("--sft-steps", type=int, default=None, help="cold-start SFT steps [300]")
-    p_demo.add_argument("--steps", type=int, default=None, help="RL steps [800]")
+    sft_steps, rl_steps = DEMO_DEFAULTS["sft_steps"], DEMO_DEFAULTS["steps"]
+    p_demo.add_argument(
+        "--sft-steps", type=int, default=None, help=f"cold-start SFT steps [{sft_steps}]"
+    )
+    p_demo.add_argument("--steps", type=int, default=None, help=f"RL steps [{rl_steps}]")
     p_demo.add_argument(
         "--checkpoint-every",
         type=int,
@@ -206,12 +209,17 @@ def _preflight(args: argparse.Namespace) -> None:
             return
         cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
         cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
-    elif args.command == "demo":  # its RL config must be valid before the 300-step SFT runs
+    elif args.command == "demo":  # its RL config must be valid before the cold start runs
         given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
         demo = {**DEMO_DEFAULTS, **given}  # a resumed demo's own settings are checked on resume
         common = dict(seed=demo["seed"], threads=args.threads, device="cpu", task="addition")
         cfgs = [
-            build(SFTConfig, overrides=dict(steps=demo["sft_steps"], n_test=0, **common)),
+            build(
+                SFTConfig,
+                overrides=dict(
+                    steps=demo["sft_steps"], batch_size=SFT_BATCH_SIZE, n_test=0, **common
+                ),
+            ),
             build(
                 TrainConfig,
                 preset="demo",
