@@ -22,7 +22,7 @@ from gspo.interface import algos
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
 from .compare import add_cli_parsers, run_cli
-from .demo import DEMO_DEFAULTS, SFT_BATCH_SIZE, run_demo
+from .demo import DEMO_DEFAULTS, run_demo
 from .logs import quiet_transformers, set_log_level
 from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
 from .serve import add_serve_parser, run_serve
@@ -214,12 +214,7 @@ def _preflight(args: argparse.Namespace) -> None:
         demo = {**DEMO_DEFAULTS, **given}  # a resumed demo's own settings are checked on resume
         common = dict(seed=demo["seed"], threads=args.threads, device="cpu", task="addition")
         cfgs = [
-            build(
-                SFTConfig,
-                overrides=dict(
-                    steps=demo["sft_steps"], batch_size=SFT_BATCH_SIZE, n_test=0, **common
-                ),
-            ),
+            build(SFTConfig, overrides=dict(steps=demo["sft_steps"], n_test=0, **common)),
             build(
                 TrainConfig,
                 preset="demo",

@@ -21,15 +21,16 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "algo": "gspo",
     "seed": 0,
     "sft_steps": 300,
-    "steps": 800,
+    "steps": 100,
     "checkpoint_every": None,
 }
 """The demo's settings (saved in ``demo.json``); ``--resume`` may change only steps and the
 checkpoint cadence."""
 
-SFT_STEP_COST = 1.6
-"""An SFT step's time over an RL step's (its evaluations included), for the demo bar's ETA:
-0.103 s against 0.064 s in ``gspo demo --threads 1`` (300 SFT, 800 RL steps, load ~2)."""
+SFT_STEP_COST = 1.3
+"""An SFT step's time over an RL step's, for the demo bar's ETA: about 0.095 s (batch 256)
+against 0.073 s (16 prompts x 8 samples, its share of the evaluations and set-up included) in
+``gspo demo --threads 1`` at load ~2."""
 
 
 def unfinished_demo(out: Path) -> bool:
@@ -37,16 +38,10 @@ def unfinished_demo(out: Path) -> bool:
     return (out / "demo.json").is_file() and not (out / "summary.json").is_file()
 
 
-SFT_BATCH_SIZE = 64
-"""The cold start's batch: 64 sequences a step learn more per second than ``gspo sft``'s 256
-(docs/performance.md, "The demo, twice as fast"). Saved in ``demo.json``; a demo saved before
-this setting existed used 256 and resumes with it."""
-
-
 def demo_settings(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
     if not args.resume:
-        return {**DEMO_DEFAULTS, **given, "sft_batch_size": SFT_BATCH_SIZE}
+        return {**DEMO_DEFAULTS, **given}
     saved_file = out / "demo.json"
     if not saved_file.is_file():
         raise FileNotFoundError(f"--resume: no demo in {out} ({saved_file.name} is missing)")
@@ -60,7 +55,7 @@ def demo_settings(out: Path, args: argparse.Namespace) -> dict[str, Any]:
             f"--resume continues the demo in {out}; {listed} would make a different run "
             "(only --steps and --checkpoint-every may change; --overwrite starts a new demo)"
         )
-    return {"sft_batch_size": 256, **saved, **given}
+    return {**saved, **given}
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -115,7 +110,6 @@ def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any], bar
         overrides=dict(
             output_dir=str(out / "sft"),
             steps=settings["sft_steps"],
-            batch_size=settings["sft_batch_size"],
             max_new_tokens=6,
             n_test=0,
             **common,
