@@ -6,7 +6,7 @@ progress_bar` returns a view of the one bar instead of a new tqdm bar, so the SF
 need no change. The ETA: the running phase's own average seconds per step (its evaluations
 included), converted to seconds per unit of expected cost, times every unit left in this phase
 and the later ones. A phase's weight is its expected cost per step relative to the others (an
-SFT step of the demo costs about 1.5 RL steps); load slows every phase alike, so the ratio
+SFT step of the demo costs about 1.3 RL steps); load slows every phase alike, so the ratio
 holds on a busy machine where absolute times do not."""
 
 from __future__ import annotations
