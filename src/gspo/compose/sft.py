@@ -42,22 +42,17 @@ class SFTResult:
 
 
 def _pad_left(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # Padded in Python, then one tensor each: a tensor per row was ~5% of a batch-256 step.
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)  # [B, P]
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, P]
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r)
-        mask[i, width - len(r) :] = 1
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)  # [B, P]
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])  # [B, P]
     return ids, mask
 
 
 def _pad_right(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)  # [B, L]
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)  # [B, L]
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # [B, L]
     return ids, mask
 
 

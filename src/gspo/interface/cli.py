@@ -117,8 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--algo", default=None, help="a registered loss (gspo algos) [gspo]")
     p_demo.add_argument("--seed", type=int, default=None, help="[0]")
     p_demo.add_argument("--output-dir", default="runs/demo")
-    p_demo.add_argument("--sft-steps", type=int, default=None, help="cold-start SFT steps [300]")
-    p_demo.add_argument("--steps", type=int, default=None, help="RL steps [800]")
+    sft_steps, rl_steps = DEMO_DEFAULTS["sft_steps"], DEMO_DEFAULTS["steps"]
+    p_demo.add_argument(
+        "--sft-steps", type=int, default=None, help=f"cold-start SFT steps [{sft_steps}]"
+    )
+    p_demo.add_argument("--steps", type=int, default=None, help=f"RL steps [{rl_steps}]")
     p_demo.add_argument(
         "--checkpoint-every",
         type=int,
@@ -206,7 +209,7 @@ def _preflight(args: argparse.Namespace) -> None:
             return
         cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
         cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
-    elif args.command == "demo":  # its RL config must be valid before the 300-step SFT runs
+    elif args.command == "demo":  # its RL config must be valid before the cold start runs
         given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
         demo = {**DEMO_DEFAULTS, **given}  # a resumed demo's own settings are checked on resume
         common = dict(seed=demo["seed"], threads=args.threads, device="cpu", task="addition")

@@ -9,6 +9,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from .phases import active_view
+
 PROGRESS_KEYS = (
     ("reward/mean", "reward"),
     ("response_length/mean", "len"),
@@ -114,7 +116,12 @@ def eta_s(elapsed_s: float, done: int, total: int) -> float | None:
 
 
 def progress_bar(total: int, desc: str, unit: str = "step", **kwargs: Any):
-    """A tqdm bar whose ETA is :func:`eta_s` (smoothing=0 is tqdm's average-rate mode)."""
+    """A tqdm bar whose ETA is :func:`eta_s` (smoothing=0 is tqdm's average-rate mode); inside a
+    :class:`~gspo.orchestration.phases.PhasedBar` phase, that one bar's view instead (its ETA
+    counts the later phases too)."""
+    view = active_view(total, kwargs.get("initial", 0))
+    if view is not None:
+        return view
     average_rate = 0  # tqdm's smoothing: 0 = the average since the start (eta_s)
     return tqdm(
         total=total, desc=desc, unit=unit, dynamic_ncols=True, smoothing=average_rate, **kwargs
