@@ -44,12 +44,14 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 FUSE_MAX_PARAMS = 50_000_000
 """Fuse q/k/v and gate/up weights only below this many parameters: the fused copy costs one
 more copy of those weights per call, which pays only while per-op overhead dominates."""
-CAUSAL_MIN_TOKENS = 384
+CAUSAL_MIN_TOKENS = 768
 """Completions at least this long run the training pass's attention as plain causal attention
 (``is_causal``, no mask) over a layout with each row's prompt padding moved to its end
 (:func:`completion_logits`): SDPA's CPU kernel then skips the blocks above the diagonal and
 builds no [N, 1, L, P+L] mask, about half of the attention work; below it the layout's extra
-gathers cost more ops than the attention saves."""
+gathers and the prompt's dummy queries cost as much as that saves (d64, one alternating
+forward + backward run, ``benchmarks/attention_layout.py``: 1.42x at 1024 tokens, 0.87-1.09x
+at 512, slower at 256 and below)."""
 
 
 def has_forward_hooks(model: torch.nn.Module) -> bool:
