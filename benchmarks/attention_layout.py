@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lengths", default="64,128,256,512,1024", help="completion lengths")
     ap.add_argument("--reps", type=int, default=7, help="timed passes of each layout per length")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--profile", action="store_true", help="also print torch.profiler's top ops per layout"
+    )
     ap.add_argument("--out", default=None, help=OUT_HELP)
     args = ap.parse_args(argv)
     try:
@@ -81,6 +84,14 @@ def main(argv: list[str] | None = None) -> None:
                 return time.perf_counter() - t
 
             one_pass(False), one_pass(True)  # warm-up
+            if args.profile:
+                from torch.profiler import profile
+
+                for causal in (False, True):
+                    with profile() as prof:
+                        one_pass(causal)
+                    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=6)
+                    print(f"L={length} {'causal' if causal else 'masked'}:\n{table}")
             times: dict[str, list[float]] = {"masked": [], "causal": []}
             for r in range(args.reps):
                 for causal in (False, True) if r % 2 == 0 else (True, False):
