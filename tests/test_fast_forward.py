@@ -170,3 +170,24 @@ def test_completion_logits_single_token_completions(tok):
         input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0)
     ).logits[:, -1:]
     torch.testing.assert_close(logits, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_causal_layout_equals_masked_attention(name, tok):
+    """Long completions' layout (prompt padding rolled to the end, unmasked causal attention) is
+    the masked attention: equal logits and gradients in float64, left-padded prompts shared."""
+    model = MODELS[name]().double().train()
+    p_ids, p_mask, c_ids, c_mask, index = _batch(tok, length=12, seed=2)
+    assert not p_mask.bool().all()  # some prompts are padded
+    masked = completion_logits(model, p_ids, p_mask, c_ids, c_mask, index, causal=False)
+    causal = completion_logits(model, p_ids, p_mask, c_ids, c_mask, index, causal=True)
+    keep = c_mask.bool()  # [N, L]: a completion's trailing pads are never scored
+    torch.testing.assert_close(causal[keep], masked[keep], atol=1e-12, rtol=0)
+    params = list(model.parameters())
+    weights = torch.randn(causal.shape, dtype=causal.dtype) * keep[..., None]  # [N, L, V]
+    for a, b in zip(
+        torch.autograd.grad((causal * weights).sum(), params),
+        torch.autograd.grad((masked * weights).sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

@@ -30,13 +30,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FUSE_MAX_PARAMS", "FastDecoder", "completion_logits", "has_forward_hooks", "supports"]
+__all__ = [
+    "CAUSAL_MIN_TOKENS",
+    "FUSE_MAX_PARAMS",
+    "FastDecoder",
+    "completion_logits",
+    "has_forward_hooks",
+    "supports",
+]
 
 _SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 FUSE_MAX_PARAMS = 50_000_000
 """Fuse q/k/v and gate/up weights only below this many parameters: the fused copy costs one
 more copy of those weights per call, which pays only while per-op overhead dominates."""
+CAUSAL_MIN_TOKENS = 768
+"""Completions at least this long run the training pass's attention as plain causal attention
+(``is_causal``, no mask) over a layout with each row's prompt padding moved to its end
+(:func:`completion_logits`): SDPA's CPU kernel then skips the blocks above the diagonal and
+builds no [N, 1, L, P+L] mask, about half of the attention work; below it the layout's extra
+gathers and the prompt's dummy queries cost as much as that saves (d64, one alternating
+forward + backward run, ``benchmarks/attention_layout.py``: 1.42x at 1024 tokens, 0.87-1.09x
+at 512, slower at 256 and below)."""
 
 
 def has_forward_hooks(model: torch.nn.Module) -> bool:
@@ -229,6 +244,8 @@ def completion_logits(
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     prompt_index: torch.Tensor,
+    *,
+    causal: bool | None = None,
 ) -> torch.Tensor:
     """Logits [N, L, V] predicting each completion token (row i, token j from position
     P - 1 + j), as the model's forward over ``cat(prompt, completion)`` gives them.
@@ -236,7 +253,9 @@ def completion_logits(
     Rows with equal ``prompt_index`` [N] must hold the same prompt (the samples of one group):
     that prompt's forward runs once, its keys and values are shared by those rows, and each row
     then runs only its first L - 1 completion tokens (float64 models: no sharing, see below).
-    Differentiable. Needs :func:`supports`.
+    Differentiable. Needs :func:`supports`. ``causal`` picks the attention layout of the
+    completion tokens (None: by length, :data:`CAUSAL_MIN_TOKENS`); both compute the same
+    function, up to float rounding.
     """
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
@@ -258,13 +277,16 @@ def completion_logits(
     out = [stack.logits(last)[inv][:, None]]  # [N, 1, V]: predicts completion token 0
     lc = length - 1
     if lc > 0:
-        # Completion query j sees the row's real prompt tokens and completion tokens 0..j.
-        causal = torch.ones((lc, lc), dtype=torch.bool, device=prompt_ids.device).tril()
-        mask = torch.cat([valid[:, None, :].expand(n, lc, p), causal.expand(n, lc, lc)], dim=-1)[
-            :, None
-        ]  # [N, 1, Lc, P+Lc]
         x = F.embedding(completion_ids[:, :lc], stack.embed)  # [N, Lc, hidden]
         rope = stack.rope(positions[:, p : p + lc])  # at positions [N, Lc]
+        if causal if causal is not None else lc >= CAUSAL_MIN_TOKENS:
+            out.append(_causal_completion(stack, x, rope, kv, inv, valid))  # [N, Lc, V]
+            return torch.cat(out, dim=1)  # [N, L, V]
+        # Completion query j sees the row's real prompt tokens and completion tokens 0..j.
+        tri = torch.ones((lc, lc), dtype=torch.bool, device=prompt_ids.device).tril()
+        mask = torch.cat([valid[:, None, :].expand(n, lc, p), tri.expand(n, lc, lc)], dim=-1)[
+            :, None
+        ]  # [N, 1, Lc, P+Lc]
         for w, (kp, vp) in zip(stack.layers, kv, strict=True):
             q, k, v = stack.qkv(w, x, rope)
             keys = torch.cat([kp[inv], k], dim=2)  # [N, KV, P+Lc, D]
@@ -272,6 +294,44 @@ def completion_logits(
             x = stack.out_and_mlp(w, x, stack.attend(q, keys, values, mask))
         out.append(stack.logits(x))  # [N, Lc, V]
     return torch.cat(out, dim=1)  # [N, L, V]
+
+
+def _causal_completion(stack: _Stack, x, rope, kv, inv, valid) -> torch.Tensor:
+    """The completion tokens' layers with causal attention, no mask: logits [N, Lc, V].
+
+    Each row's sequence (shared prompt keys/values, then its completion) is rolled left by its
+    prompt padding, so its real tokens come first and its pads last: plain causal attention over
+    that layout is exactly the masked attention (a real query sees only real keys before it;
+    RoPE positions were taken before the roll). The prompt's own query slots hold zeros and
+    their outputs are dropped (they give no gradient to any key or value).
+    """
+    n, lc, _ = x.shape
+    p = valid.shape[1]
+    t = p + lc
+    pad = (~valid).sum(dim=1, keepdim=True)  # [N, 1] left pads per row
+    ar = torch.arange(t, device=x.device)
+    # Column i of the rolled layout holds original column (i + pad) % T; completion token j
+    # (original column P + j) lands at P - pad + j.
+    roll = ((ar[None] + pad) % t)[:, None, :, None]  # [N, 1, T, 1]
+    back = (ar[None, :lc] + p - pad)[:, None, :, None]  # [N, 1, Lc, 1]
+    d, nq, nkv = stack.head_dim, stack.n_heads, stack.n_kv
+    for w, (kp, vp) in zip(stack.layers, kv, strict=True):
+        q, k, v = stack.qkv(w, x, rope)  # q [N, H, Lc, D], k and v [N, KV, Lc, D]
+        kv_idx = roll.expand(n, nkv, t, d)
+        keys = torch.cat([kp[inv], k], dim=2).gather(2, kv_idx)  # [N, KV, T, D] rolled
+        values = torch.cat([vp[inv], v], dim=2).gather(2, kv_idx)  # [N, KV, T, D]
+        queries = torch.cat([q.new_zeros((n, nq, p, d)), q], dim=2)  # [N, H, T, D]
+        queries = queries.gather(2, roll.expand(n, nq, t, d))
+        groups = nq // nkv
+        if groups > 1:
+            keys = keys.repeat_interleave(groups, dim=1)  # [N, H, T, D]; head h: kv h // groups
+            values = values.repeat_interleave(groups, dim=1)
+        o = F.scaled_dot_product_attention(
+            queries, keys, values, is_causal=True, scale=stack.scaling
+        )  # [N, H, T, D]
+        o = o.gather(2, back.expand(n, nq, lc, d))  # [N, H, Lc, D]: the completion's queries
+        x = stack.out_and_mlp(w, x, o.transpose(1, 2).reshape(n, lc, -1))
+    return stack.logits(x)  # [N, Lc, V]
 
 
 class FastDecoder:
