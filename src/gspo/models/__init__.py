@@ -367,20 +367,12 @@ def token_logprobs(
         if pixels is None:
             inputs: dict = {"input_ids": input_ids}
         else:
-            from . import vision
-            from .vision_qwen import QwenPixelInputs, mrope_positions
-
+            # The pixel type knows its model's keywords: Idefics3's merged image features,
+            # Qwen2.5-VL's patches and grids with M-RoPE positions [N, P+L] (the engine's).
             dtype = next(model.parameters()).dtype
             pix = pixels.to(prompt_ids.device, dtype)
-            if isinstance(pix, QwenPixelInputs):
-                # Qwen2.5-VL: the rows' patches and grids, and M-RoPE positions [3, N, P+L] (the
-                # engine's prefill + decode positions) from the model's own rope index.
-                inputs = {"input_ids": input_ids, **pix.rows(rows)}
-                mrope = mrope_positions(model, input_ids, attention_mask, inputs)
-                position_ids = position_ids if mrope is None else mrope[0]
-            else:
-                # The vision tower runs once per entry; its features are shared by its rows.
-                inputs = vision.image_inputs(model, input_ids, pix, rows)  # [N, P+L, D]
+            inputs, mrope = pix.forward_inputs(model, input_ids, attention_mask, rows)
+            position_ids = position_ids if mrope is None else mrope
         logits = model(
             attention_mask=attention_mask, position_ids=position_ids, **inputs, **kwargs
         ).logits  # [N, L+1, V] or [N, P+L, V]

@@ -205,6 +205,18 @@ class PixelInputs:
             "pixel_attention_mask": self.mask.index_select(0, idx),  # [N, I, H, W]
         }
 
+    def forward_inputs(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_index: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], None]:
+        """The training forward's keywords for rows ``input_ids`` [N, T] of entries
+        ``prompt_index`` [N] (:func:`image_inputs`: the tower once per entry), and no position
+        override (1-D positions)."""
+        return image_inputs(model, input_ids, self, prompt_index), None
+
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> PixelInputs:
         values = self.values.to(device=device, dtype=dtype)
         return PixelInputs(values, self.mask.to(device), self.images)

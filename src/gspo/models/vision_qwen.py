@@ -222,6 +222,20 @@ class QwenPixelInputs:
             "image_grid_thw": grid.to(self.patches[0].device),
         }
 
+    def forward_inputs(
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_index: torch.Tensor,
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The training forward's keywords for rows ``input_ids`` [N, T] of entries
+        ``prompt_index`` [N] (their patches and grids), and M-RoPE positions [3, N, T] from the
+        model's own rope index: the engine's prefill + decode positions (None for a 1-D model)."""
+        inputs = {"input_ids": input_ids, **self.rows(prompt_index)}
+        mrope = mrope_positions(model, input_ids, attention_mask, inputs)
+        return inputs, None if mrope is None else mrope[0]
+
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> QwenPixelInputs:
         return QwenPixelInputs(
             [p.to(device=device, dtype=dtype) for p in self.patches],
