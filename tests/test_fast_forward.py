@@ -191,3 +191,26 @@ def test_causal_layout_equals_masked_attention(name, tok):
         strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_sampled_pad_token_gets_no_embedding_gradient(name, causal, tok):
+    """A policy can sample the pad token; nn.Embedding(padding_idx=pad) gives its row no gradient
+    from the lookup, and neither may the lean pass (it once did: with a zero pad row, RMSNorm's
+    gradient at 0, ~1/sqrt(eps), then dominated the clipped norm; tests/test_trl_parity.py)."""
+    model = MODELS[name]().double().train()
+    p_ids, p_mask, c_ids, c_mask, index = _batch(tok, length=6, seed=3)
+    c_ids[:, 0] = PAD_ID  # inside every completion's mask (lengths are >= 1), fed back as input
+    c_mask[:, :2] = 1
+    params = list(model.parameters())
+    plain, _ = token_logprobs(model, p_ids, p_mask, c_ids, c_mask)
+    lean = completion_logits(model, p_ids, p_mask, c_ids, c_mask, index, causal=causal)
+    lean = torch.log_softmax(lean, -1).gather(-1, c_ids[..., None])[..., 0] * c_mask  # [N, L]
+    torch.testing.assert_close(lean, plain, atol=1e-12, rtol=0)
+    for a, b in zip(
+        torch.autograd.grad(lean.sum(), params),
+        torch.autograd.grad(plain.sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

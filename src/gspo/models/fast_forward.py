@@ -135,6 +135,11 @@ class _Stack:
             fuse = sum(x.numel() for x in model.parameters()) <= FUSE_MAX_PARAMS
         self.layers = [self._layer(layer, fuse) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight  # [V, hidden]
+        # nn.Embedding's padding_idx: the row gets no gradient from a lookup (a sampled pad token
+        # in a completion). Without it the fast path gave that row a gradient nn.Embedding never
+        # does, and a zero-initialized pad row's RMSNorm gradient (~1/sqrt(eps)) then dominated
+        # the clipped gradient norm (found by tests/test_trl_parity.py).
+        self.padding_idx = inner.embed_tokens.padding_idx
         self.norm = inner.norm.weight  # [hidden]
         self.lm_head = (model.lm_head.weight, model.lm_head.bias)
         # RoPE tables for positions 0..max_len-1, from the model's own rotary module.
@@ -171,6 +176,10 @@ class _Stack:
             w["qkv"] = [(x.weight, x.bias) for x in qkv]
             w["gate_up"] = [(x.weight, x.bias) for x in gu]
         return w
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings [..., hidden] of token ids, as the model's ``nn.Embedding`` gives them."""
+        return F.embedding(ids, self.embed, padding_idx=self.padding_idx)
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin [N, 1, T, D] at positions ``pos`` [N, T] (once per forward)."""
@@ -227,7 +236,7 @@ class _Stack:
         # are never used and their keys are masked for every real query.
         eye = torch.eye(p, dtype=torch.bool, device=ids.device)  # [P, P]
         mask = ((causal & valid[:, None, :]) | eye)[:, None]  # [U, 1, P, P]
-        x = F.embedding(ids, self.embed)  # [U, P, hidden]
+        x = self.embed_ids(ids)  # [U, P, hidden]
         kv = []
         rope = self.rope(pos)
         for w in self.layers:
@@ -277,7 +286,7 @@ def completion_logits(
     out = [stack.logits(last)[inv][:, None]]  # [N, 1, V]: predicts completion token 0
     lc = length - 1
     if lc > 0:
-        x = F.embedding(completion_ids[:, :lc], stack.embed)  # [N, Lc, hidden]
+        x = stack.embed_ids(completion_ids[:, :lc])  # [N, Lc, hidden]
         rope = stack.rope(positions[:, p : p + lc])  # at positions [N, Lc]
         if causal if causal is not None else lc >= CAUSAL_MIN_TOKENS:
             out.append(_causal_completion(stack, x, rope, kv, inv, valid))  # [N, Lc, V]
@@ -388,7 +397,7 @@ class FastDecoder:
         col = self.length
         if col >= self.keys[0].shape[2]:
             raise RuntimeError(f"KV cache full ({col} columns)")
-        x = F.embedding(tokens[:, None], st.embed)  # [N, 1, hidden]
+        x = st.embed_ids(tokens[:, None])  # [N, 1, hidden]
         rope = st.rope(positions[:, None])  # at positions [N, 1]
         s = col + 1
         groups = st.n_heads // st.n_kv
