@@ -48,8 +48,10 @@ def read_request(
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else (
         "max_tokens")  # fmt: skip
     asked = None if body.get(field) is None else _int(body[field], field)
+    if asked is not None and asked < 1:
+        raise HTTPError(400, f"{field} must be a positive integer, got {asked}", param=field)
     # Training clips a request to the run's tokens per turn instead (fixed).
-    if asked is not None and not 1 <= asked <= (1 << 62 if fixed else caps.max_tokens):
+    if asked is not None and not fixed and asked > caps.max_tokens:
         raise HTTPError(400, f"{field} must be in 1..{caps.max_tokens}, got {asked} (gspo serve "
                         "--max-tokens-cap)", param=field)  # fmt: skip
     max_new = defaults.max_new_tokens
