@@ -5,6 +5,7 @@ error shape (token ids, context, caps, content, top_logprobs), 404 in the same s
 
 from __future__ import annotations
 
+import threading
 from typing import ClassVar
 
 import pytest
@@ -22,6 +23,7 @@ from gspo.models import EOS_ID  # noqa: E402
 from gspo.rollout import Rollout, SamplingParams  # noqa: E402
 from gspo.rollout.openai_request import Caps  # noqa: E402
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread  # noqa: E402
+from gspo.rollout.openai_top import locked, top_logprobs_for  # noqa: E402
 from gspo.rollout.request_batcher import RequestBatcher  # noqa: E402
 
 PARAMS = SamplingParams(temperature=TEMPERATURE, max_new_tokens=8)
@@ -30,8 +32,12 @@ HI = [{"role": "user", "content": "12+3="}]
 
 
 def serve(engine) -> ServerThread:
-    batcher = RequestBatcher(engine.generate, generator=torch.Generator().manual_seed(0))
-    endpoint = OpenAIEndpoint(batcher, PlainEncoder(TOK), "tiny", PARAMS, caps=CAPS)
+    """The endpoint over ``engine``; a torch engine's also answers ``top_logprobs``."""
+    lock = threading.Lock()
+    batcher = RequestBatcher(locked(engine.generate, lock),
+                             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    endpoint = OpenAIEndpoint(batcher, PlainEncoder(TOK), "tiny", PARAMS, caps=CAPS,
+                              top_logprobs=top_logprobs_for(engine, lock))  # fmt: skip
     return ServerThread(endpoint).start()  # 127.0.0.1, a free port
 
 
@@ -104,6 +110,11 @@ def test_the_end_token_and_stop_strings_are_not_text_but_their_ids_are_returned(
         done = client.completions.create(model="tiny", prompt="1", stop="2")
         assert done.choices[0].text == "4" and done.choices[0].logprobs.tokens == ["4"]
         assert done.choices[0].model_extra["token_logprobs"] == [-1.0] * 5
+        # An engine without a model to score alternatives with: top_logprobs refused.
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny", messages=HI, logprobs=True,
+                                           top_logprobs=2)  # fmt: skip
+        assert err.value.body["param"] == "top_logprobs"
     finally:
         srv.stop()
 
@@ -141,14 +152,32 @@ def test_bad_requests_get_400_in_openai_error_shape(client):
                                                            messages=[{"role": "user"}]))  # fmt: skip
     assert error["param"] == "messages[0].content"
     error = refused(lambda: client.chat.completions.create(
-        model="tiny", messages=HI, logprobs=True, top_logprobs=2))  # fmt: skip
-    assert error["param"] == "top_logprobs"
-    error = refused(lambda: client.completions.create(model="tiny", prompt="1", logprobs=2))
-    assert error["param"] == "logprobs"
-    # Not alternatives: the sampled tokens' log-probs, which every choice carries.
+        model="tiny", messages=HI, logprobs=True, top_logprobs=21))  # fmt: skip
+    assert error["param"] == "top_logprobs" and "0..20" in error["message"]
+
+
+def test_top_logprobs_are_the_models_most_likely_tokens_at_each_sampled_position(client):
+    for temperature in (0, 0.7):
+        reply = client.chat.completions.create(model="tiny", messages=HI, logprobs=True,
+                                               top_logprobs=3, temperature=temperature)  # fmt: skip
+        content = reply.choices[0].logprobs.content
+        assert content
+        for entry in content:
+            top = [x.logprob for x in entry.top_logprobs]
+            assert len(top) == 3 and top == sorted(top, reverse=True)
+            assert entry.logprob <= top[0] + 1e-9
+            if temperature == 0:  # greedy: the sampled token is the most likely one
+                assert entry.top_logprobs[0].token == entry.token
+                assert abs(entry.top_logprobs[0].logprob - entry.logprob) < 1e-9  # float64
+    done = client.completions.create(model="tiny", prompt="7+8=", logprobs=2, temperature=0)
+    lp = done.choices[0].logprobs
+    assert [len(alts) for alts in lp.top_logprobs] == [2] * len(lp.tokens)
+    assert all(max(alts.values()) == pytest.approx(x) for alts, x in
+               zip(lp.top_logprobs, lp.token_logprobs, strict=True))  # fmt: skip
+    # Without them: the sampled tokens' log-probs, which every choice carries.
     reply = client.chat.completions.create(model="tiny", messages=HI, logprobs=True,
                                            top_logprobs=0)  # fmt: skip
-    assert reply.choices[0].logprobs.content
+    assert reply.choices[0].logprobs.content[0].top_logprobs == []
 
 
 def test_unknown_routes_and_episodes_answer_404_in_openai_error_shape(client, server):

@@ -84,6 +84,9 @@ def test_gspo_serve_answers_an_openai_client_on_a_free_port():
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(model="tiny", prompt=[5] * 300)
         assert err.value.code == "context_length_exceeded"
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user",
+            "content": "1"}], max_tokens=2, logprobs=True, top_logprobs=2)  # fmt: skip
+        assert all(len(x.top_logprobs) == 2 for x in reply.choices[0].logprobs.content)
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

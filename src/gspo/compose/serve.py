@@ -17,6 +17,7 @@ from gspo.rollout.base import SamplingParams
 from gspo.rollout.engines import build_engine, check_engine_available, close_engine
 from gspo.rollout.openai_request import Caps
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
+from gspo.rollout.openai_top import locked, top_logprobs_for
 from gspo.rollout.openai_vllm import protocol_for
 from gspo.rollout.request_batcher import RequestBatcher
 
@@ -61,13 +62,15 @@ def serve(
         stop_token_ids=tuple(fmt.stop_token_ids),
     )
     generator = step_generator(cfg.seed, 0, stream=3, device=engine.device)
-    batcher = RequestBatcher(engine.generate, generator=generator)
+    lock = threading.Lock()  # the rounds and the top_logprobs passes take turns on the model
+    batcher = RequestBatcher(locked(engine.generate, lock), generator=generator)
     context = model.config.to_dict().get("max_position_embeddings")  # None: unchecked
     caps = Caps(max_n=max_n, max_tokens=max_tokens, context=context)
     encoder = make_encoder(tokenizer, fmt)
     endpoint = OpenAIEndpoint(
-        batcher, encoder, model_name, defaults, protocol=protocol_for(engine), caps=caps
-    )
+        batcher, encoder, model_name, defaults, protocol=protocol_for(engine), caps=caps,
+        top_logprobs=top_logprobs_for(engine, lock),
+    )  # fmt: skip
     server = ServerThread(endpoint, host, port).start()
     try:
         ready(server)

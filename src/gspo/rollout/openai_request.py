@@ -11,6 +11,9 @@ from typing import Any
 from .base import SamplingParams
 from .openai_errors import HTTPError
 
+MAX_TOP = 20
+"""The most alternatives a request may ask per token (OpenAI's limit)."""
+
 
 @dataclass(frozen=True)
 class Caps:
@@ -34,13 +37,16 @@ class Asked:
     seed: int | None
     stream: bool
     include_usage: bool
+    top: int = 0
+    """Alternatives per token asked (``top_logprobs``; completions: ``logprobs``)."""
 
 
 def read_request(
-    body: dict, defaults: SamplingParams, caps: Caps, *, fixed: bool, chat: bool
+    body: dict, defaults: SamplingParams, caps: Caps, *, fixed: bool, chat: bool, top: bool
 ) -> Asked:
     """The sampling ``body`` asks for. ``fixed`` (training): temperature, top-p and seed are
-    the run's, a request may only ask fewer tokens than the run's per turn."""
+    the run's, a request may only ask fewer tokens than the run's per turn. ``top``: the
+    endpoint can answer ``top_logprobs`` (else a request for them is refused)."""
     n = 1 if body.get("n") is None else _int(body["n"], "n")
     if n < 1 or n > caps.max_n:
         raise HTTPError(400, f"n must be in 1..{caps.max_n}, got {n} (gspo serve --max-n)",
@@ -57,7 +63,7 @@ def read_request(
     max_new = defaults.max_new_tokens
     if asked is not None:
         max_new = min(max_new, asked) if fixed else asked
-    _check_top_logprobs(body, chat)
+    alternatives = _top_logprobs(body, chat, top)
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     if not all(isinstance(s, str) and s for s in stop):
@@ -85,24 +91,27 @@ def read_request(
         seed=None if fixed else seed,
         stream=bool(body.get("stream")),
         include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
+        top=alternatives,
     )
 
 
-def _check_top_logprobs(body: dict, chat: bool) -> None:
-    """Every choice carries the sampled tokens' log-probs; alternatives are not returned, so
-    a request for them is refused rather than answered with empty lists."""
-    if chat:
-        top = body.get("top_logprobs")
-        if top is not None and _int(top, "top_logprobs") > 0:
-            raise HTTPError(400, "top_logprobs is not supported (every choice carries the "
-                            "sampled tokens' log-probs): send 0 or leave it out",
-                            param="top_logprobs")  # fmt: skip
-        return
-    top = body.get("logprobs")  # completions: the number of alternatives per token
-    if top is not None and not isinstance(top, bool) and _int(top, "logprobs") > 0:
-        raise HTTPError(400, "logprobs > 0 (alternatives per token) is not supported (every "
-                        "choice carries the sampled tokens' log-probs): send 0 or leave it out",
-                        param="logprobs")  # fmt: skip
+def _top_logprobs(body: dict, chat: bool, top: bool) -> int:
+    """The alternatives per token a request asks (chat: ``top_logprobs``; completions: their
+    number in ``logprobs``), at most ``MAX_TOP``. Every choice carries the sampled tokens'
+    log-probs; where the endpoint cannot give alternatives (training, the vLLM engine), a
+    request for them is refused rather than answered with empty lists."""
+    name = "top_logprobs" if chat else "logprobs"
+    value = body.get(name)
+    if value is None or isinstance(value, bool):  # completions' logprobs: a number; chat: top
+        return 0
+    k = _int(value, name)
+    if not 0 <= k <= MAX_TOP:
+        raise HTTPError(400, f"{name} must be in 0..{MAX_TOP}, got {k}", param=name)
+    if k and not top:
+        raise HTTPError(400, f"{name} > 0 (alternatives per token) is not supported here (the "
+                        "torch engine of gspo serve gives them; every choice carries the "
+                        "sampled tokens' log-probs): send 0 or leave it out", param=name)  # fmt: skip
+    return k
 
 
 def check_prompt(ids: list[int], asked: Asked, caps: Caps, vocab: int, param: str) -> Asked:

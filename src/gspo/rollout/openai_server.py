@@ -29,7 +29,7 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -78,6 +78,7 @@ class OpenAIEndpoint:
         episodes: EpisodeHooks | None = None,
         protocol: Any = None,
         caps: Caps | None = None,
+        top_logprobs: Callable[..., list] | None = None,
     ) -> None:
         self.batcher = batcher
         self.encoder = encoder
@@ -87,6 +88,9 @@ class OpenAIEndpoint:
         self.fixed = fixed
         self.episodes = episodes
         self.caps = caps or Caps()
+        # top_logprobs(prompt, completion, k, temperature): the alternatives per token
+        # (:mod:`.openai_top`, the torch engine of gspo serve); None: refused with 400.
+        self.top = top_logprobs
         # Ends a completion may have that are not text (OpenAI answers without them).
         eos = self.tokenizer.eos_token_id
         self._ends = set(defaults.stop_token_ids) | ({eos} if eos is not None else set())
@@ -126,8 +130,16 @@ class OpenAIEndpoint:
         """``body`` parsed (by vLLM's request models with the vLLM protocol) and its sampling."""
         if self.protocol is not None:
             body = self.protocol.request(kind, body)
-        asked = read_request(body, self.defaults, self.caps, fixed=self.fixed, chat=kind == "chat")
+        asked = read_request(body, self.defaults, self.caps, fixed=self.fixed,
+                             chat=kind == "chat", top=self.top is not None)  # fmt: skip
         return body, asked
+
+    async def _alternatives(self, prompt: list[int], s: Sample, asked: Asked, shown: int):
+        """Per text token of ``s``: its ``asked.top`` most likely tokens (id, log-prob)."""
+        if not asked.top or self.top is None:
+            return [[] for _ in range(shown)]
+        args = (prompt, s.ids[:shown], asked.top, asked.params.temperature)
+        return await asyncio.to_thread(self.top, *args)
 
     async def completions(self, episode: str | None, body: dict) -> dict | Iterator[str]:
         body, asked = self.read("completion", body)
@@ -146,6 +158,8 @@ class OpenAIEndpoint:
         for i, s in enumerate(samples):
             shown, text = self._visible(s, asked)
             tokens = [self.tokenizer.decode([t]) for t in s.ids[:shown]]
+            alts = await self._alternatives(ids, s, asked, shown)
+            top = [{self.tokenizer.decode([t]): lp for t, lp in a} for a in alts]
             choices.append(
                 {
                     "index": i,
@@ -154,7 +168,7 @@ class OpenAIEndpoint:
                     "logprobs": {
                         "tokens": tokens,
                         "token_logprobs": s.logprobs[:shown],
-                        "top_logprobs": None,
+                        "top_logprobs": top if asked.top else None,
                         "text_offset": _offsets(tokens),
                     },
                     "token_ids": s.ids,
@@ -183,7 +197,9 @@ class OpenAIEndpoint:
             shown, text = self._visible(s, asked)
             conv = [*messages, {"role": "assistant", "content": text}]
             self._remember(episode, conv, ids + s.ids, s.ids)
-            entries = [self._logprob(t, lp) for t, lp in _pairs(s)][:shown]
+            alts = await self._alternatives(ids, s, asked, shown)
+            # The text tokens only (alts has one entry per text token).
+            entries = [self._logprob(t, lp, a) for (t, lp), a in zip(_pairs(s), alts, strict=False)]
             choices.append(
                 {
                     "index": i,
@@ -243,14 +259,14 @@ class OpenAIEndpoint:
         self._chats.pop(scope, None)
 
     # -- responses ---------------------------------------------------------------------------
-    def _logprob(self, token: int, logprob: float) -> dict:
+    def _logprob(self, token: int, logprob: float, alternatives=()) -> dict:
+        """A chat ``logprobs.content`` entry (``alternatives``: (id, log-prob) pairs)."""
+        top = [self._entry(t, lp) for t, lp in alternatives]
+        return {**self._entry(token, logprob), "top_logprobs": top}
+
+    def _entry(self, token: int, logprob: float) -> dict:
         piece = self.tokenizer.decode([token])
-        return {
-            "token": piece,
-            "logprob": logprob,
-            "bytes": list(piece.encode()),
-            "top_logprobs": [],
-        }
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
 
     def _response(self, obj: str, prefix: str, ids, samples, choices) -> dict:
         sampled = sum(len(s.ids) for s in samples)
