@@ -111,6 +111,25 @@ def test_requests_are_parsed_by_vllm_and_errors_are_vllm_shaped(server):
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["owned_by"] == "gspo"
 
 
+def test_seeds_and_streams_over_vllm_as_over_the_torch_engine(server):
+    openai = pytest.importorskip("openai", reason="the test uses the official openai client")
+    client = openai.OpenAI(base_url=server.url(), api_key="any", max_retries=0)
+    hi = [{"role": "user", "content": "12+3="}]
+
+    def ask(**kw):
+        return client.chat.completions.create(model="tiny", messages=hi, temperature=1.0, **kw)
+
+    first, again = ask(seed=5), ask(seed=5)  # vLLM's per-prompt seed drawn from the request's
+    assert first.choices[0].model_extra["token_ids"] == again.choices[0].model_extra["token_ids"]
+    text, ids = "", []
+    for chunk in ask(seed=5, stream=True):  # vLLM's chunk shape, parsed by the openai client
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            ids += (c.model_extra or {}).get("token_ids", [])
+    assert text == first.choices[0].message.content
+    assert ids == first.choices[0].model_extra["token_ids"]
+
+
 class ChatAgent:
     """Three chat requests, each repeating the conversation with the answer and a new message."""
 
