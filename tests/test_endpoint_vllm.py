@@ -82,13 +82,14 @@ def test_completions_are_vllm_responses_with_the_ids_and_logprobs_the_trainer_re
     reply = CompletionResponse.model_validate(body)  # vLLM's own response model reads it back
     assert as_text["prompt_token_ids"] == body["prompt_token_ids"] == prompt
     assert len(reply.choices) == 2
-    for choice in reply.choices:
-        ids, logprobs = choice.token_ids, choice.logprobs.token_logprobs
+    for choice, raw in zip(reply.choices, body["choices"], strict=True):
+        ids, logprobs = choice.token_ids, raw["token_logprobs"]  # gspo's: the end token included
         assert choice.prompt_token_ids == prompt
         # Unset fields keep the run's defaults, not vLLM's (max_tokens 16 for completions).
         assert ids and len(ids) == len(logprobs) <= PARAMS.max_new_tokens
         assert choice.text == TOK.decode(ids, skip_special_tokens=True)
-        assert choice.logprobs.text_offset[0] == 0 and len(choice.logprobs.tokens) == len(ids)
+        shown = len(ids) - (ids[-1] == TOK.eos_token_id)  # the text tokens: no end token
+        assert choice.logprobs.text_offset[0] == 0 and len(choice.logprobs.tokens) == shown
         gap = (recompute(model, prompt, ids) - torch.tensor(logprobs)).abs()
         assert gap.max().item() < LOGPROB_TOL
 
@@ -101,12 +102,32 @@ def test_requests_are_parsed_by_vllm_and_errors_are_vllm_shaped(server):
     got = httpx.post(url + "/chat/completions", json={"messages": hi, "n": "two"})
     error = got.json()["error"]  # vLLM's ErrorResponse: the HTTP status as its code
     assert got.status_code == 400 and error["code"] == 400 and error["message"].startswith("n:")
-    got = httpx.post(url + "/chat/completions", json={"messages": hi, "stream": True})
-    assert got.status_code == 400 and "streaming is not supported" in got.json()["error"]["message"]
+    asks = {"messages": hi, "logprobs": True, "top_logprobs": 2}  # alternatives: refused
+    got = httpx.post(url + "/chat/completions", json=asks)
+    assert got.status_code == 400 and "top_logprobs" in got.json()["error"]["message"]
     got = httpx.post(server.url("nobody") + "/completions", json={"prompt": "1"})
     assert got.status_code == 404 and got.json()["error"]["code"] == 404
     models = httpx.get(url + "/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"] and models["data"][0]["owned_by"] == "gspo"
+
+
+def test_seeds_and_streams_over_vllm_as_over_the_torch_engine(server):
+    openai = pytest.importorskip("openai", reason="the test uses the official openai client")
+    client = openai.OpenAI(base_url=server.url(), api_key="any", max_retries=0)
+    hi = [{"role": "user", "content": "12+3="}]
+
+    def ask(**kw):
+        return client.chat.completions.create(model="tiny", messages=hi, temperature=1.0, **kw)
+
+    first, again = ask(seed=5), ask(seed=5)  # vLLM's per-prompt seed drawn from the request's
+    assert first.choices[0].model_extra["token_ids"] == again.choices[0].model_extra["token_ids"]
+    text, ids = "", []
+    for chunk in ask(seed=5, stream=True):  # vLLM's chunk shape, parsed by the openai client
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            ids += (c.model_extra or {}).get("token_ids", [])
+    assert text == first.choices[0].message.content
+    assert ids == first.choices[0].model_extra["token_ids"]
 
 
 class ChatAgent:
@@ -157,8 +178,7 @@ def test_a_chat_episode_over_vllm_trains_on_exactly_the_tokens_it_was_served(pol
     worst = 0.0
     for row, eid in enumerate(["0-0", "0-1", "1-0", "1-1"]):
         bodies = agent.responses[f"{eid}/v1"]
-        served = [x["logprob"] for b in bodies for x in b["choices"][0]["logprobs"]["content"]]
-        served = torch.tensor(served)
+        served = torch.tensor([x for b in bodies for x in b["choices"][0]["token_logprobs"]])
         assert len(served) == int(mask[row].sum())
         worst = max(worst, (lp[row][mask[row]] - served).abs().max().item())
         assert torch.equal(rollout.logprobs[row][mask[row]], served)

@@ -154,6 +154,22 @@ def test_an_environment_module_trains_evaluates_and_compares(folder):
     assert (folder / "cmp" / "report" / "summary.md").is_file()
 
 
+def test_a_file_task_with_an_environment_that_pays_its_rewards_needs_no_reward(folder):
+    data = ["--task", "file", "--train-file", "rows.jsonl", "--test-file", "rows.jsonl"]
+    gspo(folder, "train", *SMALL, *data, "--env", "game:make_env", "--max-turns", "3",
+         "--eval-every", "2", "--output-dir", "run")  # fmt: skip
+    records = metrics(folder / "run")
+    steps = [m for m in records if "reward/mean" in m]
+    assert len(steps) == 2 and all("episode/turns_mean" in m for m in steps)  # the game's
+    assert any("eval/turns_mean" in m for m in records)  # evaluated through it too
+    assert json.loads((folder / "run" / "config.json").read_text())["reward"] is None
+    # Without an environment the file task still needs a reward, in one line, exit 2.
+    proc = subprocess.run([sys.executable, "-c", GSPO_SCRIPT, "train", *SMALL, *data],
+                          cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": SRC})  # fmt: skip
+    assert proc.returncode == 2 and "task='file' needs reward" in proc.stderr
+
+
 def test_a_run_with_a_plugin_resumes_from_its_saved_config(folder):
     # config.json and the checkpoint hold plugins: ["game"] (a JSON list); resuming re-imports it
     gspo(folder, "train", *SMALL, "--plugin", "game", "--task", "game", "--train-file",

@@ -65,7 +65,7 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
 def test_gspo_serve_answers_an_openai_client_on_a_free_port():
     openai = pytest.importorskip("openai", reason="the test calls gspo serve with openai")
     proc = _cli("serve", "--model", "tiny", "--port", "0", "--device", "cpu",
-                "--max-new-tokens", "6", "--threads", "1")  # fmt: skip
+                "--max-new-tokens", "6", "--threads", "1", "--max-n", "2")  # fmt: skip
     try:
         line = proc.stdout.readline()  # printed once it listens
         assert line.startswith("gspo serve: http://127.0.0.1:"), proc.stderr.read()
@@ -75,9 +75,18 @@ def test_gspo_serve_answers_an_openai_client_on_a_free_port():
         )
         extra = reply.choices[0].model_extra
         assert 1 <= len(extra["token_ids"]) <= 3
-        assert len(reply.choices[0].logprobs.content) == len(extra["token_ids"])
+        assert len(extra["token_logprobs"]) == len(extra["token_ids"])
         assert reply.model_extra["prompt_token_ids"][0] == 1  # <bos>: the prompt as served
         assert [m.id for m in client.models.list().data] == ["tiny"]
+        with pytest.raises(openai.BadRequestError, match=r"n must be in 1\.\.2"):  # --max-n
+            client.completions.create(model="tiny", prompt="1", n=3)
+        # The tiny model has 256 positions: the context check reads them from the checkpoint.
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="tiny", prompt=[5] * 300)
+        assert err.value.code == "context_length_exceeded"
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user",
+            "content": "1"}], max_tokens=2, logprobs=True, top_logprobs=2)  # fmt: skip
+        assert all(len(x.top_logprobs) == 2 for x in reply.choices[0].logprobs.content)
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0

@@ -15,7 +15,9 @@ from gspo.envs.trajectory import make_encoder
 from gspo.models.policy import build_prompt_format, resolve_device, set_threads
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.engines import build_engine, check_engine_available, close_engine
+from gspo.rollout.openai_request import Caps
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
+from gspo.rollout.openai_top import locked, top_logprobs_for
 from gspo.rollout.openai_vllm import protocol_for
 from gspo.rollout.request_batcher import RequestBatcher
 
@@ -30,10 +32,13 @@ def serve(
     *,
     ready: Callable[[ServerThread], None] = lambda server: None,
     stop: threading.Event | None = None,
+    max_n: int = Caps.max_n,
+    max_tokens: int = Caps.max_tokens,
 ) -> None:
     """Serve ``cfg.model`` on ``host:port`` until ``stop`` is set (default: forever). Requests
     default to ``cfg.max_new_tokens``, ``cfg.temperature`` and ``cfg.top_p``; each may set
-    its own. ``ready(server)`` is called once it listens."""
+    its own, up to ``max_n`` completions of ``max_tokens`` tokens, within the model's context
+    (its ``max_position_embeddings``). ``ready(server)`` is called once it listens."""
     check_engine_available(EngineOptions.of(cfg))  # e.g. vLLM missing: before loading anything
     set_threads(cfg.threads)
     model, tokenizer = build_policy_for(cfg, resolve_device(cfg.device))
@@ -57,10 +62,15 @@ def serve(
         stop_token_ids=tuple(fmt.stop_token_ids),
     )
     generator = step_generator(cfg.seed, 0, stream=3, device=engine.device)
-    batcher = RequestBatcher(engine.generate, generator=generator)
+    lock = threading.Lock()  # the rounds and the top_logprobs passes take turns on the model
+    batcher = RequestBatcher(locked(engine.generate, lock), generator=generator)
+    context = model.config.to_dict().get("max_position_embeddings")  # None: unchecked
+    caps = Caps(max_n=max_n, max_tokens=max_tokens, context=context)
+    encoder = make_encoder(tokenizer, fmt)
     endpoint = OpenAIEndpoint(
-        batcher, make_encoder(tokenizer, fmt), model_name, defaults, protocol=protocol_for(engine)
-    )
+        batcher, encoder, model_name, defaults, protocol=protocol_for(engine), caps=caps,
+        top_logprobs=top_logprobs_for(engine, lock),
+    )  # fmt: skip
     server = ServerThread(endpoint, host, port).start()
     try:
         ready(server)

@@ -203,6 +203,7 @@ class TaskOptions(_Options):
     plugins: tuple[str, ...]
     endpoint_host: str = "127.0.0.1"
     endpoint_port: int = 0
+    episode_timeout_s: float = 600.0
 
     def problems(self) -> list[str]:
         problems, need = _collect()
@@ -211,6 +212,10 @@ class TaskOptions(_Options):
             f"endpoint_port must be in 0..65535 (0: a free port), got {self.endpoint_port}",
         )
         need(bool(self.endpoint_host), "endpoint_host must be an address, e.g. 127.0.0.1")
+        need(
+            self.episode_timeout_s >= 0,
+            f"episode_timeout_s must be >= 0 (0: no limit), got {self.episode_timeout_s}",
+        )
         need(self.n_train > 0, f"n_train must be positive, got {self.n_train}")
         need(self.n_test > 0, f"n_test must be positive, got {self.n_test}")
         if self.task == "file":

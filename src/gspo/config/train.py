@@ -156,6 +156,12 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
         "127.0.0.1",
     )
     endpoint_port: int = _doc("Agent environments: the endpoint's port; 0: a free one.", 0)
+    episode_timeout_s: float = _doc(
+        "Agent environments: seconds one whole episode may take; past it the episode is cut "
+        "like a turn limit (the environment's cut_reward, episode/timeout_fraction); 0: no "
+        "limit.",
+        600.0,
+    )
     credit: str = _doc(
         "Multi-turn credit: 'episode' (one advantage per episode, every algo) or 'turn' "
         "(per-turn returns-to-go; gspo_token and grpo only).",

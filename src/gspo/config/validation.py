@@ -101,7 +101,12 @@ def format_bonus_refusal(name: str, weight: float) -> str:
 def _validate_file_task(cfg: Config, need: Any) -> None:
     if cfg.task == "file":
         need(cfg.train_file is not None, "task='file' needs train_file")
-        need(cfg.reward is not None, f"task='file' needs reward, one of {', '.join(rewards())}")
+        # An environment named by --env pays its episodes' rewards itself: no reward needed.
+        need(
+            cfg.reward is not None or cfg.env is not None,
+            f"task='file' needs reward, one of {', '.join(rewards())} (or env, an environment "
+            "module:factory that pays its own rewards)",
+        )
 
 
 def _validate_task(cfg: Config, need: Any) -> None:

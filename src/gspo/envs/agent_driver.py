@@ -10,19 +10,29 @@ run's: requests may ask fewer tokens than ``max_tokens_per_turn``, never another
 Every completion an episode requested is recorded as sampled (prompt ids, sampled ids,
 log-probs, policy version) and becomes tokens of its trajectory: a call whose prompt extends
 the episode's previous prompt + completion continues that trajectory (the tokens between are
-environment tokens, no loss); a call that does not starts a new chain. An episode trains as ONE
-row (group advantages need ``n`` rows per example): the chain of its last call. Calls on
-other chains are dropped from training and counted in the trajectory's
-``info["unchained_calls"]`` (agents that rewrite their history, e.g. by summarizing it, lose
-those calls). Within a group, the rows' common prompt prefix is the prompt; the rest of each
-row's prompt is environment tokens.
+environment tokens, no loss); a call that does not starts a new chain (an agent that rewrites
+or summarizes its history, or branches).
+
+Which chains train (``all_chains``):
+* True (training, where a step's rows need not be ``n`` per example): **every chain is a row**
+  with the episode's reward, finish and verdict, marked with its episode
+  (``Trajectory.episode``); the episode's advantage is computed over the ``n`` episodes of its
+  example and given to each of its rows (:func:`chain_advantages`);
+* False (evaluation, and training modes that keep ``n`` rows per example: dynamic sampling,
+  rollouts ahead of training, per-turn credit, ``minibatch_grouping='groups'``): an episode is
+  ONE row, the chain of its last call; calls on other chains are counted in the row's
+  ``info["unchained_calls"]``.
+Within a group, the rows' common prompt prefix is the prompt; the rest of each row's prompt is
+environment tokens.
 
 Limits: ``max_turns`` completions per episode; ``max_total_tokens`` tokens of the episode's
 trajectories after their first prompt (sampled + environment tokens); a request's tokens are
 capped by what is left. Past a limit the endpoint answers the episode's request with HTTP 400
 (type "episode_limit"), the driver cancels the episode's task, and the episode earns the
-environment's ``cut_reward`` (default 0; finish "turns" or "length"). An agent that raises
-fails its episode (reward 0, finish "failed", counted in ``episode/failed``), never the run.
+environment's ``cut_reward`` (default 0; finish "turns" or "length"). ``episode_timeout_s``:
+an episode still running after it is cancelled and cut the same way (finish "timeout"). An
+agent that raises fails its episode (reward 0, finish "failed", counted in
+``episode/failed``), never the run.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from gspo.core.advantages import group_advantages
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.openai_errors import EpisodeLimit
@@ -59,7 +70,8 @@ class _Episode:
     last: Trajectory | None = None
     calls: int = 0
     cut: str = ""
-    """"turns" or "length" once a limit refused a request."""
+    """"turns" or "length" once a limit refused a request, "timeout" once the episode ran past
+    ``episode_timeout_s``."""
 
 
 class EpisodeBook:
@@ -81,6 +93,11 @@ class EpisodeBook:
             if len(prompt) >= len(ctx) and prompt[: len(ctx)] == ctx:
                 return t
         return None
+
+    def time_out(self, eid: str) -> None:
+        """The episode ran past its time: its later requests are refused as a cut one's."""
+        ep = self.episodes[eid]
+        ep.cut = ep.cut or "timeout"
 
     def _refuse(self, eid: str, ep: _Episode, why: str, message: str):
         ep.cut = why
@@ -130,11 +147,13 @@ def run_agent_episodes(
     version: int = 0,
     generate: Callable[..., Rollout] | None = None,
     prompts: list[list[int]] | None = None,
+    all_chains: bool = False,
 ) -> tuple[Rollout, list[Trajectory]]:
     """``n`` agent episodes per example, returned as :func:`gspo.envs.driver.run_episodes`
-    returns them (one row per episode, group after group, ``extras["policy_version"]``). The
-    endpoint listens where an :class:`~gspo.envs.agent.AgentEpisodes` says (the run's
-    ``endpoint_host``/``endpoint_port``), else on 127.0.0.1 at a free port."""
+    returns them (group after group, ``extras["policy_version"]``): one row per episode, or
+    with ``all_chains`` one per chain of calls (see the module doc). The endpoint listens where
+    an :class:`~gspo.envs.agent.AgentEpisodes` says (the run's ``endpoint_host``/
+    ``endpoint_port``), else on 127.0.0.1 at a free port."""
     host, port = (env.host, env.port) if isinstance(env, AgentEpisodes) else ("127.0.0.1", 0)
     generate = engine.generate if generate is None else generate
     params = replace(params, max_new_tokens=limits.max_tokens_per_turn)
@@ -149,19 +168,23 @@ def run_agent_episodes(
         "max_tokens": limits.max_tokens_per_turn,
     }
     try:
-        results = asyncio.run(_run_all(env, examples, n, server, book, batcher, sampling))
+        timeout = limits.episode_timeout_s
+        results = asyncio.run(_run_all(env, examples, n, server, book, batcher, sampling, timeout))
     finally:
         server.stop()
     if batcher.fallback_rounds:
         logger.warning("%d endpoint rounds ran before every live episode had a request pending "
                        "(liveness fallback after %.0f s)", batcher.fallback_rounds, PATIENCE_S)  # fmt: skip
     trajs, index = [], []
-    for (eid, ep), result in zip(book.episodes.items(), results, strict=True):
+    for k, ((eid, ep), result) in enumerate(zip(book.episodes.items(), results, strict=True)):
         start = prompts[ep.example] if prompts is not None else None
         if start is None:
             start = encoder.start(examples[ep.example].prompt)[0]
-        trajs.append(_finish(env, eid, ep, result, start))
-        index.append(ep.example)
+        rows = _finish(env, eid, ep, result, start, all_chains)
+        for t in rows:
+            t.episode = k if all_chains else None
+        trajs += rows
+        index += [ep.example] * len(rows)
     _share_prompts(trajs, index)
     pad = encoder.tokenizer.pad_token_id
     pad = encoder.tokenizer.eos_token_id if pad is None else pad
@@ -170,7 +193,7 @@ def run_agent_episodes(
     return rollout, trajs
 
 
-async def _run_all(env, examples, n, server, book, batcher, sampling) -> list:
+async def _run_all(env, examples, n, server, book, batcher, sampling, timeout_s) -> list:
     loop = asyncio.get_running_loop()
     tasks: dict[str, asyncio.Task] = {}
 
@@ -182,7 +205,13 @@ async def _run_all(env, examples, n, server, book, batcher, sampling) -> list:
     async def episode(eid: str, example: Example) -> AgentOutcome:
         client = AgentClient(server.url(eid), "gspo", MODEL_NAME, dict(sampling))
         try:
-            return await env.run_episode(example, client)
+            if not timeout_s:
+                return await env.run_episode(example, client)
+            try:  # an agent that hangs: cancelled, and cut as a limit cuts it
+                return await asyncio.wait_for(env.run_episode(example, client), timeout_s)
+            except TimeoutError:
+                book.time_out(eid)
+                raise
         finally:
             batcher.end(eid)
             server.endpoint.forget(eid)
@@ -197,22 +226,49 @@ async def _run_all(env, examples, n, server, book, batcher, sampling) -> list:
     return await asyncio.gather(*tasks.values(), return_exceptions=True)
 
 
-def _finish(env, eid: str, ep: _Episode, result, start: list[int]) -> Trajectory:
-    """The episode's training row with its reward and finish."""
-    t = ep.last if ep.last is not None else Trajectory(prompt_ids=list(start), history=[])
-    t.done = True
-    if len(ep.chains) > 1:
-        t.info["unchained_calls"] = float(ep.calls - t.num_turns)
+def _finish(
+    env, eid: str, ep: _Episode, result, start: list[int], all_chains: bool
+) -> list[Trajectory]:
+    """The episode's training rows (every chain, or the last one) with its reward and finish."""
+    if ep.last is None:  # no call: one empty row
+        rows = [Trajectory(prompt_ids=list(start), history=[])]
+    elif all_chains:
+        rows = list(ep.chains)
+    else:
+        rows = [ep.last]
+        if len(ep.chains) > 1:
+            ep.last.info["unchained_calls"] = float(ep.calls - ep.last.num_turns)
+    info: dict[str, float] = {}
     if ep.cut:  # as the driver's cut episodes: the cut reward and no success
-        t.reward, t.finish, t.success = cut_reward(env), ep.cut, False
+        reward, finish, success = cut_reward(env), ep.cut, False
     elif isinstance(result, AgentOutcome):
-        t.reward, t.finish, t.success = float(result.reward), "stop", result.success
-        t.info.update(result.info)
+        reward, finish, success = float(result.reward), "stop", result.success
+        info = result.info
     else:
         why = result if isinstance(result, BaseException) else f"returned {result!r}"
         logger.warning("agent episode %s failed: %s", eid, why)
-        t.reward, t.finish, t.success = 0.0, "failed", False
-    return t
+        reward, finish, success = 0.0, "failed", False
+    for t in rows:
+        t.done, t.reward, t.finish, t.success = True, reward, finish, success
+        t.info.update(info)
+    return rows
+
+
+def chain_advantages(
+    returns: torch.Tensor, episodes: list[int], group_size: int, scale: str
+) -> torch.Tensor:  # [N]
+    """Rows of episodes that train every chain (``all_chains``): each episode's group
+    advantage (its return against the ``group_size`` episodes of its example, episodes
+    numbered group after group), given to every row of it. ``returns`` [N]: per row, its
+    episode's return."""
+    first: dict[int, int] = {}
+    for row, e in enumerate(episodes):
+        first.setdefault(e, row)
+    if sorted(first) != list(range(len(first))):
+        raise ValueError(f"episodes must be numbered 0..{len(first) - 1}, got {sorted(first)}")
+    per_episode = returns[[first[e] for e in range(len(first))]]  # [E]
+    adv = group_advantages(per_episode, group_size, scale=scale)  # [E]
+    return adv[episodes]  # [N]
 
 
 def _share_prompts(trajs: list[Trajectory], index: list[int]) -> None:

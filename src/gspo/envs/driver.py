@@ -78,6 +78,9 @@ class Limits:
     """Policy + environment tokens after the prompt; the episode ends at this budget."""
     env_timeout_s: float = 10.0
     """Seconds one ``env.step`` call may take (0: no limit); past it the episode fails."""
+    episode_timeout_s: float = 0.0
+    """Agent environments: seconds one whole episode may take (0: no limit); past it the
+    episode is cut like a turn limit (finish "timeout", the environment's ``cut_reward``)."""
 
 
 def run_episodes(
@@ -92,6 +95,7 @@ def run_episodes(
     version: int = 0,
     generate: Callable[..., Rollout] | None = None,
     prompts: list[list[int]] | None = None,
+    all_chains: bool = False,
 ) -> tuple[Rollout, list[Trajectory]]:
     """``n`` episodes per example; returns them packed as a Rollout (rows laid out group after
     group, ``loss_mask`` on policy tokens, ``extras["turn_ids"]`` and
@@ -101,13 +105,15 @@ def run_episodes(
     when its rollouts carry per-token ``versions``, so does the result. ``prompts``: the
     examples' prompt ids when the caller has them (the trainer's prompt cache), else the
     encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
-    the engine's rollout as it is (:mod:`gspo.envs.one_turn`)."""
+    the engine's rollout as it is (:mod:`gspo.envs.one_turn`). ``all_chains``: agent episodes
+    train every chain of calls, one row each (:mod:`gspo.envs.agent_driver`)."""
     if isinstance(env, AgentEnvironment):  # the agent calls the model over HTTP itself
         if any(e.images for e in examples):
             raise ValueError(f"{env.name}: agent environments do not take image prompts")
         return run_agent_episodes(
-            engine, env, encoder, examples, n, params, limits, generator, version, generate, prompts
-        )
+            engine, env, encoder, examples, n, params, limits, generator, version, generate,
+            prompts, all_chains,
+        )  # fmt: skip
     if not env.multi_turn:
         return run_one_turn(
             engine, env, encoder, examples, n, params, limits, generator, prompts, generate=generate
@@ -259,6 +265,7 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         "episode/env_tokens_mean": sum(t.env_tokens for t in trajs) / n,
         "episode/policy_tokens_mean": sum(t.policy_tokens for t in trajs) / n,
         "episode/turn_limit_fraction": sum(t.finish == "turns" for t in trajs) / n,
+        "episode/timeout_fraction": sum(t.finish == "timeout" for t in trajs) / n,
     }
     rewards = [r for t in trajs for r in t.turn_rewards]
     if any(rewards):  # environments with per-turn rewards: overall, and per turn index

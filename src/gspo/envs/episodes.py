@@ -21,6 +21,7 @@ from gspo.rollout.base import Rollout, SamplingParams
 from gspo.rollout.batch import RolloutBatch
 
 from .agent import episode_env
+from .agent_driver import chain_advantages
 from .base import Environment, SingleTurnEnv, format_bonus_refusal
 from .credit import check_credit, turn_advantages
 from .driver import Limits, episode_metrics, run_episodes
@@ -50,6 +51,7 @@ def episode_limits(task: TaskOptions, max_new_tokens: int, multi_turn: bool = Tr
         max_tokens_per_turn=task.max_tokens_per_turn or max_new_tokens,
         max_total_tokens=task.max_total_tokens,
         env_timeout_s=task.env_timeout_s,
+        episode_timeout_s=task.episode_timeout_s,
     )
 
 
@@ -94,6 +96,14 @@ class Episodes:
         self.encoder = make_encoder(tokenizer, fmt)
         self.limits = limits_from(cfg, env.multi_turn)
         self.stop_token_ids = tuple(fmt.stop_token_ids)
+        # Agent episodes train every chain of calls, one row each, where a step's rows need
+        # not be n per example (the modes below keep whole groups of n rows: last chain only).
+        self.all_chains = (
+            cfg.loss.credit == "episode"
+            and not cfg.rollout.dynamic_sampling
+            and cfg.asynchronous.max_staleness == 0
+            and cfg.optim.minibatch_grouping == "shuffled"
+        )
 
     def use_scorer(self, scorer: Any) -> None:
         """Score the task's rewards, in training and evaluation, with ``scorer``
@@ -117,7 +127,7 @@ class Episodes:
         ``generate`` runs each round instead of ``engine.generate``: the async producer's)."""
         rollout, trajs = run_episodes(
             engine, self.env, self.encoder, examples, n, params, self.limits, generator, version,
-            generate=generate, prompts=prompts,
+            generate=generate, prompts=prompts, all_chains=self.all_chains,
         )  # fmt: skip
         return self._collected(rollout, trajs, n)
 
@@ -140,12 +150,19 @@ class Episodes:
         returns = torch.tensor(
             [sum(r) + f for r, f in zip(turns, finals, strict=True)], dtype=torch.float64
         )  # [N]
-        errors = sum(t.finish == "failed" for t in trajs)
+        # Failed episodes (an episode's chains are rows of one episode: counted once).
+        errors = len({(k, None) if t.episode is None else (None, t.episode)
+                      for k, t in enumerate(trajs) if t.finish == "failed"})  # fmt: skip
         task = None
         if all("task" in t.info for t in trajs):  # info["task"]: the reward without the bonus
             task = torch.tensor([t.info["task"] for t in trajs])  # [N]
         batch = RolloutBatch(rollout, returns, errors, task, trajectories=trajs)
-        if self.env.multi_turn and self.cfg.loss.credit == "turn":
+        episodes = [t.episode for t in trajs]
+        if None not in episodes and len(set(episodes)) < len(trajs):  # rows of every chain
+            batch.advantages = chain_advantages(
+                returns, episodes, n, self.cfg.loss.advantage_scale
+            )  # [N]
+        elif self.env.multi_turn and self.cfg.loss.credit == "turn":
             batch.advantages = turn_advantages(
                 turns,
                 finals,

@@ -175,6 +175,9 @@ class Trajectory:
     """The environment's verdict on the finished episode (:attr:`gspo.envs.base.Step.success`
     of its final step; False when the driver cut it; None: the environment reported none)."""
     done: bool = False
+    episode: int | None = None
+    """Agent episodes that train every chain of calls (one row per chain): the episode this
+    row belongs to, numbered group after group; None: the row is its episode."""
     pixels: Any = None
     """The episode's pixel inputs so far (a one-entry :class:`gspo.models.vision.PixelInputs`:
     its prompt's images, then those of each environment reply, in order), None: no image."""

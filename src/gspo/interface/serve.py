@@ -47,7 +47,12 @@ def add_serve_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--temperature", type=float, default=1.0, help="default temperature [1.0]")
     p.add_argument("--top-p", type=float, default=1.0, help="default top-p [1.0]")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed [0]")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of requests that set "
+                   "none [0]")  # fmt: skip
+    p.add_argument("--max-n", type=int, default=64, help="most completions one request may ask "
+                   "(n); above: HTTP 400 [64]")  # fmt: skip
+    p.add_argument("--max-tokens-cap", type=int, default=4096, help="most tokens one request "
+                   "may ask (max_tokens); above: HTTP 400 [4096]")  # fmt: skip
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     add_log_level(p)
 
@@ -65,6 +70,9 @@ def serve_config(args: argparse.Namespace) -> EvalConfig:
     """The model, engine and sampling defaults of ``gspo serve`` (checked, torch-free)."""
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_n < 1 or args.max_tokens_cap < 1:
+        raise ValueError(f"--max-n and --max-tokens-cap must be >= 1, got {args.max_n} and "
+                         f"{args.max_tokens_cap}")  # fmt: skip
     if args.model not in BUILT_IN_MODELS and not Path(args.model).expanduser().exists():
         raise FileNotFoundError(  # the loader's message, before torch loads
             f"--model {args.model!r}: no such checkpoint directory, and not a named model "
@@ -90,6 +98,7 @@ def run_serve(args: argparse.Namespace) -> int:
     def ready(server) -> None:
         print(f"gspo serve: {server.url()} (model {name!r}); Ctrl-C stops", flush=True)
 
-    serve(cfg, args.host, args.port, name, ready=ready, stop=stop)
+    serve(cfg, args.host, args.port, name, ready=ready, stop=stop,
+          max_n=args.max_n, max_tokens=args.max_tokens_cap)  # fmt: skip
     print("gspo serve: stopped", file=sys.stderr)
     return 0

@@ -5,14 +5,33 @@ annotations`` here: FastAPI reads the handlers' annotations at run time."""
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from .openai_errors import HTTPError
 
+KINDS = {404: "not_found_error", 405: "invalid_request_error", 500: "server_error"}
+
 
 def build_app(endpoint: Any) -> FastAPI:
-    """Routes at the top level and under ``/episodes/{episode}``; errors OpenAI-shaped."""
+    """Routes at the top level and under ``/episodes/{episode}``; every error OpenAI-shaped
+    (unknown routes and methods included)."""
     app = FastAPI(title="gspo rollout endpoint")
+
+    def refuse(err: HTTPError) -> JSONResponse:
+        return JSONResponse(endpoint.error(err), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def framework_error(request: Request, exc: HTTPException):
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        return refuse(
+            HTTPError(exc.status_code, message, KINDS.get(exc.status_code, "invalid_request_error"))
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return refuse(HTTPError(400, f"invalid request: {exc.errors()[:1]}"))
 
     async def call(handler, episode, request: Request):
         try:
@@ -22,13 +41,14 @@ def build_app(endpoint: Any) -> FastAPI:
                 raise HTTPError(400, "the request body is not JSON") from None
             if not isinstance(body, dict):
                 raise HTTPError(400, "the request body must be a JSON object")
-            return await handler(episode, body)
+            answer = await handler(episode, body)
         except HTTPError as err:
-            body = endpoint.error(err.status, err.message, err.kind)
-            return JSONResponse(body, status_code=err.status)
+            return refuse(err)
         except Exception as err:  # the engine failed: the client gets the reason
-            body = endpoint.error(500, f"{type(err).__name__}: {err}", "server_error")
-            return JSONResponse(body, status_code=500)
+            return refuse(HTTPError(500, f"{type(err).__name__}: {err}", "server_error"))
+        if isinstance(answer, dict):
+            return answer
+        return StreamingResponse(answer, media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -17,7 +17,10 @@ Token-in, token-out chat: when a chat request repeats an earlier conversation of
 earlier prompt + completion token ids as sampled, followed by only the new messages' tokens
 (``encoder.reply_ids``, :class:`gspo.envs.trajectory.ChatEncoder`); sampled text is never
 re-tokenized. Requests are batched into ``engine.generate`` rounds by
-:class:`~gspo.rollout.request_batcher.RequestBatcher`. No streaming (``stream: true`` is refused).
+:class:`~gspo.rollout.request_batcher.RequestBatcher`; a request with a ``seed`` gets a
+``generate`` call of its own with a generator seeded by it (the same seed and request give the
+same completion). ``stream: true`` answers the finished completion as server-sent events
+(:mod:`gspo.rollout.openai_stream`). Requests are checked first (:mod:`.openai_request`).
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ import asyncio
 import itertools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
 from .base import SamplingParams
-from .openai_errors import EpisodeLimit, HTTPError
+from .openai_errors import EpisodeLimit, HTTPError, error_body
+from .openai_request import Asked, Caps, check_prompt, message, read_request
+from .openai_stream import chunks, server_sent_events, visible
 from .request_batcher import RequestBatcher, Sample
 
 INSTALL_HINT = 'the endpoint needs FastAPI and uvicorn: pip install "gspo[serve]"'
@@ -56,7 +62,9 @@ class OpenAIEndpoint:
 
     ``defaults``: the sampling of every request that does not set its own (``stop_token_ids``:
     the chat end tokens, always applied). ``fixed``: training; requests cannot change the
-    temperature or top-p (the recorded log-probs must be the run's), only ask fewer tokens.
+    temperature, top-p or seed (the recorded log-probs must be the run's, and the ``n``
+    episodes of an example need different samples), only ask fewer tokens. ``caps``: what one
+    request may ask, and the model's context.
     """
 
     def __init__(
@@ -69,6 +77,8 @@ class OpenAIEndpoint:
         fixed: bool = False,
         episodes: EpisodeHooks | None = None,
         protocol: Any = None,
+        caps: Caps | None = None,
+        top_logprobs: Callable[..., list] | None = None,
     ) -> None:
         self.batcher = batcher
         self.encoder = encoder
@@ -77,6 +87,13 @@ class OpenAIEndpoint:
         self.defaults = defaults
         self.fixed = fixed
         self.episodes = episodes
+        self.caps = caps or Caps()
+        # top_logprobs(prompt, completion, k, temperature): the alternatives per token
+        # (:mod:`.openai_top`, the torch engine of gspo serve); None: refused with 400.
+        self.top = top_logprobs
+        # Ends a completion may have that are not text (OpenAI answers without them).
+        eos = self.tokenizer.eos_token_id
+        self._ends = set(defaults.stop_token_ids) | ({eos} if eos is not None else set())
         # vLLM's protocol types (rollout/openai_vllm.py: protocol_for(engine)) or None: gspo's
         # own dicts. The same fields either way; only parsing and serializing differ.
         self.protocol = protocol
@@ -84,49 +101,24 @@ class OpenAIEndpoint:
         self._ids = itertools.count()
 
     # -- requests ----------------------------------------------------------------------------
-    def _params(self, body: dict) -> tuple[int, SamplingParams]:
-        if body.get("stream"):
-            raise HTTPError(400, "streaming is not supported by this endpoint (send stream: false)")
-        n = _int(body, "n", 1 if body.get("n") is None else body["n"])
-        asked = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_new = self.defaults.max_new_tokens
-        if asked is not None:  # training: at most the run's tokens per turn
-            asked = _int(body, "max_tokens", asked)
-            max_new = min(max_new, asked) if self.fixed else asked
-        if n < 1 or max_new < 1:
-            raise HTTPError(400, "n and max_tokens must be positive integers")
-        stop = body.get("stop") or ()
-        stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        params = replace(
-            self.defaults,
-            max_new_tokens=max_new,
-            stop_strings=tuple(self.defaults.stop_strings) + stop,
-        )
-        if not self.fixed:
-            temperature = body.get("temperature")
-            top_p = body.get("top_p")
-            params = replace(
-                params,
-                temperature=params.temperature if temperature is None else float(temperature),
-                top_p=params.top_p if top_p is None else float(top_p),
-            )
-        return n, params
-
     async def _sample(
-        self, episode: str | None, prompt: list[int], n: int, params: SamplingParams
+        self, episode: str | None, prompt: list[int], asked: Asked, param: str
     ) -> list[Sample]:
+        asked = check_prompt(prompt, asked, self.caps, len(self.tokenizer), param)
+        n, params = asked.n, asked.params
         if episode is not None:
             if self.episodes is None:
-                raise HTTPError(404, f"no episode {episode!r}: this endpoint runs no episodes")
+                raise HTTPError(404, f"no episode {episode!r}: this endpoint runs no episodes",
+                                "not_found_error")  # fmt: skip
             try:
                 room = self.episodes.admit(episode, prompt, params.max_new_tokens * n)
             except KeyError:
                 raise HTTPError(404, f"no live episode {episode!r}", "not_found_error") from None
             except EpisodeLimit as err:
-                raise HTTPError(400, str(err), "episode_limit") from None
+                raise HTTPError(400, str(err), "episode_limit", code="episode_limit") from None
             params = replace(params, max_new_tokens=max(1, min(params.max_new_tokens, room // n)))
         try:
-            samples = await self.batcher.submit(episode, prompt, n, params)
+            samples = await self.batcher.submit(episode, prompt, n, params, seed=asked.seed)
         except ValueError as err:  # e.g. a prompt longer than the model's context
             raise HTTPError(400, str(err)) from None
         if episode is not None and self.episodes is not None:
@@ -134,10 +126,23 @@ class OpenAIEndpoint:
                 self.episodes.record(episode, prompt, s)
         return samples
 
-    async def completions(self, episode: str | None, body: dict) -> dict:
+    def read(self, kind: str, body: dict) -> tuple[dict, Asked]:
+        """``body`` parsed (by vLLM's request models with the vLLM protocol) and its sampling."""
         if self.protocol is not None:
-            body = self.protocol.request("completion", body)
-        n, params = self._params(body)
+            body = self.protocol.request(kind, body)
+        asked = read_request(body, self.defaults, self.caps, fixed=self.fixed,
+                             chat=kind == "chat", top=self.top is not None)  # fmt: skip
+        return body, asked
+
+    async def _alternatives(self, prompt: list[int], s: Sample, asked: Asked, shown: int):
+        """Per text token of ``s``: its ``asked.top`` most likely tokens (id, log-prob)."""
+        if not asked.top or self.top is None:
+            return [[] for _ in range(shown)]
+        args = (prompt, s.ids[:shown], asked.top, asked.params.temperature)
+        return await asyncio.to_thread(self.top, *args)
+
+    async def completions(self, episode: str | None, body: dict) -> dict | Iterator[str]:
+        body, asked = self.read("completion", body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
             prompt = prompt[0]  # a batch of one
@@ -146,67 +151,88 @@ class OpenAIEndpoint:
         elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             ids = list(prompt)
         else:
-            raise HTTPError(400, "prompt must be a string or a non-empty list of token ids")
-        samples = await self._sample(episode, ids, n, params)
-        choices = [
-            {
-                "index": i,
-                "text": self._text(s.ids),
-                "finish_reason": s.finish,
-                "logprobs": {
-                    "tokens": [self.tokenizer.decode([t]) for t in s.ids],
-                    "token_logprobs": s.logprobs,
-                    "top_logprobs": None,
-                    "text_offset": None,
-                },
-                "token_ids": s.ids,
-                "prompt_token_ids": ids,
-            }
-            for i, s in enumerate(samples)
-        ]
+            raise HTTPError(400, "prompt must be a string or a non-empty list of token ids",
+                            param="prompt")  # fmt: skip
+        samples = await self._sample(episode, ids, asked, "prompt")
+        choices = []
+        for i, s in enumerate(samples):
+            shown, text = self._visible(s, asked)
+            tokens = [self.tokenizer.decode([t]) for t in s.ids[:shown]]
+            alts = await self._alternatives(ids, s, asked, shown)
+            top = [{self.tokenizer.decode([t]): lp for t, lp in a} for a in alts]
+            choices.append(
+                {
+                    "index": i,
+                    "text": text,
+                    "finish_reason": s.finish,
+                    "logprobs": {
+                        "tokens": tokens,
+                        "token_logprobs": s.logprobs[:shown],
+                        "top_logprobs": top if asked.top else None,
+                        "text_offset": _offsets(tokens),
+                    },
+                    "token_ids": s.ids,
+                    "prompt_token_ids": ids,
+                }
+            )
         response = self._response("text_completion", "cmpl", ids, samples, choices)
-        return response if self.protocol is None else self.protocol.completion(response)
-
-    async def chat(self, episode: str | None, body: dict) -> dict:
         if self.protocol is not None:
-            body = self.protocol.request("chat", body)
-        n, params = self._params(body)
+            response = self.protocol.completion(response)
+        return self._answer(_with_logprobs(response, samples), asked)
+
+    async def chat(self, episode: str | None, body: dict) -> dict | Iterator[str]:
+        body, asked = self.read("chat", body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise HTTPError(400, "messages must be a non-empty list of {role, content} objects")
-        messages = [_message(m, i) for i, m in enumerate(messages)]
+            raise HTTPError(400, "messages must be a non-empty list of {role, content} objects",
+                            param="messages")  # fmt: skip
+        messages = [message(m, i) for i, m in enumerate(messages)]
         try:
             ids = self._chat_prompt(episode, messages)
         except ValueError as err:  # a template that cannot be applied incrementally
-            raise HTTPError(400, str(err)) from None
-        samples = await self._sample(episode, ids, n, params)
+            raise HTTPError(400, str(err), param="messages") from None
+        samples = await self._sample(episode, ids, asked, "messages")
         choices = []
         for i, s in enumerate(samples):
-            text = self._text(s.ids)
+            shown, text = self._visible(s, asked)
             conv = [*messages, {"role": "assistant", "content": text}]
             self._remember(episode, conv, ids + s.ids, s.ids)
+            alts = await self._alternatives(ids, s, asked, shown)
+            # The text tokens only (alts has one entry per text token).
+            entries = [self._logprob(t, lp, a) for (t, lp), a in zip(_pairs(s), alts, strict=False)]
             choices.append(
                 {
                     "index": i,
                     "message": {"role": "assistant", "content": text},
                     "finish_reason": s.finish,
-                    "logprobs": {"content": [self._logprob(t, lp) for t, lp in _pairs(s)]},
+                    "logprobs": {"content": entries},
                     "token_ids": s.ids,
                 }
             )
         response = self._response("chat.completion", "chatcmpl", ids, samples, choices)
-        return response if self.protocol is None else self.protocol.chat(response)
+        if self.protocol is not None:
+            response = self.protocol.chat(response)
+        return self._answer(_with_logprobs(response, samples), asked)
+
+    def _visible(self, s: Sample, asked: Asked) -> tuple[int, str]:
+        return visible(self.tokenizer, s.ids, s.finish, self._ends, asked.params.stop_strings)
+
+    def _answer(self, response: dict, asked: Asked) -> dict | Iterator[str]:
+        """The response, or with ``stream: true`` its server-sent events."""
+        if not asked.stream:
+            return response
+        return server_sent_events(chunks(response, self.tokenizer, asked.include_usage))
 
     def models(self) -> dict:
         entry = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "gspo"}
         listed = {"object": "list", "data": [entry]}
         return listed if self.protocol is None else self.protocol.models(listed)
 
-    def error(self, status: int, message: str, kind: str) -> dict:
-        """The body of an error answer: ``{"error": {"message", "type", "code"}}``."""
+    def error(self, err: HTTPError) -> dict:
+        """The body of an error answer: ``{"error": {"message", "type", "param", "code"}}``."""
         if self.protocol is not None:
-            return self.protocol.error(status, message, kind)
-        return {"error": {"message": message, "type": kind, "code": kind}}
+            return self.protocol.error(err.status, err.message, err.kind, err.param)
+        return error_body(err.message, err.kind, err.param, err.code)
 
     # -- chat prompts ------------------------------------------------------------------------
     def _chat_prompt(self, scope: str | None, messages: list[dict]) -> list[int]:
@@ -233,17 +259,14 @@ class OpenAIEndpoint:
         self._chats.pop(scope, None)
 
     # -- responses ---------------------------------------------------------------------------
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def _logprob(self, token: int, logprob: float, alternatives=()) -> dict:
+        """A chat ``logprobs.content`` entry (``alternatives``: (id, log-prob) pairs)."""
+        top = [self._entry(t, lp) for t, lp in alternatives]
+        return {**self._entry(token, logprob), "top_logprobs": top}
 
-    def _logprob(self, token: int, logprob: float) -> dict:
+    def _entry(self, token: int, logprob: float) -> dict:
         piece = self.tokenizer.decode([token])
-        return {
-            "token": piece,
-            "logprob": logprob,
-            "bytes": list(piece.encode()),
-            "top_logprobs": [],
-        }
+        return {"token": piece, "logprob": logprob, "bytes": list(piece.encode())}
 
     def _response(self, obj: str, prefix: str, ids, samples, choices) -> dict:
         sampled = sum(len(s.ids) for s in samples)
@@ -325,21 +348,21 @@ class ServerThread:
         self._thread.join(timeout=30)
 
 
-def _int(body: dict, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise HTTPError(400, f"{name} must be an integer, got {value!r}")
-    return value
+def _offsets(tokens: list[str]) -> list[int]:
+    """Where each token's text starts in the completion."""
+    out, at = [], 0
+    for piece in tokens:
+        out.append(at)
+        at += len(piece)
+    return out
 
 
-def _message(m: Any, i: int) -> dict:
-    if not isinstance(m, dict) or "role" not in m:
-        raise HTTPError(400, f"messages[{i}] must be an object with a role and content")
-    content = m.get("content") or ""
-    if isinstance(content, list):  # content parts: the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if not isinstance(content, str):
-        raise HTTPError(400, f"messages[{i}].content must be text")
-    return {"role": str(m["role"]), "content": content}
+def _with_logprobs(response: dict, samples: list[Sample]) -> dict:
+    """gspo's ``token_logprobs`` on each choice: the log-prob of every id in ``token_ids``
+    (the end token and stop string included, which the OpenAI ``logprobs`` leave out)."""
+    for choice, s in zip(response["choices"], samples, strict=True):
+        choice["token_logprobs"] = s.logprobs
+    return response
 
 
 def _same(asked: list[dict], conv: list[dict]) -> bool:

@@ -18,7 +18,7 @@ import warnings
 from typing import Any
 
 READ = ("messages", "prompt", "n", "max_tokens", "max_completion_tokens", "temperature",
-        "top_p", "stop", "stream")  # fmt: skip
+        "top_p", "stop", "stream", "stream_options", "seed", "logprobs", "top_logprobs")  # fmt: skip
 """The request fields the endpoint honours (the rest are validated by vLLM, then ignored)."""
 
 
@@ -84,7 +84,10 @@ class VLLMProtocol:
         except ValueError as err:  # vLLM's own checks in its validators
             raise HTTPError(400, str(err).splitlines()[0]) from None
         set_ = req.model_fields_set
-        return {name: getattr(req, name) for name in READ if name in set_ and name in body}
+        read = {name: getattr(req, name) for name in READ if name in set_ and name in body}
+        if hasattr(read.get("stream_options"), "model_dump"):  # vLLM's StreamOptions
+            read["stream_options"] = read["stream_options"].model_dump()
+        return read
 
     def chat(self, d: dict) -> dict:
         t = self.t
@@ -148,8 +151,9 @@ class VLLMProtocol:
         cards = [self.t["ModelCard"](**entry) for entry in d["data"]]
         return self.t["ModelList"](data=cards).model_dump(mode="json")
 
-    def error(self, status: int, message: str, kind: str) -> dict:
-        info = self.t["ErrorInfo"](message=message, type=kind, code=status)
+    def error(self, status: int, message: str, kind: str, param: str | None = None) -> dict:
+        """vLLM's ErrorResponse: the HTTP status as ``code``, as ``vllm serve`` answers."""
+        info = self.t["ErrorInfo"](message=message, type=kind, param=param, code=status)
         if isinstance(info, dict):
             return self.t["ErrorResponse"](object="error", **info).model_dump(mode="json")
         return self.t["ErrorResponse"](error=info).model_dump(mode="json")

@@ -4,7 +4,9 @@ The endpoint (:mod:`gspo.rollout.openai_server`) hands every request to a
 :class:`RequestBatcher`, which answers it from the next *round*: the pending requests sorted by
 episode (registration order) and arrival within the episode, grouped by sampling parameters
 (``n``, ``max_new_tokens``, temperature, top-p, stop strings; one group in training, where the
-run's sampling is fixed), one ``generate`` call per group.
+run's sampling is fixed), one ``generate`` call per group. A request with a ``seed`` is a group
+of its own, sampled with a generator seeded by it: its completions then depend only on the
+request, not on what else the round holds.
 
 When a round runs (deterministic batching, so a training run is reproducible):
 * with episodes registered (training): once every live episode has a request pending or has
@@ -30,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from .base import Rollout, SamplingParams
 
 
@@ -52,6 +56,7 @@ class _Pending:
     n: int
     params: SamplingParams
     future: asyncio.Future = field(repr=False)
+    seed: int | None = None
 
 
 class RequestBatcher:
@@ -101,13 +106,19 @@ class RequestBatcher:
 
     # Called in the server's event loop.
     async def submit(
-        self, episode: str | None, prompt: list[int], n: int, params: SamplingParams
+        self,
+        episode: str | None,
+        prompt: list[int],
+        n: int,
+        params: SamplingParams,
+        seed: int | None = None,
     ) -> list[Sample]:
-        """The ``n`` samples of ``prompt`` from the next round."""
+        """The ``n`` samples of ``prompt`` from the next round (``seed``: drawn with a
+        generator of its own, seeded by it)."""
         future = asyncio.get_running_loop().create_future()
         with self._lock:
             rank = self._order.get(episode, len(self._order)) if episode else 1 << 30
-            self._pending.append(_Pending((rank, self._seq), prompt, n, params, future))
+            self._pending.append(_Pending((rank, self._seq), prompt, n, params, future, seed))
             self._seq += 1
         self._poke()
         return await future
@@ -145,11 +156,14 @@ class RequestBatcher:
     async def _answer(self, batch: list[_Pending]) -> None:
         groups: dict[tuple, list[_Pending]] = {}
         for p in batch:
-            groups.setdefault((p.n, p.params), []).append(p)
-        for (n, params), items in groups.items():
+            alone = () if p.seed is None else (p.key,)  # a seeded request: a call of its own
+            groups.setdefault((p.n, p.params, *alone), []).append(p)
+        for (n, params, *_), items in groups.items():
+            seed = items[0].seed
+            generator = self.generator if seed is None else self._seeded(seed)
             try:
                 out = await asyncio.to_thread(
-                    self.generate, [p.prompt for p in items], n, params, self.generator
+                    self.generate, [p.prompt for p in items], n, params, generator
                 )
             except Exception as err:  # every request of the group gets the error
                 for p in items:
@@ -160,6 +174,11 @@ class RequestBatcher:
                 if not p.future.done():  # a cancelled request (its episode was cut) is skipped
                     p.future.set_result([_sample(out, i * n + j) for j in range(n)])
         self.rounds += 1
+
+    def _seeded(self, seed: int) -> torch.Generator:
+        """A generator seeded by a request's ``seed``, where the round's generator lives."""
+        device = "cpu" if self.generator is None else self.generator.device
+        return torch.Generator(device=device).manual_seed(seed)
 
 
 def _sample(out: Rollout, row: int) -> Sample:

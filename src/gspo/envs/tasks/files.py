@@ -334,20 +334,29 @@ def _place_images(prompt: str, count: int, field: str, where: str) -> str:
     return prompt
 
 
+def environment_pays(completion: str, example: Example) -> float:
+    """The reward of a file task whose environment (``--env``) pays its own: never called."""
+    raise RuntimeError(
+        "task='file' has no reward (the run's environment pays its own rewards); "
+        "set --reward to score completions without it"
+    )
+
+
 def make_file_task(
     train_path: str | Path,
     test_path: str | Path | None,
-    reward_name: str,
+    reward_name: str | None,
     **keys: Any,
 ) -> Task:
-    """A task from a train file, an optional test file (None = no test split) and a reward name.
+    """A task from a train file, an optional test file (None = no test split) and a reward name
+    (None: the run's environment pays its own rewards, :func:`environment_pays`).
 
     ``keys`` are passed to :func:`load_examples` (``prompt_key``, ``answer_key``,
     ``demo_key``). The reward is looked up with :func:`gspo.envs.rewards.get_reward` first, so a
     typo fails before any file is read. Rows scored by tests (a reward that runs the code
     sandbox) need no answer.
     """
-    reward = get_reward(reward_name)
+    reward = environment_pays if reward_name is None else get_reward(reward_name)
     allowed = {
         "prompt_key",
         "answer_key",
@@ -373,6 +382,7 @@ def make_file_task(
         train=train,
         test=test,
         reward=reward,
-        description=f"user data: train {train_path}, test {test_path}, reward {reward_name}",
+        description=f"user data: train {train_path}, test {test_path}, reward "
+        f"{reward_name or 'paid by the environment'}",
         skipped_rows=skipped,
     )
