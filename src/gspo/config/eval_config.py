@@ -63,6 +63,11 @@ class EvalConfig(EngineFields, EpisodeFields):
         "or module:function).",
         "math_verify",
     )
+    completions_key: str | None = _doc(
+        "Score the completions this field of each problem holds (e.g. HumanEval's "
+        "canonical_solution) with the reward, loading no model; None: generate them.",
+        None,
+    )
     env: str | None = _doc(
         "module:factory of the task's environment (as --env of gspo train); None: the one "
         "registered for the task, if any.",

@@ -166,6 +166,8 @@ def _validate_eval(cfg: EvalConfig, need: Any) -> None:
     for name in ("samples", "limit", "show", "threads"):
         need(getattr(cfg, name) >= 0, f"{name} must be >= 0, got {getattr(cfg, name)}")
     need(cfg.samples > 0 or cfg.greedy, "nothing to score: samples is 0 and greedy is off")
+    key = cfg.completions_key
+    need(key is None or bool(key.strip()), "completions_key must name a field, got ''")
     need(cfg.dtype in DTYPES, one_of("dtype", cfg.dtype, DTYPES))
     need(device_ok(cfg.device), bad_device(cfg.device))
     need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")
