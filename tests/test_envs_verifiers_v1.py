@@ -23,13 +23,14 @@ if os.environ.get("GSPO_REQUIRE_VERIFIERS") != "1":  # required: a missing verif
     pytest.importorskip(
         "verifiers", minversion="0.4", reason="needs verifiers 0.4 (gspo[verifiers])"
     )
-import verifiers.v1  # noqa: F401
+import verifiers.v1
 from aiohttp import web
 
 from gspo.envs.agent import AgentClient, AgentEnvironment
 from gspo.envs.base import ENVIRONMENTS
 from gspo.envs.tasks.synthetic import TASKS, make_task
 from gspo.envs.verifiers_v1 import (
+    CHAT_HARNESS,
     VerifiersEpisodeError,
     VerifiersV1Env,
     examples_of,
@@ -141,6 +142,8 @@ def test_single_turn_rubric_reward_and_metrics():
     (requests, right, wrong), errors = _run(main())
     assert right.reward == 1.0 and right.info == {"vf/correct": 1.0, "vf/turns": 1.0}
     assert wrong.reward == 0.0 and wrong.info["vf/correct"] == 0.0
+    # no verdict from a v1 rubric: success is its reward at SUCCESS_AT (1)
+    assert (right.success, wrong.success) == (True, False)
     body = requests["e0"][0]  # the run's sampling reaches the endpoint; the model is the client's
     assert body["model"] == "policy" and body["temperature"] == 1.0 and body["max_tokens"] == 16
     assert body["messages"] == [{"role": "user", "content": examples[0].prompt}]
@@ -194,6 +197,48 @@ def test_cut_episode_is_cancelled_cleanly(capfd):
 async def _one(env, example):
     async with Stub(lambda ep, call: example.answer) as stub:
         return await stub.run(env, example, "again")
+
+
+BARE_TASKSET = """from vf_arith import SumTask, SumTaskset, SumTasksetConfig
+
+__all__ = ["SumTask", "SumTaskset", "SumTasksetConfig"]  # a taskset with no Harness
+"""
+
+
+def test_a_taskset_without_a_harness_runs_gspos_chat_harness_offline(tmp_path, monkeypatch):
+    """verifiers' default harness (bash) downloads its program's dependencies: a taskset that
+    ships none runs under gspo's in-process chat harness, whose client is closed each episode."""
+    import openai
+
+    (tmp_path / "vf_sums_bare.py").write_text(BARE_TASKSET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert verifiers.v1.default_harness_id("vf_sums_bare") == "bash"
+    closed = []
+    close = openai.AsyncOpenAI.close
+
+    async def counted_close(self):
+        closed.append(self)
+        await close(self)
+
+    monkeypatch.setattr(openai.AsyncOpenAI, "close", counted_close)
+    env = VerifiersV1Env(load_env("vf_sums_bare", taskset={"num_tasks": 4}), "vf_sums_bare")
+    assert env.vf_env.config.agent.harness.id == CHAT_HARNESS
+    examples = examples_of(env.vf_env, 2)
+    script = {"e0": examples[0].answer, "e1": "wrong"}
+
+    async def main():
+        async with Stub(lambda ep, call: script[ep]) as stub:
+            outs = [await stub.run(env, examples[i], f"e{i}") for i in range(2)]
+            return stub.requests, outs
+
+    (requests, (right, wrong)), errors = _run(main())
+    assert (right.reward, right.success, wrong.reward, wrong.success) == (1.0, True, 0.0, False)
+    assert requests["e0"][0]["messages"] == [{"role": "user", "content": examples[0].prompt}]
+    assert len(requests["e0"]) == len(requests["e1"]) == 1  # one completion per episode
+    assert len(closed) == 2 and errors == []  # each episode's client closed
+    # a harness named in the config wins (vf_arith's own, as the other tests use)
+    named = load_env("vf_sums_bare", agent={"harness": {"id": "vf_arith", "max_turns": 2}})
+    assert named.config.agent.harness.id == "vf_arith"
 
 
 def test_failed_episode_raises():

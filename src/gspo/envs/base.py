@@ -231,7 +231,9 @@ def registered_env(name: str) -> Any:
 def format_bonus_problem(task: str, weight: float) -> str | None:
     """Why ``format_reward_weight`` cannot apply to ``task``, or None: a task with a registered
     environment is scored by that environment alone, so a format bonus would be ignored."""
-    return format_bonus_refusal(task, weight) if weight and registered_env(task) is not None else None
+    return (
+        format_bonus_refusal(task, weight) if weight and registered_env(task) is not None else None
+    )
 
 
 def format_bonus_refusal(name: str, weight: float) -> str:
