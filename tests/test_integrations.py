@@ -216,3 +216,46 @@ def test_textarena_trains_and_evaluates_from_the_command_line(textarena, tmp_pat
                  "--n-test", "4", "--samples", "2", "--output", str(report)]) == 0  # fmt: skip
     got = json.loads(report.read_text())["metrics"]
     assert got["problems"] == 4 and got["success"] == last["eval/success"]  # the same games
+
+
+# --------------------------------------------------------------------------------------------
+# An environment's own metrics keep their namespace in evaluation (verifiers' vf/<name>)
+# --------------------------------------------------------------------------------------------
+
+
+def test_an_environments_namespaced_metrics_are_eval_ns_name(tmp_path):
+    """docs/verifiers.md: a rubric's ``vf/<name>`` is logged as ``vf/<name>`` in training and
+    ``eval/vf/<name>`` in evaluation (it was ``eval/<name>``, unlike the docs)."""
+    from gspo.config import EvalConfig, build
+    from gspo.envs.base import ENVIRONMENTS, Step
+    from gspo.envs.tasks import TASKS, Task
+    from gspo.envs.tasks.base import Example
+
+    class Rubric:  # one turn, scored with a verifiers-style namespaced metric
+        name = "vf_metric_names"
+        multi_turn = True
+        stop_strings = ()
+
+        def reset(self, example):
+            return example
+
+        def step(self, state, text, finished):
+            return Step(done=True, reward=1.0, success=True, info={"vf/correct": 0.25})
+
+    def build_task(*, n_train, n_test, seed=0, difficulty=None):
+        rows = [Example("2+2=", "4", meta={"problem": str(i)}) for i in range(n_test)]
+        return Task("vf_metric_names", [], rows, lambda text, ex: 0.0, "metric names")
+
+    TASKS["vf_metric_names"] = build_task
+    ENVIRONMENTS["vf_metric_names"] = lambda task, opts, chat: Rubric()
+    try:
+        from gspo.compose.evaluate import evaluate
+
+        cfg = build(EvalConfig, overrides=dict(task="vf_metric_names", model="tiny", n_test=2,
+                    device="cpu", threads=1, samples=0, max_new_tokens=2, max_turns=1,
+                    max_total_tokens=8, output=None, progress=False))  # fmt: skip
+        metrics = evaluate(cfg)["metrics"]
+    finally:
+        TASKS.pop("vf_metric_names"), ENVIRONMENTS.pop("vf_metric_names")
+    assert metrics["vf/correct"] == 0.25 and "correct" not in metrics
+    assert metrics["turns_mean"] == 1.0  # episode/* lose their prefix as before
