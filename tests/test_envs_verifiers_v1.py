@@ -335,3 +335,37 @@ def test_episodes_cut_by_the_driver_earn_the_cut_reward(capfd, caplog):
     assert {t.finish for t in trajs} <= {"stop", "turns"} and "turns" in {t.finish for t in trajs}
     assert all(t.reward == env.cut_reward for t in trajs if t.finish == "turns")
     _no_pending_task_lost(capfd, caplog)
+
+
+# --- by name on the command line: --task verifiers:TASKSET ---------------------------------
+
+
+def test_a_taskset_by_name_trains_and_evaluates_from_the_command_line(tmp_path, monkeypatch):
+    """No plugin module: ``--task verifiers:vf_sums_bare,num_tasks=40`` (a taskset module in the
+    working directory, with no harness: gspo's chat harness runs it) trains two steps of the
+    tiny model through the endpoint, and gspo eval scores the saved model; the rubric's
+    scores are logged as vf/<name> and eval/vf/<name> (docs/verifiers.md)."""
+    pytest.importorskip("fastapi", reason="the endpoint needs the serve extra (fastapi, uvicorn)")
+    pytest.importorskip("uvicorn", reason="the endpoint needs the serve extra (fastapi, uvicorn)")
+    import json
+
+    from gspo.interface.cli import main
+
+    (tmp_path / "vf_sums_bare.py").write_text(BARE_TASKSET)
+    monkeypatch.chdir(tmp_path)  # found as --plugin modules are: the working directory
+    task = ["--task", "verifiers:vf_sums_bare,num_tasks=40", "--threads", "1", "--progress",
+            "false", "--max-turns", "1", "--max-tokens-per-turn", "4", "--max-total-tokens", "64"]  # fmt: skip
+    out = tmp_path / "run"
+    assert main(["train", *task, "--preset", "demo", "--steps", "2", "--n-train", "16",
+                 "--n-test", "4", "--prompts-per-step", "2", "--group-size", "2",
+                 "--output-dir", str(out)]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "reward/mean" in r]
+    assert len(trained) == 2 and all("vf/correct" in r for r in trained)
+    assert rows[-1]["eval/failed"] == 0 and "eval/vf/correct" in rows[-1]
+    report = tmp_path / "eval.json"
+    assert main(["eval", *task, "--model", str(out / "final"), "--device", "cpu", "--n-test",
+                 "4", "--samples", "2", "--output", str(report)]) == 0  # fmt: skip
+    got = json.loads(report.read_text())["metrics"]
+    assert got["problems"] == 4 and got["failed"] == 0 and "vf/correct" in got
+    assert got["success"] == rows[-1]["eval/success"]  # the same held-out tasks and model

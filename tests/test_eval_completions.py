@@ -81,6 +81,16 @@ def test_canonical_solutions_score_one_and_a_wrong_column_zero(tmp_path, no_mode
 
 
 @linux
+def test_mbpp_reference_code_scores_one(tmp_path, no_model):
+    mbpp = tmp_path / "mbpp.jsonl"
+    mbpp.write_text(json.dumps(MBPP_ROW) + "\n")
+    out = tmp_path / "r.json"
+    flags = ["eval", "--data", str(mbpp), "--prompt-key", "text", "--reward", "code"]
+    assert main([*flags, "--completions-key", "code", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["metrics"]["given_solved"] == 1.0
+
+
+@linux
 def test_a_tasks_rows_and_answers_can_be_given_too(tmp_path, no_model):
     out = tmp_path / "r.json"
     args = ["eval", "--task", "addition", "--n-test", "10", "--progress", "false"]

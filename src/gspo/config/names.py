@@ -194,6 +194,7 @@ ANSWER_FORMATS = ("raw", "gsm8k", "boxed")  # gspo.envs.tasks.files.ANSWER_FORMA
 INTEGRATIONS: dict[str, tuple[str, str, bool]] = {
     "reasoning_gym": ("reasoning_gym", "reasoning-gym", False),
     "textarena": ("textarena", "textarena", True),
+    "verifiers": ("verifiers", "verifiers", True),
 }
 """Outside packages' tasks, named ``PREFIX:NAME`` (``--task textarena:GuessTheNumber-v0``): the
 prefix's (package import name, gspo extra that installs it, whether its tasks run in their own

@@ -15,12 +15,13 @@
 
 from __future__ import annotations
 
-import ast
 from functools import cache
 from typing import Any
 
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.synthetic import INTEGRATION_TASKS
+
+from .options import parse_name
 
 PREFIX = "reasoning_gym"
 INSTALL = "pip install 'gspo[reasoning-gym]'"
@@ -34,39 +35,6 @@ def _reasoning_gym() -> Any:
     except ImportError:
         raise ImportError(f"--task {PREFIX}:... needs reasoning-gym: {INSTALL}") from None
     return reasoning_gym
-
-
-def _split_options(text: str) -> list[str]:
-    """``a=1,b=(2, 3)`` -> ``['a=1', 'b=(2, 3)']``: commas inside brackets or quotes stay."""
-    parts, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(text):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    return [p.strip() for p in [*parts, text[start:]] if p.strip()]
-
-
-def parse_name(spec: str) -> tuple[str, dict[str, Any]]:
-    """``NAME[,key=value...]`` -> (NAME, options); values are Python literals, else strings."""
-    name, _, rest = spec.partition(",")
-    options: dict[str, Any] = {}
-    for item in _split_options(rest):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--task {PREFIX}:{spec}: expected key=value options, got {item!r}")
-        try:
-            options[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            options[key.strip()] = value.strip()
-    return name.strip(), options
 
 
 def _config(name: str, options: dict[str, Any], difficulty: int | None) -> dict[str, Any]:
@@ -136,7 +104,7 @@ def build(
 ) -> Task:
     """The task ``reasoning_gym:SPEC``: ``n_test`` held-out problems and up to ``n_train`` to
     train on (fewer where the problem space is small: the held-out ones are taken out)."""
-    name, options = parse_name(spec)
+    name, options = parse_name(PREFIX, spec)
     rg = _reasoning_gym()
     if name not in rg.factory.DATASETS:
         import difflib
