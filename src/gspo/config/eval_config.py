@@ -33,7 +33,7 @@ class EvalConfig(EngineFields, EpisodeFields):
     )
     task: str = _doc(
         "Task whose held-out split is scored when --data is not given: built-in, registered by "
-        "a plugin, or module:builder.",
+        "a plugin, module:builder, or reasoning_gym:NAME, textarena:ID, verifiers:TASKSET.",
         "word_problems",
     )
     difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
