@@ -49,9 +49,9 @@ def _textarena() -> Any:
 def raw_id(env_id: str) -> str:
     """The TextArena id to make: ``ID-raw`` where registered, else ``ID`` (ValueError if
     TextArena has neither, with the closest id)."""
+    _textarena()  # its install line when missing
     from textarena.envs.registration import ENV_REGISTRY
 
-    _textarena()
     if env_id in ENV_REGISTRY:
         return env_id if f"{env_id}-raw" not in ENV_REGISTRY else f"{env_id}-raw"
     close = difflib.get_close_matches(env_id, list(ENV_REGISTRY), n=1)
