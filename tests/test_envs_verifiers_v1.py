@@ -23,13 +23,14 @@ if os.environ.get("GSPO_REQUIRE_VERIFIERS") != "1":  # required: a missing verif
     pytest.importorskip(
         "verifiers", minversion="0.4", reason="needs verifiers 0.4 (gspo[verifiers])"
     )
-import verifiers.v1  # noqa: F401
+import verifiers.v1
 from aiohttp import web
 
 from gspo.envs.agent import AgentClient, AgentEnvironment
 from gspo.envs.base import ENVIRONMENTS
 from gspo.envs.tasks.synthetic import TASKS, make_task
 from gspo.envs.verifiers_v1 import (
+    CHAT_HARNESS,
     VerifiersEpisodeError,
     VerifiersV1Env,
     examples_of,
@@ -141,6 +142,8 @@ def test_single_turn_rubric_reward_and_metrics():
     (requests, right, wrong), errors = _run(main())
     assert right.reward == 1.0 and right.info == {"vf/correct": 1.0, "vf/turns": 1.0}
     assert wrong.reward == 0.0 and wrong.info["vf/correct"] == 0.0
+    # no verdict from a v1 rubric: success is its reward at SUCCESS_AT (1)
+    assert (right.success, wrong.success) == (True, False)
     body = requests["e0"][0]  # the run's sampling reaches the endpoint; the model is the client's
     assert body["model"] == "policy" and body["temperature"] == 1.0 and body["max_tokens"] == 16
     assert body["messages"] == [{"role": "user", "content": examples[0].prompt}]
@@ -194,6 +197,48 @@ def test_cut_episode_is_cancelled_cleanly(capfd):
 async def _one(env, example):
     async with Stub(lambda ep, call: example.answer) as stub:
         return await stub.run(env, example, "again")
+
+
+BARE_TASKSET = """from vf_arith import SumTask, SumTaskset, SumTasksetConfig
+
+__all__ = ["SumTask", "SumTaskset", "SumTasksetConfig"]  # a taskset with no Harness
+"""
+
+
+def test_a_taskset_without_a_harness_runs_gspos_chat_harness_offline(tmp_path, monkeypatch):
+    """verifiers' default harness (bash) downloads its program's dependencies: a taskset that
+    ships none runs under gspo's in-process chat harness, whose client is closed each episode."""
+    import openai
+
+    (tmp_path / "vf_sums_bare.py").write_text(BARE_TASKSET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert verifiers.v1.default_harness_id("vf_sums_bare") == "bash"
+    closed = []
+    close = openai.AsyncOpenAI.close
+
+    async def counted_close(self):
+        closed.append(self)
+        await close(self)
+
+    monkeypatch.setattr(openai.AsyncOpenAI, "close", counted_close)
+    env = VerifiersV1Env(load_env("vf_sums_bare", taskset={"num_tasks": 4}), "vf_sums_bare")
+    assert env.vf_env.config.agent.harness.id == CHAT_HARNESS
+    examples = examples_of(env.vf_env, 2)
+    script = {"e0": examples[0].answer, "e1": "wrong"}
+
+    async def main():
+        async with Stub(lambda ep, call: script[ep]) as stub:
+            outs = [await stub.run(env, examples[i], f"e{i}") for i in range(2)]
+            return stub.requests, outs
+
+    (requests, (right, wrong)), errors = _run(main())
+    assert (right.reward, right.success, wrong.reward, wrong.success) == (1.0, True, 0.0, False)
+    assert requests["e0"][0]["messages"] == [{"role": "user", "content": examples[0].prompt}]
+    assert len(requests["e0"]) == len(requests["e1"]) == 1  # one completion per episode
+    assert len(closed) == 2 and errors == []  # each episode's client closed
+    # a harness named in the config wins (vf_arith's own, as the other tests use)
+    named = load_env("vf_sums_bare", agent={"harness": {"id": "vf_arith", "max_turns": 2}})
+    assert named.config.agent.harness.id == "vf_arith"
 
 
 def test_failed_episode_raises():
@@ -290,3 +335,37 @@ def test_episodes_cut_by_the_driver_earn_the_cut_reward(capfd, caplog):
     assert {t.finish for t in trajs} <= {"stop", "turns"} and "turns" in {t.finish for t in trajs}
     assert all(t.reward == env.cut_reward for t in trajs if t.finish == "turns")
     _no_pending_task_lost(capfd, caplog)
+
+
+# --- by name on the command line: --task verifiers:TASKSET ---------------------------------
+
+
+def test_a_taskset_by_name_trains_and_evaluates_from_the_command_line(tmp_path, monkeypatch):
+    """No plugin module: ``--task verifiers:vf_sums_bare,num_tasks=40`` (a taskset module in the
+    working directory, with no harness: gspo's chat harness runs it) trains two steps of the
+    tiny model through the endpoint, and gspo eval scores the saved model; the rubric's
+    scores are logged as vf/<name> and eval/vf/<name> (docs/verifiers.md)."""
+    pytest.importorskip("fastapi", reason="the endpoint needs the serve extra (fastapi, uvicorn)")
+    pytest.importorskip("uvicorn", reason="the endpoint needs the serve extra (fastapi, uvicorn)")
+    import json
+
+    from gspo.interface.cli import main
+
+    (tmp_path / "vf_sums_bare.py").write_text(BARE_TASKSET)
+    monkeypatch.chdir(tmp_path)  # found as --plugin modules are: the working directory
+    task = ["--task", "verifiers:vf_sums_bare,num_tasks=40", "--threads", "1", "--progress",
+            "false", "--max-turns", "1", "--max-tokens-per-turn", "4", "--max-total-tokens", "64"]  # fmt: skip
+    out = tmp_path / "run"
+    assert main(["train", *task, "--preset", "demo", "--steps", "2", "--n-train", "16",
+                 "--n-test", "4", "--prompts-per-step", "2", "--group-size", "2",
+                 "--output-dir", str(out)]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "reward/mean" in r]
+    assert len(trained) == 2 and all("vf/correct" in r for r in trained)
+    assert rows[-1]["eval/failed"] == 0 and "eval/vf/correct" in rows[-1]
+    report = tmp_path / "eval.json"
+    assert main(["eval", *task, "--model", str(out / "final"), "--device", "cpu", "--n-test",
+                 "4", "--samples", "2", "--output", str(report)]) == 0  # fmt: skip
+    got = json.loads(report.read_text())["metrics"]
+    assert got["problems"] == 4 and got["failed"] == 0 and "vf/correct" in got
+    assert got["success"] == rows[-1]["eval/success"]  # the same held-out tasks and model

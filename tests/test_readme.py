@@ -223,6 +223,21 @@ def test_documented_commands_use_real_subcommands_and_flags():
     assert not bad, "commands with an unknown subcommand or flag: " + "; ".join(bad)
 
 
+def test_the_integrations_page_has_a_command_per_package():
+    # docs/integrations.md: each outside package named on the command line (issue 49), its
+    # commands' flags checked above; the HumanEval/MBPP rows are read with --reward code.
+    from gspo.config.names import INTEGRATIONS
+
+    page = ROOT / "docs" / "integrations.md"
+    variables = dict(re.findall(r'^(\w+)="(.*)"$', page.read_text(), re.M))  # L="--task ..."
+    commands = [re.sub(r"\$(\w+)", lambda m: variables.get(m[1], m[0]), c)
+                for name, c in _commands() if name == page.name]  # fmt: skip
+    for prefix in INTEGRATIONS:
+        assert any(f"--task {prefix}:" in c for c in commands), prefix
+    assert any("--completions-key canonical_solution" in c for c in commands)
+    assert any("--reward code" in c and "--prompt-key text" in c for c in commands)  # MBPP
+
+
 def _anchors(page: Path) -> set[str]:
     """GitHub's anchors of a page's headings (code blocks' comment lines are not headings)."""
     text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)

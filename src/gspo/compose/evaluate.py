@@ -27,6 +27,7 @@ from gspo.models.policy import build_prompt_format, resolve_device, set_threads
 from gspo.orchestration import evaluation
 from gspo.rollout.engines import build_engine, check_engine_available, close_engine
 
+from .given import score_given
 from .parts import build_policy_for
 from .prompts import eval_prompt_rules
 
@@ -89,6 +90,8 @@ def eval_env(
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     """``gspo eval``: load the model, score the problems, write the JSON report, return it."""
+    if cfg.completions_key is not None:  # the data's own completions: no model
+        return _write(cfg, given_report(cfg))
     check_engine_available(
         EngineOptions.of(cfg)
     )  # e.g. vLLM missing: say so before loading anything
@@ -148,6 +151,28 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "config": dataclasses.asdict(cfg),
         "examples": details[: cfg.show] if cfg.show > 0 else details,
     }
+    return _write(cfg, report)
+
+
+def given_report(cfg: EvalConfig) -> dict[str, Any]:
+    """The report of ``--completions-key``: the problems' given completions under the reward."""
+    t0 = time.perf_counter()
+    examples, reward, where, _ = _problems(cfg)
+    if not examples:
+        raise ValueError(f"nothing to evaluate: {where} has no problems")
+    metrics, details = score_given(cfg, examples, reward)
+    return {
+        "model": None,
+        "completions_key": cfg.completions_key,
+        "data": where,
+        "metrics": metrics,
+        "seconds": {"total": time.perf_counter() - t0},
+        "config": dataclasses.asdict(cfg),
+        "examples": details[: cfg.show] if cfg.show > 0 else details,
+    }
+
+
+def _write(cfg: EvalConfig, report: dict[str, Any]) -> dict[str, Any]:
     if cfg.output:
         path = Path(cfg.output)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .names import VLLM_CPU_HEAD_SIZES, environment_tasks
+from .names import VLLM_CPU_HEAD_SIZES, is_environment_task
 from .options import EngineOptions, ModelOptions, RewardOptions, RunOptions, TaskOptions
 from .options_train import (
     AsyncOptions,
@@ -86,7 +86,7 @@ def split(cfg: TrainConfig) -> Options:
 def combination_problems(o: Options) -> list[str]:
     """Every combination of values across components that a run refuses (empty: none)."""
     # A registered multi-turn environment, or one named by --env module:factory.
-    multi_turn = o.task.task in environment_tasks() or o.task.env is not None
+    multi_turn = is_environment_task(o.task.task) or o.task.env is not None
     return [
         *scale_combinations(o),
         *async_combinations(o),

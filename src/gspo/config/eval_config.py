@@ -33,7 +33,7 @@ class EvalConfig(EngineFields, EpisodeFields):
     )
     task: str = _doc(
         "Task whose held-out split is scored when --data is not given: built-in, registered by "
-        "a plugin, or module:builder.",
+        "a plugin, module:builder, or reasoning_gym:NAME, textarena:ID, verifiers:TASKSET.",
         "word_problems",
     )
     difficulty: int | None = _doc("Task difficulty; None: the task's default.", None)
@@ -62,6 +62,11 @@ class EvalConfig(EngineFields, EpisodeFields):
         "Reward for --data (exact_match, numeric, math_verify, format, one a plugin registers, "
         "or module:function).",
         "math_verify",
+    )
+    completions_key: str | None = _doc(
+        "Score the completions this field of each problem holds (e.g. HumanEval's "
+        "canonical_solution) with the reward, loading no model; None: generate them.",
+        None,
     )
     env: str | None = _doc(
         "module:factory of the task's environment (as --env of gspo train); None: the one "

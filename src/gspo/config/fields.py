@@ -106,8 +106,9 @@ class SharedFields:
     task: str = _doc(
         "Built-in task (addition, reversal, sorting, countdown, scratchpad, multiply, "
         "word_problems, code; with images: shapes; multi-turn: calculator, guess, code_feedback), 'file' for "
-        "--train-file, a task a plugin registers, or module:builder (your builder, see "
-        "docs/plugins.md).",
+        "--train-file, a task a plugin registers, module:builder (your builder, see "
+        "docs/plugins.md), or an outside package's: reasoning_gym:NAME, textarena:ID, "
+        "verifiers:TASKSET (docs/integrations.md).",
         "addition",
     )
     difficulty: int | None = _doc(

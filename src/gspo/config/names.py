@@ -14,6 +14,7 @@ Plain data: this module imports nothing else of gspo.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -190,6 +191,43 @@ ENVIRONMENT_TASKS = ("calculator", "code_feedback", "guess")  # gspo.envs.base.E
 ANSWER_FORMATS = ("raw", "gsm8k", "boxed")  # gspo.envs.tasks.files.ANSWER_FORMATS
 
 
+INTEGRATIONS: dict[str, tuple[str, str, bool]] = {
+    "reasoning_gym": ("reasoning_gym", "reasoning-gym", False),
+    "textarena": ("textarena", "textarena", True),
+    "verifiers": ("verifiers", "verifiers", True),
+}
+"""Outside packages' tasks, named ``PREFIX:NAME`` (``--task textarena:GuessTheNumber-v0``): the
+prefix's (package import name, gspo extra that installs it, whether its tasks run in their own
+environment). gspo.envs.integrations holds them (tests/test_integrations.py keeps the two equal).
+Such a name is not a ``module:builder`` reference."""
+
+
+def integration_of(task: Any) -> str | None:
+    """The integration prefix of a task name ``PREFIX:NAME`` (None: not an integration's)."""
+    if not isinstance(task, str):
+        return None
+    prefix, sep, _ = task.partition(":")
+    return prefix if sep and prefix in INTEGRATIONS else None
+
+
+def integration_problem(task: str) -> str | None:
+    """The problem of an integration's task name (None: fine): a name after the prefix, and the
+    package installed (found without importing it: seconds for some)."""
+    prefix = integration_of(task)
+    if prefix is None:
+        return None
+    module, extra, _ = INTEGRATIONS[prefix]
+    if not task.partition(":")[2].strip():
+        return f"task {task!r}: name one of {module}'s tasks after '{prefix}:'"
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return f"task {task!r} needs {module}: pip install 'gspo[{extra}]'"
+    return None
+
+
 def _registry(module: str, name: str, builtin: tuple[str, ...]) -> tuple[str, ...]:
     # The built-ins first: a registry still being filled (its module mid-import) lacks some.
     registry = getattr(sys.modules.get(module), name, None) or ()
@@ -209,6 +247,12 @@ def rewards() -> tuple[str, ...]:
 def environment_tasks() -> tuple[str, ...]:
     """Tasks with a registered multi-turn environment, as :func:`tasks`."""
     return _registry("gspo.envs.base", "ENVIRONMENTS", ENVIRONMENT_TASKS)
+
+
+def is_environment_task(task: Any) -> bool:
+    """Whether ``task`` runs in its own environment: a registered one, or an integration's."""
+    prefix = integration_of(task)
+    return task in environment_tasks() or (prefix is not None and INTEGRATIONS[prefix][2])
 
 
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:

@@ -50,7 +50,7 @@ def _closest(value: str, choices: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _cwd_on_path() -> None:
+def cwd_on_path() -> None:
     # `python -m` puts the working directory first on sys.path; the `gspo` script does not.
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -88,7 +88,7 @@ def _neighbours(module: str) -> list[str]:
 
 def _find(module: str, what: str) -> Any:
     """The module's spec, or PluginError naming it (with the closest module of the cwd)."""
-    _cwd_on_path()
+    cwd_on_path()
     try:
         spec = importlib.util.find_spec(module)
     except Exception as exc:  # a dotted name whose parent package is missing or fails to import

@@ -15,7 +15,16 @@ from typing import Any
 from .combinations import split
 from .eval_config import EvalConfig
 from .fields import DTYPES, ConfigError
-from .names import ANSWER_FORMATS, CHAT_MODES, environment_tasks, one_of, rewards, tasks
+from .names import (
+    ANSWER_FORMATS,
+    CHAT_MODES,
+    integration_of,
+    integration_problem,
+    is_environment_task,
+    one_of,
+    rewards,
+    tasks,
+)
 from .options import EngineOptions, ModelOptions, bad_device, device_ok
 from .plugins import is_ref, load_plugins, ref_problem
 from .train import SFTConfig, TrainConfig
@@ -82,7 +91,7 @@ def train_problems(cfg: TrainConfig) -> list[str]:
     _validate_file_task(cfg, need)
     if cfg.format_reward_weight:  # a task with its own environment: the env gives the rewards
         need(
-            cfg.task not in environment_tasks() and cfg.env is None,
+            not is_environment_task(cfg.task) and cfg.env is None,
             format_bonus_refusal(cfg.task, cfg.format_reward_weight),
         )
     problems += [p for p in split(cfg).problems() if p not in problems]
@@ -129,7 +138,10 @@ def _validate_task(cfg: Config, need: Any) -> None:
 
 
 def _validate_name(need: Any, field: str, value: str, names: tuple, plugins_failed: bool) -> None:
-    if is_ref(value):
+    if field == "task" and integration_of(value) is not None:  # not a module:builder reference
+        problem = integration_problem(value)
+        need(problem is None, problem or "")
+    elif is_ref(value):
         problem = ref_problem(field, value)
         need(problem is None, problem or "")
     elif not plugins_failed:  # else the name may be one the failed plugin registers
@@ -159,6 +171,8 @@ def _validate_eval(cfg: EvalConfig, need: Any) -> None:
     for name in ("samples", "limit", "show", "threads"):
         need(getattr(cfg, name) >= 0, f"{name} must be >= 0, got {getattr(cfg, name)}")
     need(cfg.samples > 0 or cfg.greedy, "nothing to score: samples is 0 and greedy is off")
+    key = cfg.completions_key
+    need(key is None or bool(key.strip()), "completions_key must name a field, got ''")
     need(cfg.dtype in DTYPES, one_of("dtype", cfg.dtype, DTYPES))
     need(device_ok(cfg.device), bad_device(cfg.device))
     need(cfg.temperature >= 0, f"temperature must be >= 0, got {cfg.temperature}")

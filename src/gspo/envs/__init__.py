@@ -9,6 +9,9 @@ from gspo.envs.base import ENVIRONMENTS, Environment, SingleTurnEnv, Step, env_f
 from gspo.envs import calculator as _calculator  # noqa: F401
 from gspo.envs import code_feedback as _code_feedback  # noqa: F401
 from gspo.envs import guess as _guess  # noqa: F401
+from gspo.envs.integrations import reasoning_gym_tasks as _reasoning_gym  # noqa: F401
+from gspo.envs.integrations import textarena_games as _textarena  # noqa: F401
+from gspo.envs.integrations import verifiers_tasks as _verifiers  # noqa: F401
 # isort: on
 
 __all__ = ["ENVIRONMENTS", "Environment", "SingleTurnEnv", "Step", "env_for", "register_env"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from gspo.config.names import integration_of
 from gspo.config.plugins import resolve
 from gspo.core.metrics import CORRECT
 from gspo.envs.rewards import score_each
@@ -216,10 +217,23 @@ def register_env(name: str):
     return decorator
 
 
+INTEGRATION_ENVS: dict[str, Any] = {}
+"""The environment factories of outside packages' tasks by prefix (gspo.envs.integrations fills
+it): the task ``textarena:GuessTheNumber-v0`` runs in ``INTEGRATION_ENVS["textarena"]``'s."""
+
+
+def registered_env(name: str) -> Any:
+    """The environment factory registered for the task ``name`` (or its integration), or None."""
+    factory = ENVIRONMENTS.get(name)
+    return factory if factory is not None else INTEGRATION_ENVS.get(integration_of(name))
+
+
 def format_bonus_problem(task: str, weight: float) -> str | None:
     """Why ``format_reward_weight`` cannot apply to ``task``, or None: a task with a registered
     environment is scored by that environment alone, so a format bonus would be ignored."""
-    return format_bonus_refusal(task, weight) if weight and task in ENVIRONMENTS else None
+    return (
+        format_bonus_refusal(task, weight) if weight and registered_env(task) is not None else None
+    )
 
 
 def format_bonus_refusal(name: str, weight: float) -> str:
@@ -236,7 +250,7 @@ def env_factory(task: Task, opts: TaskOptions) -> Any:
     imported now), else the one registered for the task's name, else None (single-turn)."""
     if opts.env is not None:
         return resolve("env", opts.env)
-    return ENVIRONMENTS.get(task.name)
+    return registered_env(task.name)
 
 
 def env_for(task: Task, opts: TaskOptions, chat: bool = False) -> Environment:

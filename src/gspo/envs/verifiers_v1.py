@@ -16,7 +16,10 @@ One episode (:meth:`VerifiersV1Env.run_episode`):
 * the episode's reward is its traces' rubric reward (the weighted sum of the task's
   ``@vf.reward`` functions; the mean over traces when an env runs several agents), and each
   ``@vf.reward`` score and ``@vf.metric`` value is kept in ``AgentOutcome.info`` as
-  ``vf/<name>`` (averaged over traces);
+  ``vf/<name>`` (averaged over traces); its success is that reward >= :data:`SUCCESS_AT` (a
+  v1 rubric gives scores, not a verdict);
+* a taskset module that ships no harness runs under gspo's offline in-process chat harness
+  (:mod:`gspo.envs.vf_chat_harness`), not verifiers' default ``bash``, which needs the network;
 * an episode verifiers reports as failed (a harness, provider or scoring error, the endpoint's
   ``episode_limit`` refusal included) raises :class:`VerifiersEpisodeError`, so the driver
   fails it (reward 0, ``episode/failed``); the driver cancels an episode cut by a limit, which
@@ -34,10 +37,13 @@ See docs/verifiers.md.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from gspo.core.metrics import CORRECT
 from gspo.envs.agent import AgentClient, AgentOutcome
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.synthetic import TASKS
@@ -45,6 +51,11 @@ from gspo.envs.tasks.synthetic import TASKS
 from .base import ENVIRONMENTS
 
 INSTALL = 'pip install "gspo[verifiers]"  (verifiers>=0.4,<0.5)'
+CHAT_HARNESS = "gspo_chat_harness"
+"""The harness id of gspo's offline chat harness (see :func:`load_env`)."""
+SUCCESS_AT = CORRECT
+"""An episode whose rubric reward is at least this (1, within rounding) is a success, unless
+the environment gives its own verdict: a v1 rubric gives scores, not a verdict."""
 API_KEY_VAR = "GSPO_AGENT_API_KEY"
 """The variable verifiers reads the endpoint's API key from (unset: "EMPTY"; gspo's endpoint
 ignores keys)."""
@@ -80,9 +91,23 @@ def env_config(taskset_id: str, **config: Any) -> dict[str, Any]:
 
 
 def load_env(taskset_id: str, **config: Any) -> Any:
-    """The v1 ``Env`` for the taskset module ``taskset_id`` (see :func:`env_config`)."""
+    """The v1 ``Env`` for the taskset module ``taskset_id`` (see :func:`env_config`). A
+    taskset module that exports no ``Harness`` runs under gspo's offline chat harness
+    (:data:`CHAT_HARNESS`) unless ``agent.harness`` names one: verifiers' own default (``bash``)
+    downloads its program's dependencies at run time."""
     vf = _vf()
-    return vf.load_environment(vf.resolve_env_config(env_config(taskset_id, **config)))
+    data = env_config(taskset_id, **config)
+    agent = data["agent"]
+    if "harness" not in agent and vf.default_harness_id(taskset_id) == "bash":
+        agent["harness"] = {"id": chat_harness()}
+    return vf.load_environment(vf.resolve_env_config(data))
+
+
+def chat_harness() -> str:
+    """The harness id of gspo's offline chat harness (:mod:`gspo.envs.vf_chat_harness`),
+    made importable under it: verifiers imports harnesses by a top-level module name."""
+    sys.modules.setdefault(CHAT_HARNESS, importlib.import_module("gspo.envs.vf_chat_harness"))
+    return CHAT_HARNESS
 
 
 def examples_of(vf_env: Any, limit: int | None = None) -> list[Example]:
@@ -209,7 +234,7 @@ def outcome_of(episode: Any) -> AgentOutcome:
             if value is not None:
                 sums.setdefault(f"vf/{key}", []).append(float(value))
     info = {k: sum(v) / len(v) for k, v in sums.items()}
-    return AgentOutcome(reward=float(reward), info=info)
+    return AgentOutcome(reward=float(reward), success=reward >= SUCCESS_AT, info=info)
 
 
 def _error_line(episode: Any) -> str:

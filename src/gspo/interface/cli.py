@@ -316,9 +316,11 @@ def run_eval_cli(args: Any, overrides: Any) -> int:
 
     report = evaluate(cfg)
     m = report["metrics"]
-    print(f"{report['data']}: {int(m['problems'])} problems, model {cfg.model}")
+    given = f"completions {cfg.completions_key!r}" if cfg.completions_key else None
+    print(f"{report['data']}: {int(m['problems'])} problems, {given or f'model {cfg.model}'}")
     rows = [("greedy accuracy", "greedy_accuracy"), ("greedy success", "success")]
-    if cfg.samples > 0:
+    rows += [("given reward", "given_reward"), ("given solved", "given_solved")]
+    if cfg.samples > 0 and not given:
         rows += [
             ("sampled success", "sampled_success"),  # multi-turn environments
             (f"avg@{cfg.samples}", f"avg@{cfg.samples}"),

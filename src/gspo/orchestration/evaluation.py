@@ -258,7 +258,9 @@ def _evaluate_episodes(
         out.update({"greedy_accuracy": acc, "greedy_accuracy_se": se})
         out.update({"success": won, "success_se": won_se})
         out["final_reward"] = sum(t.reward for t in trajs) / len(trajs)
-        out.update({k.split("/", 1)[1]: v for k, v in episode_metrics(trajs).items()})
+        # episode/turns_mean -> turns_mean; an environment's own (a rubric's vf/correct) keep
+        # their namespace: eval/vf/correct, as training logs vf/correct
+        out.update({k.removeprefix("episode/"): v for k, v in episode_metrics(trajs).items()})
         for record, t in zip(records, trajs, strict=True):
             record.update(greedy=t.history, greedy_reward=t.reward, greedy_success=t.success)
     if samples > 0:

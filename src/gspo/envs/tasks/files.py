@@ -7,9 +7,12 @@ plus the line number for .jsonl) and the field, so a bad row can be found and fi
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
+import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +192,8 @@ def load_examples(
     answer_optional: bool = False,
     image_key: str | None = None,
 ) -> list[Example]:
-    """Load problems from a local .jsonl, .json or .parquet file.
+    """Load problems from a local .jsonl, .json or .parquet file (or one of them gzipped,
+    ``.jsonl.gz``).
 
     Each row needs a non-empty string ``prompt_key`` and a non-empty ``answer_key`` (numbers
     are converted to strings). With ``demo_key``, that column gives the demo (null allowed,
@@ -225,6 +229,10 @@ def load_examples(
         raise DataError(f"{path}: is a directory, not a data file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
+    if path.suffix == ".gz" and Path(path.stem).suffix in EXTENSIONS:
+        return _load_gzip(path, dict(prompt_key=prompt_key, answer_key=answer_key,
+            demo_key=demo_key, split=split, on_error=on_error, skipped=skipped,
+            answer_format=answer_format, answer_optional=answer_optional, image_key=image_key))  # fmt: skip
     if path.suffix not in EXTENSIONS:
         raise DataError(
             f"{path}: unsupported extension {path.suffix!r} "
@@ -279,6 +287,21 @@ def load_examples(
             meta["solution"] = solution
         examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta, images=images))
     return examples
+
+
+def _load_gzip(path: Path, args: dict[str, Any]) -> list[Example]:
+    """:func:`load_examples` of a gzip-compressed file (HumanEval ships ``HumanEval.jsonl.gz``):
+    read from a decompressed copy, its messages naming ``path``."""
+    with tempfile.TemporaryDirectory() as folder:
+        plain = Path(folder) / path.stem
+        try:
+            plain.write_bytes(gzip.decompress(path.read_bytes()))
+        except (OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"{path}: could not be decompressed: {exc}") from None
+        try:
+            return load_examples(plain, **args)
+        except DataError as exc:
+            raise DataError(str(exc).replace(str(plain), str(path))) from None
 
 
 def _row_images(value: Any, field: str, where: str, folder: Path) -> tuple:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gspo.envs.tasks.shapes as _shapes
+from gspo.config.names import integration_of, integration_problem
 from gspo.config.plugins import is_ref, resolve
 from gspo.envs.rewards import countdown_reward, exact_match
 from gspo.envs.tasks.base import Example, RewardFn, Task, call_builder
@@ -359,6 +360,11 @@ def register_task(name: str):
     return decorator
 
 
+INTEGRATION_TASKS: dict[str, Callable[..., Task]] = {}
+"""The task builders of outside packages by prefix (gspo.envs.integrations fills it): ``--task
+PREFIX:NAME`` builds ``INTEGRATION_TASKS[PREFIX](NAME, *, n_train, n_test, seed, difficulty)``."""
+
+
 DIFFICULTIES: dict[str, tuple[int, int, int]] = {
     name: (spec.low, spec.default, spec.high) for name, spec in _SPECS.items()
 }
@@ -381,7 +387,13 @@ def make_task(
     Raises ValueError for an unknown name (listing the valid ones), a difficulty outside the
     task's range (naming it), or a test split larger than the task's test problem space.
     """
-    if is_ref(name):
+    prefix = integration_of(name)
+    if prefix is not None:  # an outside package's task, e.g. textarena:GuessTheNumber-v0
+        problem = integration_problem(name)
+        if problem is not None:
+            raise ValueError(problem)
+        builder = functools.partial(INTEGRATION_TASKS[prefix], name.partition(":")[2].strip())
+    elif is_ref(name):
         builder = resolve("task", name)
     else:
         try:
