@@ -29,8 +29,9 @@ Settings made equal:
   ``loss_type="grpo"`` = mean over tokens then over sequences, gspo ``seq_mean_token_mean``),
   clip 3e-4 / 4e-4, no KL (``beta=0``), group advantages with the sample std (gspo
   ``advantage_scale=sample_std``, TRL ``scale_rewards="group"``);
-- optimizer: AdamW (``optim="adamw_torch"``), same lr, betas 0.9 / 0.999, no weight decay,
-  10 warm-up optimizer steps then constant, grad-norm clip 1.0;
+- optimizer: AdamW, same lr, betas 0.9 / 0.999, no weight decay, 10 warm-up optimizer steps
+  then constant, grad-norm clip 1.0; TRL is handed gspo's schedule (factor (i + 1) / W:
+  transformers' i / W starts at lr 0), so both run one warm-up convention;
 - reward: the task's own exact-match function, wrapped as a TRL reward function;
 - bookkeeping: no checkpoints, no evaluation, no progress bar inside the timed steps.
 
@@ -444,6 +445,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from gspo.backend.update import lr_lambda
     from gspo.compose.parts import build_task
     from gspo.models.policy import build_policy, build_prompt_format
 
@@ -554,6 +556,14 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
                 if state.global_step % NUM_MINIBATCHES == 0:
                     ends.append(time.perf_counter())
 
+        # One warm-up convention on both sides (docs/algorithms.md, "Parity with TRL"): gspo's
+        # factor (i + 1) / W, handed to TRL as its scheduler. transformers' constant_with_warmup
+        # is i / W, whose first optimizer step runs at lr 0: a 0.5-relative weight difference
+        # after a few steps (tests/test_trl_parity.py).
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(WARMUP_OPT_STEPS))
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[exact_match],
@@ -561,6 +571,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[Clock()],
+            optimizers=(optimizer, schedule),
         )
         base_rss = _rss_mb()
         trainer.train()
@@ -774,6 +785,57 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def learning(runs: dict[str, dict[str, list[dict[str, Any]]]], n_test: int) -> dict[str, Any]:
+    """Each gspo system against TRL (and against its ``@REF`` baseline) on held-out accuracy and
+    end-of-run train reward: the paired comparison of gspo.core.comparison (DESIGN.md, "How
+    learning is compared"), pairing the runs of one seed. A baseline's runs serve every system
+    compared with it: the report says so."""
+    from gspo.core.comparison import compare_paired
+
+    out: dict[str, Any] = {}
+    for workload, by in runs.items():
+        pairs = [(s, "trl") for s in by if s != "trl" and "trl" in by]
+        pairs += [(s, b) for s in by if (b := bl.split(s)[0]) != s and b in by]
+        for key, problems in (("held_out_greedy", n_test), ("reward_last", None)):
+            for system, base in pairs:
+                shared = sum(1 for _, b in pairs if b == base)
+
+                a, b = (
+                    {r["seed"]: r[key] for r in by[name] if r.get(key) is not None}
+                    for name in (system, base)
+                )
+                c = compare_paired(
+                    a,
+                    b,
+                    names=(system, base),
+                    problems=problems,
+                    shared_baseline=shared,
+                )
+                if c.n:
+                    out.setdefault(workload, {}).setdefault(key, []).append(c)
+    return out
+
+
+def speed_interval(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float] | None:
+    """b / a seconds per step, paired repetition by repetition (the systems alternate within a
+    repetition): the geometric mean of the per-repetition ratios with a 95% bootstrap interval
+    over repetitions. None with fewer than 2 repetitions."""
+    import math
+
+    from gspo.core.comparison import bootstrap_interval
+
+    logs = [math.log(y["step_s"] / x["step_s"]) for x, y in zip(a, b, strict=False)]
+    if len(logs) < 2:
+        return None
+    lo, hi = bootstrap_interval(logs)
+    return {
+        "ratio": math.exp(statistics.fmean(logs)),
+        "low": math.exp(lo),
+        "high": math.exp(hi),
+        "reps": len(logs),
+    }
+
+
 def ratios(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """gspo / TRL for every throughput figure, TRL / gspo for times, per workload and system."""
     out: dict[str, dict[str, Any]] = {}
@@ -813,7 +875,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=16, help="RL steps per run (first is warm-up)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions (systems alternate)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every run")
-    ap.add_argument("--n-test", type=int, default=200, help="held-out problems for the accuracy")
+    ap.add_argument(
+        "--n-test",
+        type=int,
+        default=800,
+        help="held-out problems for the accuracy (learning comparisons want >= 800: DESIGN.md)",
+    )
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out accuracy")
     ap.add_argument("--reward-window", type=int, default=5, help="last steps averaged")
     ap.add_argument(
@@ -931,6 +998,16 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
                 runs.setdefault(workload, {}).setdefault(system, []).append(r)
 
     summary = {w: {s: aggregate(rs) for s, rs in by.items()} for w, by in runs.items()}
+    compared = learning(runs, args.n_test) if not args.no_eval else {}
+    intervals = {
+        w: {
+            f"{base}/{s}": iv
+            for s in by
+            for base in ("trl", bl.split(s)[0])
+            if base != s and base in by and (iv := speed_interval(by[s], by[base]))
+        }
+        for w, by in runs.items()
+    }
     import torch
     import transformers
 
@@ -940,7 +1017,7 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
         "settings": {
             "workloads": {w: WORKLOADS[w] for w in workloads},
             "systems": systems,
-            "baseline": {ref: str(path) for ref, path in worktrees.items()},
+            "baseline": sorted(worktrees),  # commits (their temp worktrees are not kept)
             "steps": args.steps,
             "warmup_steps_excluded": 1,
             "reps": args.reps,
@@ -960,6 +1037,10 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
         },
         "summary": summary,
         "ratios": ratios(summary),
+        "speed_intervals": intervals,
+        "learning": {
+            w: {k: [c.to_json() for c in cs] for k, cs in by.items()} for w, by in compared.items()
+        },
         "runs": runs,
     }
     out = Path(args.out)
@@ -983,6 +1064,17 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
                 f"train tok/s {_f(r['train_tokens_per_s'], '.2f')}x, "
                 f"rollout {_f(r['rollout_speedup'], '.2f')}x, peak RSS {_f(r['peak_rss'], '.2f')}x"
             )
+    for workload, by in intervals.items():
+        for name, iv in by.items():
+            print(
+                f"{workload} step time {name}: {iv['ratio']:.2f}x "
+                f"(95% CI {iv['low']:.2f}-{iv['high']:.2f}x over {iv['reps']} paired repetitions)"
+            )
+    for workload, by in compared.items():
+        for key, cs in by.items():
+            print(f"\n{workload}, {key} (paired by seed; gspo.core.comparison):")
+            for c in cs:
+                print("  " + c.line())
     print(f"\nwrote {out}")
 
 
