@@ -209,6 +209,11 @@ def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path, monkey
     assert cells[1] == "0, 1"
     assert cells[2] == "0.300 ± 0.000"  # Δ held-out acc. (end)
     assert cells[-1] == "150.000 ± 50.000"  # ratio of clip fractions
+    # The verdict line (gspo.core.comparison): +0.3 on both seeds is still "cannot tell" with
+    # 2 seeds (a difference needs >= 10), and the line says why and gives the interval.
+    verdict = next(x for x in paired.splitlines() if x.startswith("- held-out acc. (end): gspo"))
+    assert "gspo - grpo: +0.300 ± 0.000" in verdict and "95% CI [+0.300, +0.300]" in verdict
+    assert "cannot tell at this power" in verdict and "fewer than 10 seeds" in verdict
     other = build_report([runs], tmp_path / "ref", tail=0.2, reference="gspo")
     assert "against `gspo`" in other.markdown.read_text()
     with pytest.raises(ValueError, match="unknown reference"):

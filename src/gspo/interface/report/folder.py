@@ -13,7 +13,12 @@ from pathlib import Path
 from gspo.interface.report.data import Run, discover_runs, group_runs, load_run
 from gspo.interface.report.plots import plot_comparison
 from gspo.interface.report.stats import Summary, columns_for, summarize
-from gspo.interface.report.tables import paired_table, per_run_table, summary_table
+from gspo.interface.report.tables import (
+    paired_table,
+    per_run_table,
+    summary_table,
+    verdict_lines,
+)
 
 SETTINGS_SHOWN = (
     "task",
@@ -140,6 +145,12 @@ def build_report(
         "is the per-seed clip fraction divided by the reference's.",
         "",
         paired_table(summary, reference),
+        "",
+        'Verdicts (DESIGN.md, "How learning is compared"): the paired difference with its '
+        "standard error, 95% bootstrap interval over seeds and minimum detectable effect (MDE); "
+        "a difference is called one only with >= 10 seeds and an interval that excludes 0.",
+        "",
+        *verdict_lines(summary, reference),
         "",
         "## Per run",
         "",

@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gspo.core.comparison import compare_paired
 from gspo.interface.report.stats import (
     COLUMNS,
     PAIRED_COLUMNS,
@@ -117,3 +118,35 @@ def paired_table(
         cells.append(fmt_mean_se(mean, se))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+VERDICT_COLUMNS = ("held-out acc. (end)", "reward (end)")
+"""Columns the report states a verdict on (gspo.core.comparison)."""
+
+
+def verdict_lines(summary: Summary, reference: str) -> list[str]:
+    """One line per (condition, column) against ``reference``: the paired difference, its SE,
+    95% bootstrap interval and MDE, and the verdict (a difference needs >= 10 seeds and an
+    interval without 0; otherwise "cannot tell at this power")."""
+    ref_runs = summary.groups[reference]
+    others = [label for label in summary.groups if label != reference]
+    lines = []
+    for column in VERDICT_COLUMNS:
+        for label in others:
+            runs = summary.groups[label]
+            problems = None
+            if column.startswith("held-out"):
+                problems = int(runs[0].config.get("n_test", 0)) or None
+            c = compare_paired(
+                {r.seed: v for r, v in zip(runs, summary.values[label][column], strict=True)},
+                {
+                    r.seed: v
+                    for r, v in zip(ref_runs, summary.values[reference][column], strict=True)
+                },
+                names=(label, reference),
+                problems=problems,
+                shared_baseline=len(others),
+            )
+            if c.n:
+                lines.append(f"- {column}: {c.line()}")
+    return lines
