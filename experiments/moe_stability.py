@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gspo.core.comparison import compare_paired
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "grpo": {"algo": "grpo"},
     "grpo+R2": {"algo": "grpo", "routing_replay": "old"},
@@ -329,6 +331,18 @@ def main(argv: list[str] | None = None) -> None:
         }
         summary[variant]["collapsed"] = sum(r["collapsed"] for r in rs)
         summary[variant]["runs"] = len(rs)
+    # DESIGN.md, "How learning is compared": paired by seed, interval, MDE and verdict.
+    pairs = [("grpo", "grpo+R2"), ("gspo", "grpo"), ("gspo", "grpo+R2"), ("luspo", "gspo")]
+    comparisons = [
+        compare_paired(
+            {int(s): r["final_greedy"] for s, r in runs[a].items()},
+            {int(s): r["final_greedy"] for s, r in runs[b].items()},
+            names=(a, b),
+            problems=args.n_test,
+        )
+        for a, b in pairs
+        if a in runs and b in runs
+    ]
     elapsed = time.perf_counter() - t0
     stem = "moe_stability_quick" if args.quick else "moe_stability"
     payload = {
@@ -348,6 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "sft_eval": sft_eval,
         "summary": summary,
+        "comparisons": [c.to_json() for c in comparisons],
         "runs": runs,
     }
     (results / f"{stem}.json").write_text(json.dumps(payload, indent=1))
@@ -361,6 +376,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     print()
     print(markdown_table(summary))
+    print("\nfinal held-out greedy accuracy, paired by seed (gspo.core.comparison):")
+    for c in comparisons:
+        print("  " + c.line())
     print(f"\nwrote {results / f'{stem}.json'} and {results / f'{stem}.png'}")
 
 
