@@ -228,7 +228,9 @@ def test_sleeping_code_meets_the_per_test_wall_limit() -> None:
     # Sleeping uses no CPU: the wall limit of the test (3 x 0.2 s + 2 s) ends it, not the
     # run's backstop, and the next test runs in a fresh worker.
     needs_full_isolation()
-    code = "import time\ndef add(a, b):\n    if a == 1:\n        time.sleep(600)\n    return a + b\n"
+    code = (
+        "import time\ndef add(a, b):\n    if a == 1:\n        time.sleep(600)\n    return a + b\n"
+    )
     report = run_tests(code, TestSuite.from_meta(ROWS["tests"].meta), test_timeout_s=0.2)
     assert report.passed == (False, True), report.errors
     assert "wall-clock limit" in (report.errors[0] or "")
@@ -250,9 +252,7 @@ def test_the_whole_output_is_compared() -> None:
 
 def test_call_tests_compare_the_whole_value() -> None:
     needs_full_isolation()
-    row = ex(
-        test_cases=[{"input": "1\n2", "output": "3", "testtype": "functional"}], func_name="f"
-    )
+    row = ex(test_cases=[{"input": "1\n2", "output": "3", "testtype": "functional"}], func_name="f")
     assert code_reward("def f(a, b):\n    return a + b\n", row) == 1.0
     assert code_reward("def f(a, b):\n    return [3] + [' '] * 5000\n", row) == 0.0
 
