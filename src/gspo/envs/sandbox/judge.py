@@ -24,13 +24,15 @@ process of the test is killed (the whole pid namespace but the judge, when there
 
 import builtins
 import contextlib
+import io
 import json
 import os
-import select
-import signal
-import subprocess
+import stat
 import sys
 import time
+
+# select, signal and subprocess are imported by the judge only (Judge.__init__): a worker
+# starts once per stdin test, and its imports are part of every test's time.
 
 MAX_MESSAGE = 8 << 20  # a value passed between judge and worker, as JSON
 _HEADER = 8
@@ -154,15 +156,84 @@ def load(init, namespace):
     return defined
 
 
-def worker(kind, req, resp):
+def stdio_test(init, text):
+    """In a fresh fork: the input on fd 0 and the output on fd 1 are files (as in a real run:
+    ``open(0)``, ``sys.stdin.buffer`` and ``os.write(1, ...)`` all work), then the program."""
+    for name in ("stdin.txt", "stdout.txt"):  # made anew: a FIFO or link may be left there
+        if os.path.lexists(name):
+            os.unlink(name)
+    with open("stdin.txt", "w", encoding="utf-8") as f:
+        f.write(text)
+    for path, flags, target in (
+        ("stdin.txt", os.O_RDONLY, 0),
+        ("stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 1),
+    ):
+        fd = os.open(path, flags, 0o600)
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
+    try:
+        load(init, {"__name__": "__main__", "__builtins__": builtins})
+        status = 0
+    except SystemExit as exc:
+        status = exit_status(exc)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    # What the interpreter's exit does, without its slow teardown of every module: join the
+    # threads the program started, run its atexit functions, flush.
+    try:
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        status = exit_status(exc)
+    except BaseException:
+        status = status or 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            status = status or 1
+    return status
+
+
+def exit_status(exc):
+    """The exit status the interpreter gives ``SystemExit(code)``."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def worker(req, resp):
     builtins.exit = builtins.quit = sys.exit  # missing under python -S; solutions use them
     sys.argv = ["solution.py"]
     init = receive(req)
-    if kind == "stdio":
-        os.close(req)
-        os.close(resp)
-        load(init, {"__name__": "__main__", "__builtins__": builtins})
-        return
+    if init["kind"] == "stdio":
+        # A fork server: each test runs in a fork of this process, which never runs the
+        # solution itself, so every test starts from the same clean state, without the cost
+        # of an interpreter start.
+        while True:
+            try:
+                request = receive(req)
+            except WorkerGone:
+                return
+            pid = os.fork()
+            if pid == 0:
+                os.close(req)
+                os.close(resp)
+                os._exit(stdio_test(init, request["input"]))
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            send(resp, {"status": status})
     namespace = {"__name__": "solution", "__builtins__": builtins}
     try:
         defined = load(init, namespace)
@@ -205,7 +276,7 @@ def worker(kind, req, resp):
 
 
 class Judge:
-    def __init__(self, cfg, source):
+    def __init__(self, cfg, source, first):
         self.cfg = cfg
         self.limit = cfg["timeout_s"]
         self.wall = cfg["wall_s"]
@@ -221,7 +292,13 @@ class Judge:
         # In a pid namespace (the judge is init's only child) every process but init and the
         # judge belongs to the solution; without one, only the worker's process group.
         self.own_pidns = os.getpid() == 2 and os.getppid() == 1
+        global select, signal, subprocess
+        import select
+        import signal
+        import subprocess
+
         self.proc = None
+        self.first = first
         self.start_cpu = 0.0
         self.deadline = 0.0
 
@@ -275,20 +352,25 @@ class Judge:
                 os.close(fd)
             self.proc = None
 
-    def spawn(self, kind, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL):
-        req_r, req_w = os.pipe()
-        resp_r, resp_w = os.pipe()
-        self.proc = subprocess.Popen(
-            [*self.argv, kind, str(req_r), str(resp_w)],
-            stdin=stdin,
-            stdout=stdout,
-            pass_fds=(req_r, resp_w),
-            start_new_session=True,
-            cwd=os.getcwd(),
-        )
-        os.close(req_r)
-        os.close(resp_w)
-        self.fds = [req_w, resp_r]
+    def spawn(self):
+        if self.first is not None:  # forked before the tests were read: no start-up cost
+            self.proc, self.fds = self.first[0], self.first[1:]
+            self.first = None
+        else:
+            req_r, req_w = os.pipe()
+            resp_r, resp_w = os.pipe()
+            self.proc = subprocess.Popen(
+                [*self.argv, str(req_r), str(resp_w)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(req_r, resp_w),
+                start_new_session=True,
+                cwd=os.getcwd(),
+            )
+            os.close(req_r)
+            os.close(resp_w)
+            self.fds = [req_w, resp_r]
+        req_w, resp_r = self.fds
         send(req_w, {k: self.cfg[k] for k in ("code", "setup", "kind", "func_name")})
         return req_w, resp_r
 
@@ -311,7 +393,7 @@ class Judge:
 
     def start_worker(self):
         """A worker with the solution loaded (its own CPU and wall limits); its names."""
-        self.spawn("rpc")
+        self.spawn()
         self.begin()
         try:
             reply = receive(self.fds[1], self.wait)
@@ -376,66 +458,110 @@ class Judge:
         return call
 
     def run_stdio(self, cases):
-        cap = self.cfg["output_bytes"]
         for i, text in enumerate(cases):
-            # Unlinked and made anew: the last test may have left a FIFO or a link there.
-            if os.path.lexists("stdin.txt"):
-                os.unlink("stdin.txt")
-            fd = os.open("stdin.txt", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with open(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            error = None
-            output = bytearray()
-            with open("stdin.txt", "rb") as stdin:
-                self.begin()
-                self.spawn("stdio", stdin=stdin, stdout=subprocess.PIPE)
-            for fd in self.fds:
-                os.close(fd)
-            self.fds = []
+            error = value = None
             try:
-                fd = self.proc.stdout.fileno()
-                while True:
-                    self.wait(fd)
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        break
-                    output += chunk
-                    if len(output) > cap:
-                        raise TestTimeout(f"output over the {cap} byte limit")
-                while self.proc.poll() is None:
-                    self.check()
-                    time.sleep(0.005)
+                if self.proc is None:
+                    self.spawn()
+                self.begin()
+                status = self.request({"op": "stdio", "input": text})["status"]
                 self.check()
-                if self.proc.returncode != 0:
-                    error = f"exit status {self.proc.returncode}"
+                value = self.output()
+                if status != 0:
+                    error = f"exit status {status}"
             except TestTimeout as exc:
+                self.kill()
                 error = str(exc)
-            self.proc.stdout.close()
-            self.kill()
-            value = output.decode("utf-8", "replace")
+            except BaseException as exc:
+                error = describe(exc)
             self.report(i, error is None, value=value if error is None else None, error=error)
+        self.kill()
+
+    def output(self):
+        """The test's whole stdout, or TestTimeout's failure past the cap (not cut short)."""
+        cap = self.cfg["output_bytes"]
+        fd = os.open("stdout.txt", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("stdout.txt is not a file")
+            data = bytearray()
+            while len(data) <= cap:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(fd)
+        if len(data) > cap:
+            raise TestTimeout(f"output over the {cap} byte limit")
+        return data.decode("utf-8", "replace")
+
+
+class Forked:
+    """A worker forked by the judge (the interface of ``subprocess.Popen`` used here)."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.reaped = False
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, 9)
+
+    def wait(self):
+        if not self.reaped:
+            os.waitpid(self.pid, 0)
+            self.reaped = True
+
+
+def fork_first_worker():
+    """The first worker, forked before the judge reads the tests (so it holds nothing of
+    them) and before it becomes non-dumpable; it drops the judge's descriptors at once."""
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.close(req_w)
+            os.close(resp_r)
+            for name in ("GSPO_RESULT_FD", "GSPO_CPU_FD"):
+                fd = os.environ.pop(name, "")
+                if fd:
+                    os.close(int(fd))
+            os.environ.pop("GSPO_CPU_UNIT", None)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.close(null)
+            worker(req_r, resp_w)
+        finally:
+            os._exit(0)
+    os.close(req_r)
+    os.close(resp_w)
+    return Forked(pid), req_w, resp_r
 
 
 def main():
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        if hasattr(sys, "set_int_max_str_digits"):
-            sys.set_int_max_str_digits(0)
-        worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        worker(int(sys.argv[2]), int(sys.argv[3]))
         return
+    # With the audit hook (no namespaces), workers must start with it: none is forked here.
+    first = None if os.environ.get("GSPO_AUDIT_HOOK") else fork_first_worker()
     try:  # PR_SET_DUMPABLE 0: no /proc access to the judge for the solution's uid, no core
         import ctypes
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
     except (ImportError, OSError, AttributeError):
         pass
-    if hasattr(sys, "set_int_max_str_digits"):
-        sys.set_int_max_str_digits(0)
     with open("tests.json", encoding="utf-8") as f:
         cfg = json.load(f)
     os.remove("tests.json")
     with open(sys.argv[0], encoding="utf-8") as f:
         source = f.read()
-    judge = Judge(cfg, source)
+    judge = Judge(cfg, source, first)
     if cfg["kind"] == "stdio":
         judge.run_stdio(cfg["cases"])
     else:
