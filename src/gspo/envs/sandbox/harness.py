@@ -59,7 +59,18 @@ of the expected outputs."""
 RESULT_CAP_BYTES = 16 << 20
 """What a run's results may hold in all (at least the run's ``max_output_bytes``); a run
 whose results exceed it earns nothing."""
-_JUDGE_SOURCE = (Path(__file__).parent / "judge.py").read_text(encoding="utf-8")
+
+
+def _program() -> str:
+    """The harness program: judge_worker.py, then judge.py without its import of it."""
+    here = Path(__file__).parent
+    worker = (here / "judge_worker.py").read_text(encoding="utf-8")
+    judge = (here / "judge.py").read_text(encoding="utf-8")
+    before, rest = judge.split("# <worker>\n", 1)
+    return worker + "\n\n" + before + rest.split("# </worker>\n", 1)[1]
+
+
+_JUDGE_SOURCE = _program()
 
 
 def test_wall_s(cpu_s: float) -> float:
