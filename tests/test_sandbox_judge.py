@@ -135,6 +135,25 @@ def test_right_and_wrong_solutions_of_each_assert_row(row: str) -> None:
         assert code_reward("    return a + b\n", ROWS[row]) == 1.0
 
 
+def test_a_solution_cannot_redefine_what_the_tests_call() -> None:
+    # Builtins the tests use, and HumanEval's prompt helpers, stay the tests' own; a module
+    # the solution imported (MBPP tests use `math.isclose` that way) is the judge's copy.
+    needs_full_isolation()
+    row = ex(tests=["assert sorted(f(3)) == [1, 2, 3]"])
+    assert code_reward("def f(n):\n    return []\ndef sorted(x):\n    return [1, 2, 3]", row) == 0
+    assert code_reward("def f(n):\n    return [3, 2, 1]", row) == 1.0
+    prompt = 'def poly(x):\n    return x * x\n\n\ndef root(y):\n    """poly(root(y)) == y"""\n'
+    humaneval = ex(
+        prompt,
+        test="def check(candidate):\n    assert poly(candidate(9)) == 9\n",
+        entry_point="root",
+    )
+    assert code_reward("def poly(x):\n    return 9\ndef root(y):\n    return 0", humaneval) == 0
+    assert code_reward("def root(y):\n    return y ** 0.5", humaneval) == 1.0
+    uses_math = ex(tests=["assert math.isclose(f(2), 4.0)"])
+    assert code_reward("import math\ndef f(x):\n    return math.pow(x, 2)", uses_math) == 1.0
+
+
 def test_the_solution_cannot_read_the_judge() -> None:
     # The judge (the solution's parent) is non-dumpable: its memory, descriptors and
     # environment are closed to the solution's uid; the tests' file is gone before the

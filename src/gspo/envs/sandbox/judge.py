@@ -24,6 +24,7 @@ process of the test is killed (the whole pid namespace but the judge, when there
 
 import builtins
 import contextlib
+import importlib
 import json
 import os
 import stat
@@ -189,13 +190,25 @@ class Judge:
             exec(compile(cfg["setup"], "<setup>", "exec"), namespace)
             own = set(namespace)
             entry = cfg["entry_point"]
-            names = {n: k for n, k in defined.items() if not (entry and n in own)}
+            # Never a builtin's name: `def sorted(x): return [1, 2]` would answer the test's
+            # own `sorted(f(x)) == [1, 2]`. For HumanEval, the prompt's helpers stay the
+            # tests' own: only the entry point is the solution's.
+            names = {
+                n: k
+                for n, k in defined.items()
+                if n not in vars(builtins) and not (entry and n in own)
+            }
             if entry:
                 names[entry] = "call"
             self.begin()
             for name, kind in names.items():
                 if kind == "call":
                     namespace[name] = self.proxy(name)
+                elif kind.startswith("module:"):
+                    module = kind.split(":", 1)[1]
+                    if module.split(".")[0] in sys.stdlib_module_names:
+                        with contextlib.suppress(ImportError):
+                            namespace[name] = importlib.import_module(module)
                 else:
                     namespace[name] = decode(self.request({"op": "get", "name": name})["value"])
             exec(compile(cfg["test_setup"], "<test setup>", "exec"), namespace)
