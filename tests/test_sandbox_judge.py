@@ -154,6 +154,34 @@ def test_a_solution_cannot_redefine_what_the_tests_call() -> None:
     assert code_reward("import math\ndef f(x):\n    return math.pow(x, 2)", uses_math) == 1.0
 
 
+PAIR = """
+class Pair(object):
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+def max_chain_length(arr, n):
+    mcl = [1 for i in range(n)]
+    for i in range(1, n):
+        for j in range(0, i):
+            if arr[i].a > arr[j].b and mcl[i] < mcl[j] + 1:
+                mcl[i] = mcl[j] + 1
+    return max(mcl)
+"""
+
+
+def test_objects_of_the_solution_stay_in_its_process() -> None:
+    # MBPP 601's tests build the solution's Pair objects and pass them back: the judge holds
+    # handles, which it can pass, call and read attributes of, but which equal only
+    # themselves and have no truth value.
+    needs_full_isolation()
+    pairs = "[Pair(5, 24), Pair(15, 25), Pair(27, 40), Pair(50, 60)]"
+    mbpp = ex(test_list=[f"assert max_chain_length({pairs}, 4) == 3"])
+    assert code_reward(PAIR, mbpp) == 1.0
+    row = ex(tests=["assert Pair(1, 2).b == 2", "assert Pair(1, 2)", "assert Pair(1, 2) == 1"])
+    report = run_tests(PAIR, TestSuite.from_meta(row.meta))
+    assert report.passed == (True, False, False), report.errors
+
+
 def test_the_solution_cannot_read_the_judge() -> None:
     # The judge (the solution's parent) is non-dumpable: its memory, descriptors and
     # environment are closed to the solution's uid; the tests' file is gone before the

@@ -236,11 +236,15 @@ class Judge:
                 self.report(i, False, error=describe(exc))
         self.kill()
 
+    def remote(self, message, args=(), kwargs=None):
+        """A call in the worker; its value, with handles for the solution's objects."""
+        message["args"] = encode(list(args), Handle.number)
+        message["kwargs"] = encode(kwargs or {}, Handle.number)
+        return decode(self.request(message)["value"], lambda n: Handle(self, n))
+
     def proxy(self, name):
         def call(*args, **kwargs):
-            message = {"op": "call", "name": name, "args": encode(list(args))}
-            message["kwargs"] = encode(kwargs)
-            return decode(self.request(message)["value"])
+            return self.remote({"op": "call", "name": name}, args, kwargs)
 
         call.__name__ = call.__qualname__ = name
         return call
@@ -283,6 +287,36 @@ class Judge:
         if len(data) > cap:
             raise TestTimeout(f"output over the {cap} byte limit")
         return data.decode("utf-8", "replace")
+
+
+class Handle:
+    """One of the solution's objects, kept in the worker: the tests can pass it back, call it
+    and read its attributes (each a call in the worker), nothing else. It equals only itself
+    and has no truth value, so an object of the solution's decides no comparison."""
+
+    __slots__ = ("_judge", "_number")
+
+    def __init__(self, judge, number):
+        self._judge, self._number = judge, number
+
+    def number(self):
+        if type(self) is not Handle:
+            raise TypeError(f"a {type(self).__name__} cannot pass to the solution")
+        return self._number
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._judge.remote({"op": "attr", "h": self._number, "name": name})
+
+    def __call__(self, *args, **kwargs):
+        return self._judge.remote({"op": "callh", "h": self._number}, args, kwargs)
+
+    def __bool__(self):
+        raise TypeError("an object of the solution's has no truth value for the tests")
+
+    def __repr__(self):
+        return f"<object {self._number} of the solution>"
 
 
 def main():

@@ -25,47 +25,52 @@ class WorkerGone(Exception):
 # --- plain values between judge and worker -----------------------------------------------
 
 
-def encode(value):
+def encode(value, other=None):
     """A JSON form of a plain value (exact builtin types only: a subclass could carry an
-    ``__eq__`` of the solution's); TypeError for anything else."""
+    ``__eq__`` of the solution's); anything else is ``other(value)`` (a handle), or TypeError."""
     kind = type(value)
     if value is None or kind in (bool, int, str, float):
         return value
     if kind is list:
-        return [encode(v) for v in value]
+        return [encode(v, other) for v in value]
     if kind is tuple:
-        return {"t": [encode(v) for v in value]}
+        return {"t": [encode(v, other) for v in value]}
     if kind is dict:
-        return {"d": [[encode(k), encode(v)] for k, v in value.items()]}
+        return {"d": [[encode(k, other), encode(v, other)] for k, v in value.items()]}
     if kind is set:
-        return {"s": [encode(v) for v in value]}
+        return {"s": [encode(v, other) for v in value]}
     if kind is frozenset:
-        return {"f": [encode(v) for v in value]}
+        return {"f": [encode(v, other) for v in value]}
     if kind is bytes:
         return {"b": value.hex()}
     if kind is complex:
         return {"c": [value.real, value.imag]}
+    if other is not None:
+        return {"h": other(value)}
     raise TypeError(f"a {kind.__name__} cannot pass between the tests and the solution")
 
 
-def decode(data):
+def decode(data, handle=None):
+    """The value of :func:`encode`'s form; ``handle(number)`` for a handle."""
     if isinstance(data, list):
-        return [decode(v) for v in data]
+        return [decode(v, handle) for v in data]
     if not isinstance(data, dict):
         return data
     ((tag, body),) = data.items()
     if tag == "t":
-        return tuple(decode(v) for v in body)
+        return tuple(decode(v, handle) for v in body)
     if tag == "d":
-        return {decode(k): decode(v) for k, v in body}
+        return {decode(k, handle): decode(v, handle) for k, v in body}
     if tag == "s":
-        return {decode(v) for v in body}
+        return {decode(v, handle) for v in body}
     if tag == "f":
-        return frozenset(decode(v) for v in body)
+        return frozenset(decode(v, handle) for v in body)
     if tag == "b":
         return bytes.fromhex(body)
     if tag == "c":
         return complex(*body)
+    if tag == "h" and handle is not None and type(body) is int:
+        return handle(body)
     raise ValueError(f"unknown value tag {tag!r}")
 
 
@@ -230,22 +235,34 @@ def worker(req, resp):
     except BaseException as exc:
         reply = {"exc": ["load", describe(exc)]}
     send(resp, reply)
+    # Objects that are not plain values (an instance of the solution's class) stay here; the
+    # judge gets a number for each, which it can pass back, call, or read attributes of.
+    kept = []
+
+    def keep(value):
+        kept.append(value)
+        return len(kept) - 1
+
     while True:
         try:
             request = receive(req)
         except WorkerGone:  # the judge is done with this worker
             return
         try:
-            if request["op"] == "target":
+            op = request["op"]
+            if op == "target":
                 value = target(*request["args"])
                 text = json.dumps(value, default=repr)
                 reply = {"json": text}
-            elif request["op"] == "get":
+            elif op == "get":
                 reply = {"value": encode(namespace[request["name"]])}
+            elif op == "attr":
+                reply = {"value": encode(getattr(kept[request["h"]], request["name"]), keep)}
             else:
-                fn = namespace[request["name"]]
-                value = fn(*decode(request["args"]), **decode(request["kwargs"]))
-                reply = {"value": encode(value)}
+                fn = kept[request["h"]] if op == "callh" else namespace[request["name"]]
+                args = decode(request["args"], kept.__getitem__)
+                kwargs = decode(request["kwargs"], kept.__getitem__)
+                reply = {"value": encode(fn(*args, **kwargs), keep)}
         except BaseException as exc:
             reply = {"exc": [type(exc).__name__, str(exc)[:500]]}
         sys.stdout.flush()
