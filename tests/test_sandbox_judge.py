@@ -10,9 +10,9 @@ import sys
 import textwrap
 
 import pytest
-from sandbox_checks import history_mark, leftovers, needs, needs_root
+from sandbox_checks import history_mark, leftovers, needs, needs_root, needs_system_python
 
-from gspo.envs.sandbox import code_reward, harness, isolation
+from gspo.envs.sandbox import SandboxConfig, code_reward, harness, isolation
 from gspo.envs.sandbox.harness import run_tests
 from gspo.envs.sandbox.suite import TestSuite
 from gspo.envs.tasks.base import Example
@@ -333,3 +333,29 @@ def test_no_result_channel_for_the_solution() -> None:
     report = run_tests(code, TestSuite.from_meta(row.meta))
     assert report.all_passed, report.errors
     assert "GSPO_RESULT_FD" not in os.environ
+
+
+def test_the_judge_without_namespaces() -> None:
+    # The audit-hook fallback: the judge starts unhooked and hooks each worker (and each
+    # stdin test's fork) before the solution runs, so the fork server still works while the
+    # solution cannot start processes.
+    needs_root()
+    needs_system_python()
+    config = SandboxConfig(namespaces=False, python="/usr/bin/python3")
+    stdio = ex(inputs=["1 2\n", "3 4\n"], outputs=["3", "7"])
+    assert code_reward("a, b = map(int, input().split())\nprint(a + b)", stdio, config=config) == 1
+    call = ex(
+        test_cases=[{"input": "1\n2", "output": "3", "testtype": "functional"}], func_name="f"
+    )
+    assert code_reward("def f(a, b):\n    return a + b\n", call, config=config) == 1.0
+    assert code_reward("def add(a, b):\n    return a + b\n", ROWS["tests"], config=config) == 1.0
+    spawns = "import subprocess\ndef add(a, b):\n    return subprocess.run(['true']).returncode + 3"
+    assert code_reward(spawns, ex(tests=["assert add(1, 2) == 3"]), config=config) == 0.0
+
+
+def test_a_worker_killed_in_one_stdin_test_is_replaced_for_the_next() -> None:
+    needs_full_isolation()
+    code = "import time\na, b = map(int, input().split())\nif a == 1:\n    time.sleep(600)\nprint(a + b)"
+    row = ex(inputs=["1 2\n", "3 4\n"], outputs=["3", "7"])
+    report = run_tests(code, TestSuite.from_meta(row.meta), test_timeout_s=0.2)
+    assert report.passed == (False, True), report.errors

@@ -60,11 +60,10 @@ class Judge:
         cpu_fd = os.environ.pop("GSPO_CPU_FD", None)
         self.cpu_fd = int(cpu_fd) if cpu_fd else None
         self.cpu_scale = 1e-9 if os.environ.pop("GSPO_CPU_UNIT", "") == "ns" else 1e-6
-        worker_source = source
-        if os.environ.pop("GSPO_AUDIT_HOOK", None):
-            worker_source = cfg["audit_hook"] + "\n" + source
+        # Without namespaces, workers install the audit hook before the solution runs.
+        self.hook = cfg["audit_hook"] if os.environ.pop("GSPO_AUDIT_HOOK", None) else ""
         flags = ["-I", "-B"] + (["-S"] if sys.flags.no_site else [])
-        self.argv = [sys.executable, *flags, "-c", worker_source, "worker"]
+        self.argv = [sys.executable, *flags, "-c", source, "worker"]
         # In a pid namespace (the judge is init's only child) every process but init and the
         # judge belongs to the solution; without one, only the worker's process group.
         self.own_pidns = os.getpid() == 2 and os.getppid() == 1
@@ -147,7 +146,8 @@ class Judge:
             os.close(resp_w)
             self.fds = [req_w, resp_r]
         req_w, resp_r = self.fds
-        send(req_w, {k: self.cfg[k] for k in ("code", "setup", "kind", "func_name")})
+        init = {k: self.cfg[k] for k in ("code", "setup", "kind", "func_name")}
+        send(req_w, {**init, "audit_hook": self.hook})
         return req_w, resp_r
 
     def request(self, message):
@@ -325,8 +325,7 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker(int(sys.argv[2]), int(sys.argv[3]))
         return
-    # With the audit hook (no namespaces), workers must start with it: none is forked here.
-    first = None if os.environ.get("GSPO_AUDIT_HOOK") else fork_first_worker()
+    first = fork_first_worker()
     try:  # PR_SET_DUMPABLE 0: no /proc access to the judge for the solution's uid, no core
         import ctypes
 

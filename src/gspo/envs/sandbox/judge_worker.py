@@ -216,9 +216,13 @@ def worker(req, resp):
             if pid == 0:
                 os.close(req)
                 os.close(resp)
+                if init["audit_hook"]:
+                    exec(init["audit_hook"], {})
                 os._exit(stdio_test(init, request["input"]))
             status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
             send(resp, {"status": status})
+    if init["audit_hook"]:
+        exec(init["audit_hook"], {})
     namespace = {"__name__": "solution", "__builtins__": builtins}
     try:
         defined = load(init, namespace)
