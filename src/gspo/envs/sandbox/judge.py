@@ -10,9 +10,10 @@ Two kinds of process, so that nothing the solution runs can reach a verdict:
   bound to proxies that send plain values (:func:`encode`) to a worker and get plain values
   back, so frame walking, patched builtins or serializers, always-equal objects and
   ``sys.exit`` in the solution meet nothing of the judge's;
-* **workers**, fresh interpreters (``-c`` this source, never a fork of the judge, which
-  would copy the tests into them) that run the solution: one per stdin/stdout test, and one
-  for the assert and call tests, started again after a test kills it.
+* a **worker** that runs the solution: the first forked before the judge reads the tests,
+  any later one a fresh interpreter (``-c`` this program; a fork of the judge would copy the
+  tests into it), started again after a test kills it. For stdin/stdout tests it is a fork
+  server: each test runs in a fork of a worker that never ran the solution.
 
 Per-test CPU time is the run's cgroup CPU counter (every process and thread of the run),
 read by the judge through a descriptor the caller passed in, so no timer, signal mask,
