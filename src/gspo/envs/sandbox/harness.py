@@ -7,8 +7,11 @@ import dataclasses
 import functools
 import json
 import logging
+import marshal
 import math
+import os
 import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +74,26 @@ def _program() -> str:
 
 
 _JUDGE_SOURCE = _program()
+# Compiling the program takes longer than starting it: with the caller's own interpreter in
+# the sandbox, the run gets it compiled (a marshalled code object) and a loader as main.py.
+_LOADER = (
+    "import marshal\n"
+    "with open('judge.bin', 'rb') as f:\n"
+    "    code = marshal.load(f)\n"
+    "exec(code, {'__name__': '__main__', '__builtins__': __builtins__})\n"
+)
+
+
+@functools.cache
+def _compiled() -> bytes:
+    return marshal.dumps(compile(_JUDGE_SOURCE, "judge.py", "exec"))
+
+
+def _program_files(config: SandboxConfig) -> tuple[str, dict[str, str | bytes]]:
+    """main.py and the files that carry the harness program into the run."""
+    if config.python and os.path.realpath(config.python) != os.path.realpath(sys.executable):
+        return _JUDGE_SOURCE, {}
+    return _LOADER, {"judge.bin": _compiled(), "judge.py": _JUDGE_SOURCE}
 
 
 def test_wall_s(cpu_s: float) -> float:
@@ -135,9 +158,10 @@ def run_tests(
         "test_setup": suite.test_setup,
         "audit_hook": AUDIT_HOOK,
     }
+    program, files = _program_files(config)
     run = run_python(
-        _JUDGE_SOURCE,
-        files={"tests.json": json.dumps(payload)},
+        program,
+        files={**files, "tests.json": json.dumps(payload)},
         config=config,
         result_channel=True,
     )

@@ -336,7 +336,8 @@ def main():
     with open("tests.json", encoding="utf-8") as f:
         cfg = json.load(f)
     os.remove("tests.json")
-    with open(sys.argv[0], encoding="utf-8") as f:
+    # The program's text, for workers started later (main.py may be the caller's loader).
+    with open("judge.py" if os.path.exists("judge.py") else sys.argv[0], encoding="utf-8") as f:
         source = f.read()
     judge = Judge(cfg, source, first)
     if cfg["kind"] == "stdio":
