@@ -310,16 +310,24 @@ def test_bad_code_limits_are_one_clear_line(tmp_path, capsys, flags, message) ->
 def test_code_limits_reach_the_sandbox(tmp_path) -> None:
     cfg = _cfg_from_cli(tmp_path, "--code-test-timeout-s", "5", "--n-train", "4")
     reward = build_task(cfg).reward
-    # What the sandboxed test observes: its CPU-time timer (the per-test limit; the kernel
-    # rounds it up to a clock tick, so 5.004 for 5) and RLIMIT_AS.
+    # What a sandboxed test observes: the per-test CPU limit (2.2 s of CPU passes under 5 s,
+    # not under the default 2 s) and RLIMIT_AS (300 MiB, not the default 512 MiB).
+    spin = (
+        "import time\n"
+        "def spin(s):\n"
+        "    end = time.process_time() + s\n"
+        "    while time.process_time() < end:\n"
+        "        pass\n"
+        "    return True\n"
+    )
     probe = ex(
         tests=[
-            "import signal\nassert 4.0 < signal.getitimer(signal.ITIMER_PROF)[0] <= 5.05",
+            "assert spin(2.2)",
             "import resource\nassert resource.getrlimit(resource.RLIMIT_AS)[0] == 300 << 20",
         ]
     )
-    assert reward("x = 1", probe) == 1.0
-    assert code_reward("x = 1", probe) == 0.0  # the defaults: 2 s and 512 MiB
+    assert reward(spin, probe) == 1.0
+    assert code_reward(spin, probe) == 0.0  # the defaults: 2 s and 512 MiB
     # code_compare=number from the config file: "007" passes for "7".
     rewards, errors = score(reward, ["print('007')"], [ex(inputs=[""], outputs=["7"])])
     assert rewards == [1.0] and errors == 0

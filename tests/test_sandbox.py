@@ -133,7 +133,8 @@ def test_infinite_loop_is_stopped_within_the_limit() -> None:
 
 
 def test_alarm_blocking_loop_is_still_bounded_by_the_total_limit() -> None:
-    # The solution switches off the harness's per-test timers; the run's own limit remains.
+    # The solution switches off timers of its own process: the per-test limit is the run's
+    # cgroup CPU counter, read by the judge, so the test fails there, not at the run's limit.
     code = (
         "import signal\ndef f(x):\n"
         "    for s in (signal.SIGALRM, signal.SIGPROF):\n        signal.signal(s, signal.SIG_IGN)\n"
@@ -146,7 +147,8 @@ def test_alarm_blocking_loop_is_still_bounded_by_the_total_limit() -> None:
         test_timeout_s=0.3,
         total_timeout_s=1.0,
     )
-    assert report.passed == (False,) and report.run.timed_out
+    assert report.passed == (False,) and "CPU time limit" in (report.errors[0] or "")
+    assert not report.run.timed_out
     assert time.monotonic() - start < 1.0 + SLACK_S
 
 

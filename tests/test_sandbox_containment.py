@@ -285,8 +285,9 @@ def test_distribution_packages_are_hidden_under_any_interpreter() -> None:
 # 2: CPU sabotage; a run's reward does not depend on its neighbours
 # --------------------------------------------------------------------------------------------
 
-# Correct, then sabotages: setsid spinners left behind and a spin at exit. Without the fix
-# it scores 1.0 (its results are in before the limit) and starves the runs beside it.
+# Correct, then sabotages: setsid spinners left behind and a spin at exit. Their CPU time
+# counts against its own tests (the run's cgroup counter) and they die with its run (the
+# judge kills its pid namespace), so whatever it scores, the runs beside it lose nothing.
 SABOTEUR = """```python
 import atexit, os
 def f(x):
@@ -314,12 +315,15 @@ TESTS = ex(tests=["assert f(2) == 4", "assert f(3) == 6"])
 
 def test_reward_does_not_depend_on_what_runs_beside_it() -> None:
     needs_cpu_cgroup()
+    # Only CPU time is counted, so neither the saboteurs nor a loaded machine (it passes
+    # with two busy loops beside it) change the honest run's reward. The saboteurs' own
+    # reward depends on how fast their tests run against their spinners: not asserted.
     reward = functools.partial(code_reward, test_timeout_s=1.0, total_timeout_s=3.0)
     alone = reward(HONEST, TESTS)
     with ThreadPoolExecutor(3) as pool:
         beside = list(pool.map(reward, [SABOTEUR, HONEST, SABOTEUR], [TESTS] * 3))
     assert alone == 1.0
-    assert beside == [0.0, 1.0, 0.0], "an honest run lost to its neighbours, or sabotage paid"
+    assert beside[1] == 1.0, "an honest run lost to its neighbours"
 
 
 def test_run_cpu_time_counts_every_process_and_is_capped() -> None:

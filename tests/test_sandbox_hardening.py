@@ -263,7 +263,9 @@ def test_parser_never_raises_and_names_the_problem() -> None:
 
 
 def test_malformed_records_score_zero_with_a_reason() -> None:
-    """A program that floods the result channel with records that break parsers."""
+    """A program that floods every descriptor it has with records that break parsers: the
+    result channel is not among them (the judge holds it), so only its own worker pipes
+    carry them, and the judge gives up on a message over its size limit."""
     hostile = (
         "import os\n"
         "for fd in range(3, 20):\n"
@@ -275,7 +277,7 @@ def test_malformed_records_score_zero_with_a_reason() -> None:
     )
     report = run_tests(hostile, TestSuite.from_meta({"tests": ["assert True"]}))
     assert report.passed == (False,)
-    assert "malformed result records" in report.errors[0] and "RecursionError" in report.errors[0]
+    assert "loading the solution failed" in (report.errors[0] or "")
     assert code_reward(hostile, ex(tests=["assert True"])) == 0.0
     deep = "def f():\n    x = []\n    for _ in range(100000):\n        x = [x]\n    return x"
     meta = {

@@ -120,3 +120,16 @@ def test_cgroups_of_dead_callers_are_swept(tmp_path: Path) -> None:
         path.mkdir()
     sweep_stale(Backend("v2", (str(tmp_path),)))
     assert not stale.exists() and ours.exists() and other.exists()
+
+
+def test_tool_calls_that_time_out_leave_no_run_alive() -> None:
+    # Four steps of a python tool call that sleeps: each run is killed when its call times
+    # out, not left to its own wall-clock backstop (once 55 s, holding a uid and memory).
+    from gspo.envs.tools import ToolFailure, python_tool, run_tool
+
+    needs_full_isolation()
+    tool = python_tool(timeout_s=5.0)
+    for _ in range(4):
+        with pytest.raises(ToolFailure):
+            run_tool(tool, "import time\ntime.sleep(600)", 1.0)
+        assert live_runs()[0] == 0

@@ -1,8 +1,7 @@
 """The sandbox against a third, red-team round (after issue 34's fixes): attacks written as a
 hostile policy's solutions. Fixed ones are asserted as fixed; contained ones whose only check
-was the filter's interpreter are observed from inside; known gaps that remain are strict
-xfails, so that the day one is closed the marker has to go (docs/sandbox.md, "What is not
-guaranteed", describes them)."""
+was the filter's interpreter are observed from inside; the gaps it found are closed
+and asserted as such (docs/sandbox.md, "What is not guaranteed", lists what remains)."""
 
 from __future__ import annotations
 
@@ -98,14 +97,11 @@ def test_other_x86_abis_kill_the_process() -> None:
     assert i386.returncode == -signal.SIGSYS and "survived" not in i386.stdout
 
 
-# Known gaps (not fixed here; see the report of this round and docs/sandbox.md).
+# Gaps of this round closed by issue 47 (tests/test_sandbox_judge.py has the other forms).
 
 ASSERT_ROW = {"tests": ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]}
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="assert tests run in the solution's interpreter"
-)
 def test_assert_tests_cannot_be_forged_from_the_harness_frames() -> None:
     needs_full_isolation()
     forge = """
@@ -122,12 +118,9 @@ os._exit(0)
     assert code_reward(forge, ex(**ASSERT_ROW)) == 0.0
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="the per-test CPU timer is in the solution's process"
-)
 def test_a_test_cannot_use_more_than_its_cpu_limit() -> None:
-    # 0.6 s of CPU in one test with a 0.3 s limit: the run's total (0.3 s x 2 + 2 s) is the
-    # only bound the solution cannot switch off, so it pools the budget of all tests.
+    # 0.6 s of CPU in one test with a 0.3 s limit, the in-process timer switched off: the
+    # run's cgroup counter, read per test by the judge, fails the test all the same.
     needs_full_isolation()
     slow = """
 import signal, time
@@ -140,3 +133,68 @@ print(a + b)
 """
     row = ex(inputs=["1 2\n", "3 4\n"], outputs=["3", "7"])
     assert code_reward(slow, row, test_timeout_s=0.3) < 1.0
+
+
+def test_core_dumps_are_impossible() -> None:
+    # RLIMIT_CORE of exactly 1 byte is what stops a piped core_pattern (a root helper on the
+    # host); 0 does not. The hard limit stays: the program cannot raise it.
+    needs_full_isolation()
+    result = run(
+        """
+        import json, resource
+        limits = list(resource.getrlimit(resource.RLIMIT_CORE))
+        try:
+            resource.setrlimit(resource.RLIMIT_CORE, (2, 2))
+            raised = False
+        except (ValueError, OSError):
+            raised = True
+        print(json.dumps([limits, raised]))
+        """
+    )
+    assert json.loads(result.stdout.splitlines()[-1]) == [[1, 1], True]
+
+
+def test_page_cache_probes_and_huge_pages_are_refused() -> None:
+    # preadv2/pwritev2 with RWF_NOWAIT tell whether a bound host file is in the page cache
+    # (a channel between runs without timing); MAP_HUGETLB takes uncharged host huge pages.
+    # Both fail with EPERM; the same calls without the flag work.
+    needs_full_isolation()
+    result = run(
+        """
+        import errno, json, mmap, os
+        out = []
+        fd = os.open(os.__file__, os.O_RDONLY)
+        for flags in (os.RWF_NOWAIT, 0):
+            try:
+                out.append(os.preadv(fd, [bytearray(16)], 0, flags))
+            except OSError as exc:
+                out.append(errno.errorcode[exc.errno])
+        w = os.open("scratch", os.O_RDWR | os.O_CREAT)
+        try:
+            os.pwritev(w, [b"x"], 0, os.RWF_NOWAIT)
+            out.append("written")
+        except OSError as exc:
+            out.append(errno.errorcode[exc.errno])
+        try:
+            mmap.mmap(-1, 2 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x40000)
+            out.append("mapped")
+        except OSError as exc:
+            out.append(errno.errorcode[exc.errno])
+        print(json.dumps(out))
+        """
+    )
+    assert json.loads(result.stdout.splitlines()[-1]) == ["EPERM", 16, "EPERM", "EPERM"]
+
+
+@pytest.mark.parametrize("machine", sorted(seccomp.AUDIT_ARCH))
+def test_filter_checks_the_flag_arguments(machine: str) -> None:
+    program = seccomp.build_filter(machine)
+    assert program is not None
+    arch = seccomp.AUDIT_ARCH[machine]
+    allow, eperm = 0x7FFF0000, 0x00050000 | errno.EPERM
+    for nr in seccomp.RWV2[machine]:
+        assert seccomp.run_filter(program, nr, arch, arg5=seccomp.RWF_NOWAIT) == eperm
+        assert seccomp.run_filter(program, nr, arch, arg5=0) == allow
+    mmap_nr = seccomp.MMAP[machine]
+    assert seccomp.run_filter(program, mmap_nr, arch, arg3=0x22 | seccomp.MAP_HUGETLB) == eperm
+    assert seccomp.run_filter(program, mmap_nr, arch, arg3=0x22) == allow

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gspo.envs.sandbox import DEFAULT_CONFIG, run_python
+from gspo.envs.sandbox.cancel import CANCEL, CancelScope
 
 QWEN_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 PLAIN_CALL = re.compile(r"\[\[(\w+):(.*?)\]\]", re.DOTALL)
@@ -92,12 +93,22 @@ def argument_of(tool: Tool, call: Call, plain: bool) -> str:
     return str(args[tool.argument])
 
 
+# How long a timed-out tool call waits for its cancelled runs' teardown (killed within
+# 0.05 s; this bounds a machine too loaded to tear down promptly).
+_TEARDOWN_S = 10.0
+
+
 def run_tool(tool: Tool, argument: str, timeout_s: float) -> str:
     """``tool.fn(argument)`` in a daemon thread; ToolFailure if it raises or outlives
-    ``timeout_s`` (the thread is abandoned: a Python thread cannot be killed)."""
+    ``timeout_s``. Then the sandbox runs the tool started are killed (a
+    :class:`~gspo.envs.sandbox.cancel.CancelScope`) and waited for, so a call that sleeps
+    holds no uid slot or memory past its timeout; the thread itself is abandoned (a Python
+    thread cannot be killed)."""
     box: dict[str, object] = {}
+    scope = CancelScope()
 
     def target() -> None:
+        CANCEL.set(scope)  # a thread starts with a context of its own: set in it
         try:
             box["out"] = tool.fn(argument)
         except MalformedCall as exc:
@@ -109,6 +120,8 @@ def run_tool(tool: Tool, argument: str, timeout_s: float) -> str:
     thread.start()
     thread.join(timeout_s if timeout_s > 0 else None)
     if thread.is_alive():
+        scope.cancel()
+        scope.wait_idle(_TEARDOWN_S)
         raise ToolFailure(f"tool {tool.name!r} ran past its {timeout_s:g} s timeout")
     if "bad" in box:
         raise box["bad"]  # type: ignore[misc]

@@ -28,6 +28,7 @@ Modules, by job: ``config`` (limits, results), ``run`` (the caller side of a run
 ``boot_root`` (isolation setup in the boot process), ``interpreter``, ``cgroup``, ``slots`` and
 ``seccomp`` (the isolation mechanisms), ``suite``, ``layouts``, ``extract``, ``harness`` and
 ``compare`` (unit tests, benchmark row layouts, code in a completion, judging answers),
+``judge`` and ``judge_worker`` (the harness program inside a run, never imported),
 ``timeout`` (bounded-time reward calls).
 """
 

@@ -40,7 +40,9 @@ def _set_limits(spec: dict[str, Any], nproc: bool) -> None:
         (resource.RLIMIT_AS, spec["memory_bytes"], spec["memory_bytes"]),
         (resource.RLIMIT_FSIZE, spec["file_bytes"], spec["file_bytes"]),
         (resource.RLIMIT_NOFILE, spec["nofile"], spec["nofile"]),
-        (resource.RLIMIT_CORE, 0, 0),
+        # 1 byte, not 0: the kernel skips a piped core_pattern (apport, systemd-coredump: a
+        # root helper on the host) only at exactly 1; 0 stops core files, not pipes.
+        (resource.RLIMIT_CORE, 1, 1),
         (resource.RLIMIT_MEMLOCK, 0, 0),
     ]
     if hasattr(resource, "RLIMIT_MSGQUEUE"):
@@ -73,9 +75,8 @@ def _exec_program(libc: _Libc, spec: dict[str, Any], status_fd: int, nproc: bool
         if os.getppid() != init_pid:
             os._exit(1)
         # Only stdio, the status pipe (closed on exec) and the result channel stay open.
-        keep = sorted(
-            {2, status_fd} | ({spec["result_fd"]} if spec["result_fd"] is not None else set())
-        )
+        channels = {spec["result_fd"], spec["cpu_fd"]} - {None}
+        keep = sorted({2, status_fd} | channels)
         for low, high in zip(keep, [*keep[1:], spec["nofile_before"]], strict=True):
             os.closerange(low + 1, high)
         os.set_inheritable(status_fd, False)  # closes on exec: EOF tells the caller nothing
@@ -88,6 +89,11 @@ def _exec_program(libc: _Libc, spec: dict[str, Any], status_fd: int, nproc: bool
         }
         if spec["result_fd"] is not None:
             env["GSPO_RESULT_FD"] = str(spec["result_fd"])
+        if spec["cpu_fd"] is not None:
+            env["GSPO_CPU_FD"] = str(spec["cpu_fd"])
+            env["GSPO_CPU_UNIT"] = spec["cpu_unit"]
+        if spec["audit_hook"] and spec["result_fd"] is not None:
+            env["GSPO_AUDIT_HOOK"] = "1"  # the harness hooks its workers (run_python's doc)
         os.chdir(spec["cwd"])
         if "seccomp" in spec["applied"]:
             # Last, so that nothing above needs a denied call; it survives the exec.
@@ -178,15 +184,16 @@ def main(spec_path: str | None = None) -> None:
     # Move the pipes from the caller's (possibly high) descriptor numbers to the lowest free
     # ones, below the sandbox's RLIMIT_NOFILE, so the program can use the result channel.
     originals = []
-    for key in ("status_fd", "result_fd"):
+    for key in ("status_fd", "result_fd", "cpu_fd"):
         if spec[key] is not None:
             originals.append(spec[key])
             spec[key] = os.dup(spec[key])
     for fd in originals:
-        if fd not in (spec["status_fd"], spec["result_fd"]):
+        if fd not in (spec["status_fd"], spec["result_fd"], spec["cpu_fd"]):
             os.close(fd)
-    if spec["result_fd"] is not None:
-        os.set_inheritable(spec["result_fd"], True)  # dup() made it close-on-exec
+    for key in ("result_fd", "cpu_fd"):
+        if spec[key] is not None:
+            os.set_inheritable(spec[key], True)  # dup() made it close-on-exec
     status_fd = spec["status_fd"]
     libc = _Libc()
     applied: list[str] = []

@@ -279,6 +279,15 @@ class RunCgroup:
         """Whether the run has a CPU share, quota and CPU-time counter of its own."""
         return bool(self.cpu_dirs)
 
+    def cpu_counter(self) -> tuple[str, str] | None:
+        """The file of the run's CPU counter and its unit (``us``: cgroup v2 ``cpu.stat``,
+        ``ns``: v1 ``cpuacct.usage``), for the test harness to read per test."""
+        if not self.cpu_dirs:
+            return None
+        if self.backend.version == "v2":
+            return os.path.join(self.cpu_dirs[0], "cpu.stat"), "us"
+        return os.path.join(self.cpu_dirs[-1], "cpuacct.usage"), "ns"
+
     def cpu_usage_s(self) -> float | None:
         """CPU seconds used so far by every process of the run (None without CPU control)."""
         if not self.cpu_dirs:

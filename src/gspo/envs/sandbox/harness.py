@@ -7,20 +7,25 @@ import dataclasses
 import functools
 import json
 import logging
+import marshal
 import math
+import os
 import secrets
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gspo.envs.sandbox.compare import (
     check_mode,
+    loads,
     outputs_match,
     parse_results,
     short_repr,
     values_match,
 )
 from gspo.envs.sandbox.config import DEFAULT_CONFIG, RunResult, SandboxConfig
-from gspo.envs.sandbox.run import run_python, wall_backstop_s
+from gspo.envs.sandbox.run import AUDIT_HOOK, run_python
 from gspo.envs.sandbox.suite import TestSuite, extract_code
 
 if TYPE_CHECKING:
@@ -49,167 +54,55 @@ class TestReport:
         return bool(self.passed) and all(self.passed)
 
 
-# Runs inside the sandbox as main.py. It executes the solution once (or once per stdin test),
-# and reports each test on the result channel, tagged with a per-run nonce so that text the
-# solution writes there by accident or on purpose is not taken for a result. Expected outputs
-# of stdio / call tests never enter the sandbox: the caller compares.
-_HARNESS = r"""
-import builtins, io, json, os, signal, sys, threading, time
+TEST_WALL_FACTOR = 3.0
+TEST_WALL_SLACK_S = 2.0
+OUTPUT_CAP_BYTES = 1 << 20
+"""A test's whole stdout must fit in this (1 MiB) or the test fails; it depends on nothing
+of the expected outputs."""
+RESULT_CAP_BYTES = 16 << 20
+"""What a run's results may hold in all (at least the run's ``max_output_bytes``); a run
+whose results exceed it earns nothing."""
 
-def main():
-    if hasattr(sys, "set_int_max_str_digits"):
-        sys.set_int_max_str_digits(0)  # answers may be integers of any length
-    out = os.fdopen(int(os.environ.pop("GSPO_RESULT_FD")), "w", encoding="utf-8")
-    with open("tests.json", encoding="utf-8") as f:
-        cfg = json.load(f)
-    os.remove("tests.json")
-    nonce, kind, cases, limit = cfg["nonce"], cfg["kind"], cfg["cases"], cfg["timeout_s"]
-    wall = cfg["wall_s"]
-    value_cap = cfg["value_chars"]
 
-    def report(i, ok, value=None, error=None):
-        line = json.dumps({"nonce": nonce, "i": i, "ok": ok, "value": value, "error": error},
-                          default=repr)
-        out.write(line + "\n")
-        out.flush()
+def _program() -> str:
+    """The harness program: judge_worker.py, then judge.py without its import of it."""
+    here = Path(__file__).parent
+    worker = (here / "judge_worker.py").read_text(encoding="utf-8")
+    judge = (here / "judge.py").read_text(encoding="utf-8")
+    before, rest = judge.split("# <worker>\n", 1)
+    return worker + "\n\n" + before + rest.split("# </worker>\n", 1)[1]
 
-    class TestTimeout(BaseException):
-        pass
 
-    # The limit is CPU time (ITIMER_PROF: this process, all its threads), so a test is not
-    # failed because the machine is busy; the wall clock is only a backstop, far above it, for
-    # code that sleeps or blocks.
-    def on_cpu(signum, frame):
-        raise TestTimeout(f"over the {limit} s CPU time limit")
+_JUDGE_SOURCE = _program()
+# Compiling the program takes longer than starting it: with the caller's own interpreter in
+# the sandbox, the run gets it compiled (a marshalled code object) and a loader as main.py.
+_LOADER = (
+    "import marshal\n"
+    "with open('judge.bin', 'rb') as f:\n"
+    "    code = marshal.load(f)\n"
+    "exec(code, {'__name__': '__main__', '__builtins__': __builtins__})\n"
+)
 
-    def on_alarm(signum, frame):
-        raise TestTimeout(f"over the {wall} s wall-clock backstop")
 
-    signal.signal(signal.SIGPROF, on_cpu)
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write raises instead of killing
+@functools.cache
+def _compiled() -> bytes:
+    return marshal.dumps(compile(_JUDGE_SOURCE, "judge.py", "exec"))
 
-    def bounded(fn):
-        signal.setitimer(signal.ITIMER_PROF, limit)
-        signal.setitimer(signal.ITIMER_REAL, wall)
-        try:
-            value = fn()
-            # Like interpreter exit, wait for threads the code started (solutions often run
-            # main() in a thread with a bigger stack for deep recursion).
-            end = time.monotonic() + wall
-            for t in threading.enumerate():
-                if t is not threading.current_thread() and not t.daemon:
-                    t.join(max(0.0, end - time.monotonic()))
-            return value
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.setitimer(signal.ITIMER_PROF, 0)
 
-    def describe(exc):
-        text = f"{type(exc).__name__}: {exc}"
-        return text if len(text) <= 500 else text[:500] + "..."
+def _program_files(config: SandboxConfig) -> tuple[str, dict[str, str | bytes]]:
+    """main.py and the files that carry the harness program into the run."""
+    if config.python and os.path.realpath(config.python) != os.path.realpath(sys.executable):
+        return _JUDGE_SOURCE, {}
+    return _LOADER, {"judge.bin": _compiled(), "judge.py": _JUDGE_SOURCE}
 
-    # Under python -S the site module's exit() / quit() are missing; solutions use them.
-    builtins.exit = builtins.quit = sys.exit
-    sys.argv = ["solution.py"]
-    with open("solution.py", encoding="utf-8", errors="replace") as f:
-        source = f.read()
-    try:
-        code = compile(source, "solution.py", "exec")
-    except BaseException as exc:
-        code = None
-        if cfg["setup"] and source[:1] in (" ", "\t"):
-            # A function body alone: a base model continuing HumanEval's prompt (the setup).
-            try:
-                code = compile(cfg["setup"] + source, "solution.py", "exec")
-            except BaseException:
-                pass
-        if code is None:
-            for i in range(len(cases)):
-                report(i, False, error="does not compile: " + describe(exc))
-            return
-    try:
-        setup = compile(cfg["setup"], "<setup>", "exec")
-        test_setup = compile(cfg["test_setup"], "<test setup>", "exec")
-    except BaseException as exc:
-        for i in range(len(cases)):
-            report(i, False, error="setup does not compile: " + describe(exc))
-        return
-    devnull = open(os.devnull, "w")
 
-    if kind in ("assert", "call"):
-        namespace = {"__name__": "solution", "__builtins__": builtins}
-        sys.stdout = devnull  # the solution's prints are not the answer here
-        stage = "setup"
-        try:
-            bounded(lambda: exec(setup, namespace))
-            stage = "solution"
-            bounded(lambda: exec(code, namespace))
-            stage = "test setup"
-            bounded(lambda: exec(test_setup, namespace))
-            stage = "solution"
-            if kind == "call":
-                name = cfg["func_name"]
-                cls = namespace.get("Solution")
-                if isinstance(cls, type) and hasattr(cls, name):
-                    target = getattr(cls(), name)
-                else:
-                    target = namespace[name]
-        except BaseException as exc:
-            for i in range(len(cases)):
-                report(i, False, error=stage + " failed: " + describe(exc))
-            return
-        for i, case in enumerate(cases):
-            try:
-                if kind == "assert":
-                    test = compile(case, f"<test {i}>", "exec")
-                    bounded(lambda: exec(test, namespace))
-                    report(i, True)
-                else:
-                    value = bounded(lambda: target(*case))
-                    report(i, True, value=value)
-            except BaseException as exc:
-                report(i, False, error=describe(exc))
-        return
+def test_wall_s(cpu_s: float) -> float:
+    """The wall-clock limit of one test with a CPU-time limit of ``cpu_s``: 3 x + 2 s, so
+    that a program that sleeps or blocks holds a worker that long at most per test."""
+    return TEST_WALL_FACTOR * cpu_s + TEST_WALL_SLACK_S
 
-    # stdio: a fresh namespace per test; fd 0 / fd 1 point at files so that open(0),
-    # sys.stdin.buffer and os.write(1, ...) all behave as in a real run.
-    for i, text in enumerate(cases):
-        with open("stdin.txt", "w", encoding="utf-8") as f:
-            f.write(text)
-        # In this order, whichever of fd 0 / fd 1 the last test closed (open(0) does when
-        # collected), each file ends up on the right descriptor.
-        for path, flags, target in (
-            ("stdin.txt", os.O_RDONLY, 0),
-            ("stdout.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 1),
-        ):
-            fd = os.open(path, flags, 0o600)
-            if fd != target:
-                os.dup2(fd, target)
-                os.close(fd)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
-        error = None
-        namespace = {"__name__": "__main__", "__builtins__": builtins}
-        try:
-            bounded(lambda: exec(setup, namespace))
-            bounded(lambda: exec(code, namespace))
-        except SystemExit as exc:
-            if exc.code not in (None, 0):
-                error = f"exit status {exc.code}"
-        except BaseException as exc:
-            error = describe(exc)
-        try:
-            sys.stdout.flush()
-        except BaseException as exc:
-            error = error or describe(exc)
-        sys.stdout = devnull
-        with open("stdout.txt", "rb") as f:
-            value = f.read(value_cap).decode("utf-8", "replace")
-        report(i, error is None, value=value, error=error)
 
-main()
-"""
+test_wall_s.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
 
 
 def run_tests(
@@ -221,47 +114,54 @@ def run_tests(
     config: SandboxConfig | None = None,
     compare: str = "auto",
 ) -> TestReport:
-    """Run ``suite`` against ``code`` in one sandboxed process; never raises for the code.
+    """Run ``suite`` against ``code`` in one sandboxed run; never raises for the code.
 
     Answers compare in the suite's own mode (a row's ``compare``), else in ``compare``
-    (see :mod:`gspo.envs.sandbox.compare`).
+    (see :mod:`gspo.envs.sandbox.compare`), here in the caller. Inside the run, the harness
+    (:mod:`gspo.envs.sandbox.judge`) runs the solution in processes of its own: assert tests
+    are evaluated by the harness, which exchanges only plain values with the solution, so
+    nothing the solution does decides a verdict.
 
-    Each test gets ``test_timeout_s`` of CPU time (an ITIMER_PROF inside the sandbox), with a
-    wall-clock backstop of :func:`~gspo.envs.sandbox.run.wall_backstop_s` of it; the whole run
-    gets ``total_timeout_s`` of CPU time over all its processes (default: ``test_timeout_s``
-    per test plus 2 s) and its own wall-clock backstop, which also cover a solution that
-    blocks the timers. Tests not reported before the run ends fail, and a run that did not
-    exit by itself (killed at a limit) earns nothing, whatever it reported before: a solution
-    cannot report its results and then keep running (spinning in ``atexit``, leaving
-    processes behind) at the expense of the runs beside it.
+    Each test gets ``test_timeout_s`` of CPU time, counted over every process of the run (its
+    cgroup's counter), and :func:`test_wall_s` of it of wall-clock time; a test over either
+    fails and its processes are killed. The whole run gets ``total_timeout_s`` of CPU time
+    (default: ``test_timeout_s`` plus 0.2 s of start-up per test, plus 2 s) and a wall-clock
+    backstop of :func:`test_wall_s` per test plus 10 s. A stdout over
+    :data:`OUTPUT_CAP_BYTES` fails its test. Tests not reported before the run ends fail,
+    and a run that did not exit by itself (killed at a limit) earns nothing.
     """
     if not (math.isfinite(test_timeout_s) and test_timeout_s > 0):
         raise ValueError(f"test_timeout_s must be positive, got {test_timeout_s!r}")
     n = len(suite)
     if total_timeout_s is None:
-        total_timeout_s = test_timeout_s * n + 2.0
-    config = dataclasses.replace(config or DEFAULT_CONFIG, timeout_s=total_timeout_s)
+        total_timeout_s = (test_timeout_s + 0.2) * n + 2.0
+    config = config or DEFAULT_CONFIG
+    config = dataclasses.replace(
+        config,
+        timeout_s=total_timeout_s,
+        wall_timeout_s=config.wall_timeout_s or test_wall_s(test_timeout_s) * n + 10.0,
+        max_output_bytes=max(config.max_output_bytes, RESULT_CAP_BYTES),
+    )
     mode = suite.compare or check_mode(compare)
     nonce = secrets.token_hex(16)
-    # Room for the expected answer and then some, so a right answer is never cut short, and
-    # the whole result channel stays under the output cap.
-    longest = max((len(str(e)) for e in suite.expected), default=0)
-    value_chars = max(2 * longest + 1024, 4096)
     payload = {
         "nonce": nonce,
         "kind": suite.kind,
         "cases": list(suite.cases),
         "func_name": suite.func_name,
+        "entry_point": suite.entry_point,
         "timeout_s": test_timeout_s,
-        # Capped by the run's own backstop when the caller set a shorter one.
-        "wall_s": min(wall_backstop_s(test_timeout_s), config.wall_timeout_s or math.inf),
-        "value_chars": value_chars,
+        "wall_s": min(test_wall_s(test_timeout_s), config.wall_timeout_s),
+        "output_bytes": OUTPUT_CAP_BYTES,
+        "code": code,
         "setup": suite.setup,
         "test_setup": suite.test_setup,
+        "audit_hook": AUDIT_HOOK,
     }
+    program, files = _program_files(config)
     run = run_python(
-        _HARNESS,
-        files={"solution.py": code, "tests.json": json.dumps(payload)},
+        program,
+        files={**files, "tests.json": json.dumps(payload)},
         config=config,
         result_channel=True,
     )
@@ -287,13 +187,18 @@ def run_tests(
             continue
         ok = record["ok"]
         error = record.get("error")
-        value = record.get("value")
         if ok and suite.kind == "stdio":
+            value = record.get("value")
             ok = isinstance(value, str) and outputs_match(value, suite.expected[i], mode)
             error = None if ok else "wrong output"
         elif ok and suite.kind == "call":
-            ok = values_match(value, suite.expected[i], mode)
-            error = None if ok else f"returned {short_repr(value)}"
+            try:
+                value = loads(record.get("json"))
+            except (TypeError, ValueError, RecursionError, ArithmeticError) as exc:
+                ok, error = False, f"return value not readable: {type(exc).__name__}"
+            else:
+                ok = values_match(value, suite.expected[i], mode)
+                error = None if ok else f"returned {short_repr(value)}"
         passed.append(ok)
         errors.append(
             None if ok else short_repr(error, 500) if not isinstance(error, str) else error

@@ -53,7 +53,7 @@ def wall_backstop_s(cpu_s: float) -> float:
 # Python-level fallback for machines without a network namespace: refuse sockets and new
 # processes from inside the interpreter. Weak by design (ctypes is blocked too, but a C
 # extension or a bug in the hook's coverage gets past it); docs/sandbox.md says so.
-_AUDIT_PRELUDE = r"""
+AUDIT_HOOK = r"""
 import sys
 def _gspo_guard(event, args, _blocked=("socket.", "subprocess.", "os.exec", "os.posix_spawn",
         "os.spawn", "os.system", "os.fork", "os.forkpty", "ctypes.", "_posixsubprocess")):
@@ -61,6 +61,10 @@ def _gspo_guard(event, args, _blocked=("socket.", "subprocess.", "os.exec", "os.
         raise PermissionError("sandbox: " + event + " is not allowed")
 sys.addaudithook(_gspo_guard)
 del _gspo_guard
+"""
+_AUDIT_PRELUDE = (
+    AUDIT_HOOK
+    + r"""
 _path = sys.argv[1]
 sys.argv = sys.argv[1:]
 with open(_path, "rb") as _f:
@@ -68,6 +72,7 @@ with open(_path, "rb") as _f:
 del _f, _path
 exec(_code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __builtins__})
 """
+)
 
 
 # Imported from the package directory, so the boot stage uses its cached bytecode rather than
@@ -106,9 +111,13 @@ def run_python(
 
     ``stdin`` is fed to the program; ``files`` (flat names -> contents) are placed in its
     working directory next to the program (``main.py``); ``args`` become ``sys.argv[1:]``.
-    With ``result_channel``, the program finds a writable file descriptor number in the
-    environment variable ``GSPO_RESULT_FD`` whose data comes back as :attr:`RunResult.result`
-    (used by the test harness so that results do not mix with the program's own output).
+    With ``result_channel``, the program is the trusted test harness
+    (:mod:`gspo.envs.sandbox.judge`): it finds a writable file descriptor number in the
+    environment variable ``GSPO_RESULT_FD`` whose data comes back as :attr:`RunResult.result`,
+    a readable one of the run's cgroup CPU counter in ``GSPO_CPU_FD`` (unit ``GSPO_CPU_UNIT``,
+    ``us`` or ``ns``) when there is one, and, where the sandbox falls back to the audit hook,
+    ``GSPO_AUDIT_HOOK=1`` instead of the hook: it installs :data:`AUDIT_HOOK` in the
+    processes it starts for untrusted code.
 
     Never raises for anything the program does (crash, hang, bomb, attack); raises
     :class:`SandboxError` if the sandbox cannot be set up, and ValueError for bad arguments.
@@ -156,7 +165,7 @@ def _run(
     uid = slot.uid if slot is not None else None
     cgroup, cgroup_missing = _make_cgroup(config)
     workspace = tempfile.mkdtemp(prefix="gspo-sandbox-")
-    status_r = status_w = result_r = result_w = -1
+    status_r = status_w = result_r = result_w = cpu_fd = -1
     stdout_fd = stderr_fd = -1
     streams: dict[int, bytearray] = {}
     proc: subprocess.Popen[bytes] | None = None
@@ -188,6 +197,12 @@ def _run(
         argv = [python, *flags, "main.py", *args]
         # Used by the boot stage instead of argv if it cannot create a network namespace.
         audit_argv = [python, *flags, "-c", _AUDIT_PRELUDE, "main.py", *args]
+        cpu_counter = cgroup.cpu_counter() if cgroup is not None and result_channel else None
+        if cpu_counter is not None:
+            cpu_fd = os.open(cpu_counter[0], os.O_RDONLY)
+            pass_fds.append(cpu_fd)
+        if result_channel:
+            audit_argv = argv  # the harness installs the hook in its workers itself
         cpu_s = math.ceil(config.timeout_s) + 1
         spec = {
             "caller_pid": os.getpid(),
@@ -196,6 +211,8 @@ def _run(
             "seccomp": config.seccomp,
             "status_fd": status_w,
             "result_fd": result_w if result_channel else None,
+            "cpu_fd": cpu_fd if cpu_counter is not None else None,
+            "cpu_unit": cpu_counter[1] if cpu_counter is not None else None,
             "uid": uid,
             "gid": uid,
             "namespaces": config.namespaces,
@@ -237,9 +254,10 @@ def _run(
             )
         os.close(status_w)
         status_w = -1
-        if result_w >= 0:
-            os.close(result_w)
-            result_w = -1
+        for fd in (result_w, cpu_fd):
+            if fd >= 0:
+                os.close(fd)
+        result_w = cpu_fd = -1
 
         assert proc.stdout is not None and proc.stderr is not None
         stdout_fd, stderr_fd = proc.stdout.fileno(), proc.stderr.fileno()
@@ -322,7 +340,7 @@ def _run(
             kill_uid(uid)
             if not boot_finished:  # killed before boot's teardown cleared the uid's keyrings
                 clear_keyrings(uid)
-        for fd in (status_r, status_w, result_r, result_w):
+        for fd in (status_r, status_w, result_r, result_w, cpu_fd):
             if fd >= 0:
                 os.close(fd)
         if slot is not None:

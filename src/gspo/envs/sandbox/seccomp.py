@@ -4,8 +4,9 @@ Denies the system calls that the sandbox's threat model (``docs/sandbox.md``) na
 keyrings, new namespaces (unshare, setns, clone with namespace flags), mounts, memfd, SysV
 shared memory and message queues, bpf, ptrace and cross-process memory access, io_uring,
 perf_event_open, userfaultfd, kernel modules, kexec, and the clock / host / swap / reboot
-calls; host-wide kernel pools (AIO, message queues, semaphores), inotify, file locks, and
-host-wide writeback (sync, syncfs).
+calls; host-wide kernel pools (AIO, message queues, semaphores), inotify, file locks,
+host-wide writeback (sync, syncfs), page-cache probes (preadv2/pwritev2 with RWF_NOWAIT) and
+huge pages (mmap with MAP_HUGETLB).
 Sockets are an allow list: AF_UNIX only. Everything else stays available, so ordinary Python
 programs (threads, fork, subprocess, pipes, socketpair) run unchanged.
 
@@ -128,6 +129,15 @@ DENIED_FCNTL_COMMANDS = {
     "F_GETLEASE": 1025,
     "F_NOTIFY": 1026,
 }
+# preadv2 / pwritev2 with RWF_NOWAIT (flags, arg5) fail with EAGAIN exactly when the data is
+# not in the page cache: a channel between runs through the bound host files, without timing.
+# Refused (EPERM); the calls without that flag stay.
+RWV2 = {"x86_64": (327, 328), "aarch64": (286, 287)}
+RWF_NOWAIT = 0x08
+# mmap with MAP_HUGETLB (flags, arg3) takes pages from the host's huge-page pool, which the
+# run's memory cgroup does not charge: refused (EPERM).
+MMAP = {"x86_64": 9, "aarch64": 222}
+MAP_HUGETLB = 0x40000
 # clone3 passes its flags in a struct the filter cannot read: ENOSYS makes glibc fall back to
 # clone (threads, posix_spawn), whose flags the filter does check.
 CLONE3 = 435
@@ -150,7 +160,7 @@ _RET_ERRNO = 0x00050000
 _RET_ALLOW = 0x7FFF0000
 # struct seccomp_data: nr, arch, then 64-bit arguments; the low word of each (little endian)
 # is what the kernel reads for the int arguments checked here (family, fcntl command).
-_OFF_NR, _OFF_ARCH, _OFF_ARG0, _OFF_ARG1 = 0, 4, 16, 24
+_OFF_NR, _OFF_ARCH, _OFF_ARG0, _OFF_ARG1, _OFF_ARG3, _OFF_ARG5 = 0, 4, 16, 24, 40, 56
 
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
@@ -184,9 +194,16 @@ def build_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
         (_JEQ_K, "clone", 0, CLONE[machine]),
         (_JEQ_K, "socket", 0, SOCKET[machine]),
         (_JEQ_K, "socket", 0, SOCKETPAIR[machine]),
+        (_JEQ_K, "rwv2", 0, RWV2[machine][0]),
+        (_JEQ_K, "rwv2", 0, RWV2[machine][1]),
+        (_JEQ_K, "mmap", 0, MMAP[machine]),
         (_JEQ_K, "fcntl", "allow", FCNTL[machine]),
     ]
-    labels = {"clone": len(program)}
+    labels = {"rwv2": len(program)}
+    program += [(_LD_W_ABS, 0, 0, _OFF_ARG5), (_JSET_K, "eperm", "allow", RWF_NOWAIT)]
+    labels["mmap"] = len(program)
+    program += [(_LD_W_ABS, 0, 0, _OFF_ARG3), (_JSET_K, "eperm", "allow", MAP_HUGETLB)]
+    labels["clone"] = len(program)
     program += [
         (_LD_W_ABS, 0, 0, _OFF_ARG0),
         (_JSET_K, "eperm", "allow", CLONE_NAMESPACE_FLAGS),
@@ -221,7 +238,13 @@ def build_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
 
 
 def run_filter(
-    program: list[tuple[int, int, int, int]], nr: int, arch: int, arg0: int = 0, arg1: int = 0
+    program: list[tuple[int, int, int, int]],
+    nr: int,
+    arch: int,
+    arg0: int = 0,
+    arg1: int = 0,
+    arg3: int = 0,
+    arg5: int = 0,
 ) -> int:
     """Interpret ``program`` on one call (what the kernel would return); for tests."""
     data = {
@@ -229,6 +252,8 @@ def run_filter(
         _OFF_ARCH: arch,
         _OFF_ARG0: arg0 & 0xFFFFFFFF,
         _OFF_ARG1: arg1 & 0xFFFFFFFF,
+        _OFF_ARG3: arg3 & 0xFFFFFFFF,
+        _OFF_ARG5: arg5 & 0xFFFFFFFF,
     }
     pc = acc = 0
     while True:

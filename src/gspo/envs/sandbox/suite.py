@@ -93,6 +93,9 @@ class TestSuite:
     test_setup: str = ""
     """Code run after the solution and before the tests (assert kind; HumanEval: the test
     field outside ``check`` and ``candidate = <entry_point>``). If it fails, every test fails."""
+    entry_point: str | None = None
+    """HumanEval's function under test: the tests call the solution's, whatever the setup
+    (the prompt) defines under that name; the setup's other names stay the tests' own."""
     compare: str | None = None
     """The row's comparison mode (``meta["compare"]``: auto, text or number); None: the
     task's (``code_reward(compare=...)``)."""
@@ -155,7 +158,13 @@ class TestSuite:
         if "test" in meta and "entry_point" in meta:
             test_setup, tests = humaneval_tests(meta["test"], meta["entry_point"])
             preamble = prompt_preamble(meta.get("prompt", prompt))
-            return cls("assert", tests, setup=preamble, test_setup=test_setup)
+            return cls(
+                "assert",
+                tests,
+                setup=preamble,
+                test_setup=test_setup,
+                entry_point=meta["entry_point"],
+            )
         if "test_list" in meta:
             return cls("assert", mbpp_tests(meta))
         if "inputs" in meta or "outputs" in meta:
