@@ -785,6 +785,20 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def portable(value: Any, places: dict[str, str]) -> Any:
+    """``value`` with every path under one of ``places`` (a folder -> its label) written relative
+    to that label: a results file names no folder of the machine it ran on."""
+    if isinstance(value, dict):
+        return {k: portable(v, places) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v, places) for v in value]
+    if isinstance(value, str):
+        for folder, label in sorted(places.items(), key=lambda kv: -len(kv[0])):
+            if value == folder or value.startswith(folder.rstrip("/") + "/"):
+                return label + value[len(folder.rstrip("/")) :]
+    return value
+
+
 def learning(runs: dict[str, dict[str, list[dict[str, Any]]]], n_test: int) -> dict[str, Any]:
     """Each gspo system against TRL (and against its ``@REF`` baseline) on held-out accuracy and
     end-of-run train reward: the paired comparison of gspo.core.comparison (DESIGN.md, "How
@@ -1045,7 +1059,9 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    places = {str(cache): "<cache>", str(bl.REPO): "<repo>", tempfile.gettempdir(): "<tmp>"}
+    places |= {str(path): f"<worktree of {ref}>" for ref, path in worktrees.items()}
+    out.write_text(json.dumps(portable(report, places), indent=2) + "\n")
     print(table(summary))
     for workload, init in inits.items():
         for seed, acc in init.get("held_out_greedy_by_seed", {}).items():
