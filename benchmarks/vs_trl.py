@@ -810,6 +810,8 @@ def learning(runs: dict[str, dict[str, list[dict[str, Any]]]], n_test: int) -> d
     for workload, by in runs.items():
         pairs = [(s, "trl") for s in by if s != "trl" and "trl" in by]
         pairs += [(s, b) for s in by if (b := bl.split(s)[0]) != s and b in by]
+        if "gspo-groups" in by and "gspo" in by:  # grouped against shuffled minibatches
+            pairs.append(("gspo-groups", "gspo"))
         for key, problems in (("held_out_greedy", n_test), ("reward_last", None)):
             for system, base in pairs:
                 shared = sum(1 for _, b in pairs if b == base)
