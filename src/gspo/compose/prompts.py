@@ -141,6 +141,7 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
         "data/test_prompts_skipped": test_skipped,
         "data/prompts_with_unknown_chars": count_unknown(tokenizer, encoded),
         "data/skipped_rows": len(task.skipped_rows),
+        **{f"data/skipped_rows_{kind}": n for kind, n in task.skipped_kinds.items()},
         **task.data_checks,
     }
     return train_set, prompt_cache, test_set, data

@@ -146,6 +146,9 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
         bar.close()
     model.eval()
     save_model(model, tokenizer, out)  # replaces the folder: its checkpoints go with it
+    # Beside the model, the config that made it: gspo eval reads its generation settings
+    # (max_new_tokens, chat_template) and gspo compare reuses a cold start made the same way.
+    (out / "sft_config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     metrics: dict[str, float] = {}
     if task.test:  # the task's environment, as training and gspo eval score it
         env, limits = eval_env(cfg, task, fmt.chat)  # as gspo eval and training

@@ -15,15 +15,20 @@ from typing import Any
 
 from gspo.config import PRESETS, ConfigError, EvalConfig, SFTConfig, TrainConfig, build, field_docs
 from gspo.config.fields import SharedFields
-from gspo.config.machine import machine_problems
-from gspo.config.resume import RESUME_FIELDS, requested_values, resume_config, sft_resume_config
-from gspo.config.validation import config_error
+from gspo.config.resume import (
+    RESUME_FIELDS,
+    RunFinished,
+    requested_values,
+    resume_config,
+    sft_resume_config,
+)
 from gspo.interface import algos
 
 from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
 from .compare import add_cli_parsers, run_cli
 from .demo import DEMO_DEFAULTS, run_demo
 from .logs import quiet_transformers, set_log_level
+from .preflight import check_data, eval_overrides, preflight
 from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
 from .serve import add_serve_parser, run_serve
 
@@ -156,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     set_log_level(getattr(args, "log_level", "error"))
     try:
-        _preflight(args)  # config and machine checks: before torch, a model or any data loads
+        preflight(args, _overrides)  # configs, machine, data: before torch or a model loads
         if args.command == "train":
             return _train(args)
         if args.command == "sft":
@@ -172,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_cli(args, _overrides)
         if args.command == "serve":
             return run_serve(args)
+    except RunFinished as exc:  # --resume of a finished run: nothing changes
+        print(f"gspo {args.command}: {exc}")
+        return 0
     except ConfigError as exc:
         print(f"gspo {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -196,36 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gspo {args.command}: stopped: {exc}", file=sys.stderr)
         return 3
     return 1
-
-
-def _preflight(args: argparse.Namespace) -> None:
-    """Build and check the configs a command will run (cheap: plain dataclasses, torch-free
-    registries) and what they need from the machine (extras installed, CUDA present), so every
-    such mistake is reported at once, before the command's slow imports and work. The command
-    builds its config again when it runs; ``--resume`` configs come from the run folder and are
-    checked there."""
-    if args.command in ("train", "sft", "eval"):
-        if getattr(args, "resume", False):
-            return
-        cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
-        cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
-    elif args.command == "demo":  # its RL config must be valid before the cold start runs
-        given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
-        demo = {**DEMO_DEFAULTS, **given}  # a resumed demo's own settings are checked on resume
-        common = dict(seed=demo["seed"], threads=args.threads, device="cpu", task="addition")
-        cfgs = [
-            build(SFTConfig, overrides=dict(steps=demo["sft_steps"], n_test=0, **common)),
-            build(
-                TrainConfig,
-                preset="demo",
-                overrides=dict(algo=demo["algo"], steps=demo["steps"], **common),
-            ),
-        ]
-    else:
-        return
-    problems = [p for cfg in cfgs for p in machine_problems(cfg)]
-    if problems:
-        raise config_error(list(dict.fromkeys(problems)), header="cannot start")
 
 
 def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) -> str:
@@ -308,9 +286,9 @@ def _sft(args: argparse.Namespace) -> int:
 
 def run_eval_cli(args: Any, overrides: Any) -> int:
     """``gspo eval``: build the config from the flags, run, print a summary."""
-    cfg = build(
-        EvalConfig, preset=args.preset, file=args.config, overrides=overrides(args, EvalConfig)
-    )
+    given = eval_overrides(args, overrides(args, EvalConfig), echo=_stderr)
+    cfg = build(EvalConfig, preset=args.preset, file=args.config, overrides=given)
+    check_data(cfg)  # every bad row at once, before torch and the model
     # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.evaluate import evaluate
 
@@ -341,6 +319,10 @@ def run_eval_cli(args: Any, overrides: Any) -> int:
         + (f"; report: {cfg.output}" if cfg.output else "")
     )
     return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -106,3 +106,8 @@ def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
         epilog=TRAIN_EVAL_DEFAULTS,
     )
     add_config_flags(p, EvalConfig)
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output file (without it gspo eval refuses to overwrite one)",
+    )
