@@ -162,7 +162,7 @@ def test_checks_the_preflight_cannot_see_are_one_line_too(
 
     import gspo.interface.cli as cli
 
-    monkeypatch.setattr(cli, "_preflight", lambda args: None)
+    monkeypatch.setattr(cli, "preflight", lambda args, overrides: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     if stub:
         monkeypatch.setitem(sys.modules, stub, None)
@@ -198,8 +198,9 @@ def _load_in_fresh_process(tmp_path: Path, level: str) -> subprocess.CompletedPr
     code = (
         "from gspo.interface.logs import set_log_level as _set_log_level\n"
         f"_set_log_level({level!r})\n"
-        "from gspo.envs.tasks.files import load_examples\n"
-        f"load_examples({str(path)!r})\n"
+        # datasets itself (gspo reads data files without it): a library's own info lines.
+        "import datasets\n"
+        f"datasets.load_dataset('json', data_files={{'train': {str(path)!r}}}, split='train')\n"
         "import os; print(os.environ['VLLM_LOGGING_LEVEL'])\n"
     )
     env = {"HF_DATASETS_CACHE": str(tmp_path / "hf_cache")}

@@ -26,7 +26,7 @@ GENERATION_FIELDS = ("max_new_tokens", "chat_template", "system_prompt")
 say: how that model was trained to answer (a run trained with 8 new tokens is scored with 8)."""
 
 NO_DATA = (
-    "gspo eval needs --data FILE (a .jsonl/.json/.parquet of problems) or --task NAME (the "
+    "what to score? give --data FILE (a .jsonl/.json/.parquet of problems) or --task NAME (the "
     "held-out split of a task, e.g. --task addition)"
 )
 
@@ -44,7 +44,7 @@ def preflight(args: argparse.Namespace, overrides: Callable[..., dict[str, Any]]
         cfgs = [build(cls, preset=args.preset, file=args.config, overrides=overrides(args, cls))]
     elif args.command == "eval":
         flags = overrides(args, EvalConfig)
-        build(EvalConfig, preset=args.preset, file=args.config, overrides=flags)  # the flags' own
+        _check_machine([build(EvalConfig, preset=args.preset, file=args.config, overrides=flags)])
         given = eval_overrides(args, flags)
         cfgs = [build(EvalConfig, preset=args.preset, file=args.config, overrides=given)]
     elif args.command == "demo":  # its RL config must be valid before the cold start runs
@@ -61,11 +61,15 @@ def preflight(args: argparse.Namespace, overrides: Callable[..., dict[str, Any]]
         ]
     else:
         return
+    _check_machine(cfgs)
+    for cfg in cfgs:
+        check_data(cfg)
+
+
+def _check_machine(cfgs: list[Any]) -> None:
     problems = [p for cfg in cfgs for p in machine_problems(cfg)]
     if problems:
         raise config_error(list(dict.fromkeys(problems)), header="cannot start")
-    for cfg in cfgs:
-        check_data(cfg)
 
 
 def check_data(cfg: TrainConfig | SFTConfig | EvalConfig) -> None:
