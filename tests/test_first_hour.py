@@ -197,3 +197,25 @@ def test_eval_takes_the_runs_generation_settings(tmp_path, capsys):
     assert "max_new_tokens 4" in lines[0]
     got = eval_overrides(args, {**given, "max_new_tokens": 9})
     assert got["max_new_tokens"] == 9
+
+
+def test_sft_refuses_a_prompt_and_demonstration_over_the_context(tmp_path, capsys):
+    """The tiny model's context is 256 positions: a 300-character prompt cannot be learned."""
+    rows = [*GOOD, {"prompt": "1" * 300 + "+1=", "answer": "2"}]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    test = write_jsonl(tmp_path / "test.jsonl", [GOOD[0], {"prompt": "2" * 300, "answer": "3"}])
+    argv = ["sft", "--task", "file", "--train-file", str(data), "--test-file", str(test)]
+    argv += ["--reward", "exact_match", "--device", "cpu", "--threads", "1", "--steps", "1"]
+    argv += ["--batch-size", "4", "--hidden-size", "32", "--num-layers", "1", "--progress", "false"]
+    out = tmp_path / "sft"
+    assert main([*argv, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "rows.jsonl row 8 has a 304-token prompt" in err and "context of 256" in err
+    assert not out.exists()
+    assert main([*argv, "--output-dir", str(out), "--long-prompts", "truncate"]) == 0
+    err = capsys.readouterr().err
+    assert "data: 1 training prompts truncated, 0 skipped" in err
+    assert "data: 1 held-out prompts truncated, 0 skipped" in err
+    # A finished SFT's --resume says so and changes nothing.
+    assert main(["sft", "--output-dir", str(out), "--resume"]) == 0
+    assert "already finished" in capsys.readouterr().out

@@ -125,6 +125,13 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
             f"and long_prompts={cfg.long_prompts!r} leaves them out (use shorter held-out "
             f"prompts, a larger limit or {way_out}; eval_every 0 runs without evaluation)"
         )
+    if n_truncated or n_skipped:  # (the held-out split's line below: one line per split)
+        print(
+            f"data: {n_truncated} training prompts truncated, {n_skipped} skipped (over "
+            f"{named}); {len(train_set)} training problems left",
+            file=sys.stderr,
+            flush=True,
+        )
     if test_truncated or test_skipped:
         print(
             f"data: {test_truncated} held-out prompts truncated, {test_skipped} skipped "

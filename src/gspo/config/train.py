@@ -254,6 +254,12 @@ class SFTConfig(SharedFields, EpisodeFields):
     lr: float = _doc("AdamW learning rate.", 3e-3)
     warmup_steps: int = _doc("Linear warm-up steps.", 10)
     max_new_tokens: int = _doc("Completion length used when measuring held-out accuracy.", 8)
+    long_prompts: str = _doc(
+        "Demonstrations whose prompt + demonstration exceed the model's context (held-out "
+        "prompts: prompt + max_new_tokens): 'error' (stop, naming the row), 'truncate' (keep "
+        "the prompt's end) or 'skip'.",
+        "error",
+    )
     progress: bool = _doc("Show a live progress bar.", True)
     checkpoint_every: int = _doc(
         "Resumable checkpoint (in output_dir/checkpoints, until the model is saved) every N "
