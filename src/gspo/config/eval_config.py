@@ -59,7 +59,7 @@ class EvalConfig(EngineFields, EpisodeFields):
         "raw",
     )
     reward: str = _doc(
-        "Reward for --data (exact_match, numeric, math_verify, format, one a plugin registers, "
+        "Reward for --data (exact_match, numeric, math_verify, format, code, one a plugin registers, "
         "or module:function).",
         "math_verify",
     )

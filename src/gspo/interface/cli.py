@@ -81,11 +81,22 @@ def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k in names}
 
 
+def _version() -> str:
+    """The installed distribution's version (its metadata: nothing of gspo is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gspo")
+    except PackageNotFoundError:  # run from a source tree without an install
+        return "(not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     # Only config modules load here: help and argument errors come before torch is imported.
     parser = Parser(
         prog="gspo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"gspo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_train = sub.add_parser(
