@@ -219,3 +219,36 @@ def test_sft_refuses_a_prompt_and_demonstration_over_the_context(tmp_path, capsy
     # A finished SFT's --resume says so and changes nothing.
     assert main(["sft", "--output-dir", str(out), "--resume"]) == 0
     assert "already finished" in capsys.readouterr().out
+
+
+def test_version_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("gspo ")
+
+
+def test_a_builders_task_without_description_is_named(tmp_path, monkeypatch):
+    from gspo.compose.evaluate import eval_examples
+    from gspo.config import EvalConfig, build
+
+    (tmp_path / "nodesc_task.py").write_text(
+        "from gspo.envs.rewards import exact_match\n"
+        "from gspo.envs.tasks.base import Example, Task\n"
+        "def build(n_train, n_test, seed):\n"
+        "    return Task('nodesc', [], [Example('1+1=', '2')], exact_match)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = build(EvalConfig, overrides={"task": "nodesc_task:build"})
+    assert eval_examples(cfg)[2] == "task nodesc, test split"
+
+
+def test_the_printed_evaluation_says_its_step():
+    from gspo.interface.cli import eval_label
+
+    history = [{"step": 0, "eval/greedy_accuracy": 0.1}, {"step": 1, "reward/mean": 0.5}]
+    assert eval_label(history, stopped=True) == (
+        "held-out evaluation at step 0 (the latest before the run was stopped):"
+    )
+    history.append({"step": 4, "eval/greedy_accuracy": 0.3})
+    assert eval_label(history, stopped=False) == "held-out evaluation at step 4:"

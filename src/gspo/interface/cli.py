@@ -24,7 +24,14 @@ from gspo.config.resume import (
 )
 from gspo.interface import algos
 
-from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
+from .cli_parsers import (
+    TRAIN_EVAL_DEFAULTS,
+    Parser,
+    add_eval_parser,
+    add_log_level,
+    name_flags,
+    parse_bool,
+)
 from .compare import add_cli_parsers, run_cli
 from .demo import DEMO_DEFAULTS, run_demo
 from .logs import quiet_transformers, set_log_level
@@ -74,6 +81,15 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     parser.add_argument("--config", help="YAML or JSON file of config fields")
     parser.add_argument("--preset", help=f"named preset: {', '.join(PRESETS)}")
     add_log_level(parser)
+
+
+def _typed(args: argparse.Namespace) -> set[str]:
+    """The config fields given as flags on the command line (their flags default to nothing:
+    a name in ``args`` was typed). ``gspo demo``'s own flags are not config fields."""
+    if args.command not in ("train", "sft", "eval", "compare", "report"):
+        return set()
+    names = {f.name for cls in (TrainConfig, SFTConfig, EvalConfig) for f in fields(cls)}
+    return names & set(vars(args))
 
 
 def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
@@ -192,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gspo {args.command}: {exc}")
         return 0
     except ConfigError as exc:
-        print(f"gspo {args.command}: {exc}", file=sys.stderr)
+        print(f"gspo {args.command}: {name_flags(str(exc), _typed(args))}", file=sys.stderr)
         return 2
     except (FileNotFoundError, PermissionError, IsADirectoryError, ValueError) as exc:
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
@@ -253,6 +269,7 @@ def _train(args: argparse.Namespace) -> int:
     plot = plot_run(history, out / "curves.png", title=f"{cfg.algo} on {cfg.task}")
     print(curve_table(history))
     if result.final_eval:
+        print(eval_label(history, result.interrupted is not None))
         print(json.dumps(result.final_eval, indent=2))
     print(f"metrics: {out / 'metrics.jsonl'}\nplot: {plot}")
     if result.interrupted is not None:
@@ -261,6 +278,14 @@ def _train(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
         return exit_code(result.interrupted)
     return 0
+
+
+def eval_label(history: list[dict[str, Any]], stopped: bool) -> str:
+    """The line above the printed evaluation: its step, and whether a stop came before the end
+    (after Ctrl-C the latest evaluation may be step 0's, the model before any training)."""
+    step = max((r["step"] for r in history if any(k.startswith("eval/") for k in r)), default=0)
+    why = " (the latest before the run was stopped)" if stopped else ""
+    return f"held-out evaluation at step {step}{why}:"
 
 
 def _sft(args: argparse.Namespace) -> int:

@@ -111,3 +111,26 @@ def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
         action="store_true",
         help="replace an existing --output file (without it gspo eval refuses to overwrite one)",
     )
+
+
+_PROBLEM_START = re.compile(r"(^  - |^|: )([a-z][a-z0-9_]*)( must | is | =)")
+
+
+def name_flags(message: str, typed: set[str]) -> str:
+    """A config error as the command line's user reads it: each problem that starts with a
+    field they typed as a flag names that flag (``lr must be positive`` -> ``--lr must be >
+    0``); fields from a config file or preset keep their names, as written there."""
+
+    def flag(match: re.Match) -> str:
+        lead, name, verb = match.groups()
+        if name not in typed:
+            return match.group(0)
+        return f"{lead}--{name.replace('_', '-')}{verb}"
+
+    out = []
+    for line in message.split("\n"):
+        named = _PROBLEM_START.sub(flag, line)
+        if named != line:
+            named = named.replace("must be positive", "must be > 0")
+        out.append(named)
+    return "\n".join(out)
