@@ -133,14 +133,17 @@ def test_gzipped_data_reads_as_it_ships(tmp_path, suffix):
         load_examples(broken)
 
 
-def test_jsonl_gz_trains_the_tiny_model(tmp_path):
+def test_jsonl_gz_trains_the_tiny_model_and_skipped_rows_are_counted_by_kind(tmp_path):
     path = tmp_path / "rows.jsonl.gz"
-    path.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in GOOD).encode()))
+    text = "".join(json.dumps(r) + "\n" for r in GOOD) + "{oops\n"
+    path.write_bytes(gzip.compress(text.encode()))
     run = tmp_path / "run"
     argv = ["train", *SMOKE, "--task", "file", "--train-file", str(path), "--output-dir", str(run)]
-    assert main(argv) == 0
+    assert main([*argv, "--bad-rows", "skip"]) == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("data/train_problems") == 8 for r in records)
+    data = next(r for r in records if "data/train_problems" in r)
+    assert data["data/train_problems"] == 8 and data["data/skipped_rows"] == 1
+    assert data["data/skipped_rows_invalid_json"] == 1
     assert max(r["step"] for r in records) == 2
 
 

@@ -20,6 +20,7 @@ from ..config.options import TaskOptions
 from ..config.train import TrainConfig
 from ..envs.tasks.base import Example
 from ..envs.tasks.checks import EmptyHeldOutError
+from ..envs.tasks.reading import SKIPPED_METRICS
 from ..models.chat import encode_examples
 from .parts import context_length, count_unknown, limit_prompts, prompt_token_limit
 
@@ -148,7 +149,7 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
         "data/test_prompts_skipped": test_skipped,
         "data/prompts_with_unknown_chars": count_unknown(tokenizer, encoded),
         "data/skipped_rows": len(task.skipped_rows),
-        **{f"data/skipped_rows_{kind}": n for kind, n in task.skipped_kinds.items()},
+        **{SKIPPED_METRICS[kind]: n for kind, n in task.skipped_kinds.items()},
         **task.data_checks,
     }
     return train_set, prompt_cache, test_set, data

@@ -30,8 +30,9 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
 
     # --- data ------------------------------------------------------------------------------
     bad_rows: str = _doc(
-        "Malformed data-file rows: 'error' stops with file, row and field; 'skip' drops them "
-        "and logs the count (data/skipped_rows).",
+        "Bad data-file rows (invalid JSON, not UTF-8, missing or empty field, bad image): "
+        "'error' stops, listing each with file, row and field; 'skip' drops them and logs the "
+        "counts (data/skipped_rows, and per kind data/skipped_rows_<kind>).",
         "error",
     )
     reward_timeout_s: float = _doc(

@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXTENSIONS", "KINDS", "DataError", "RawRows", "RowProblem", "file_format", "read_rows"]
+__all__ = [
+    "EXTENSIONS",
+    "KINDS",
+    "SKIPPED_METRICS",
+    "DataError",
+    "RawRows",
+    "RowProblem",
+    "file_format",
+    "read_rows",
+]
 
 EXTENSIONS: dict[str, str] = {
     ".jsonl": "json",
@@ -38,6 +47,16 @@ KINDS: dict[str, str] = {
     "bad_image": "bad image",
 }
 """The kinds of bad row (key: the ``data/skipped_rows_<key>`` count; value: how messages say it)."""
+
+SKIPPED_METRICS: dict[str, str] = {
+    "invalid_json": "data/skipped_rows_invalid_json",
+    "not_utf8": "data/skipped_rows_not_utf8",
+    "missing_field": "data/skipped_rows_missing_field",
+    "empty_field": "data/skipped_rows_empty_field",
+    "bad_field": "data/skipped_rows_bad_field",
+    "bad_image": "data/skipped_rows_bad_image",
+}
+"""The metric counting each kind of row ``--bad-rows skip`` dropped (logged where non-zero)."""
 
 
 class DataError(ValueError):
