@@ -26,9 +26,10 @@ TRAIN_EVAL_DEFAULTS = (
     "random-init character model, trained from scratch on a built-in task), --max-new-tokens 8 "
     "(enough for the built-in tasks' short answers) and data from --task, or --task file with "
     "--train-file/--test-file; eval defaults to --model smollm2-135m-instruct (a pretrained "
-    "model), --max-new-tokens 256 (room for reasoning) and one data file, --data FILE. Pass "
-    "--model, --max-new-tokens and the data flags explicitly to score a trained run the way it "
-    "was trained."
+    "model), --max-new-tokens 256 (room for reasoning) and one data file, --data FILE. A "
+    "checkpoint gspo trained (a run's final/, an SFT folder) is scored with its run's own "
+    "--max-new-tokens, --chat-template and --system-prompt unless given; pass the data flags "
+    "(--data or --task) explicitly."
 )
 
 
