@@ -12,7 +12,7 @@ from gspo.interface.cli import main
 
 
 def test_algos_lists_every_registered_objective(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["algos"]) == 0
+    assert main(["algos", "--markdown"]) == 0
     table = capsys.readouterr().out
     names = [n for n in LOSSES if not n.startswith("test_")]
     assert len(names) == 8
@@ -41,3 +41,12 @@ def test_compare_runs_the_new_objectives(tmp_path: Path, capsys) -> None:
     printed = capsys.readouterr().out
     for name in ("cispo", "sapo", "sapo_seq", "gmpo"):
         assert f"| `{name}` | 1 |" in printed
+
+
+def test_algos_prints_a_terminal_table_by_default(capsys):
+    assert main(["algos"]) == 0
+    out = capsys.readouterr().out
+    assert "| algo |" not in out  # no raw Markdown in a terminal
+    for name in ("grpo", "gspo", "luspo", "cispo"):
+        assert f"\n{name}\n" in f"\n{out}"
+    assert "  default clip" in out and "IS weight clamped to [0, 5]" in out

@@ -68,7 +68,7 @@ def test_train_rejects_unknown_flag_values_before_work(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert "algo must be one of" in err and "steps must be positive" in err
+    assert "algo must be one of" in err and "--steps must be > 0" in err
     assert not (tmp_path / "metrics.jsonl").exists()
 
 

@@ -65,7 +65,7 @@ def test_abbreviated_flags_are_errors(argv, capsys):
 def test_group_size_zero_is_reported_once(tmp_path, capsys):
     assert main(["train", "--group-size", "0", "--output-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("group_size") == 1 and "group_size must be >= 2" in err
+    assert err.count("group-size") == 1 and "--group-size must be >= 2" in err  # the flag typed
 
 
 def test_demo_progress_flag_uses_the_config_convention(capsys):

@@ -292,10 +292,10 @@ def test_code_limits_from_config_file_and_cli_reach_the_reward(tmp_path) -> None
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--code-test-timeout-s", "0"], "code_test_timeout_s must be a positive number"),
-        (["--code-total-timeout-s", "-1"], "code_total_timeout_s must be >= 0"),
-        (["--code-memory-mb", "10"], "code_memory_mb must be >= 64"),
-        (["--code-compare", "fuzzy"], "code_compare must be one of auto, text, number"),
+        (["--code-test-timeout-s", "0"], "--code-test-timeout-s must be a positive number"),
+        (["--code-total-timeout-s", "-1"], "--code-total-timeout-s must be >= 0"),
+        (["--code-memory-mb", "10"], "--code-memory-mb must be >= 64"),
+        (["--code-compare", "fuzzy"], "--code-compare must be one of auto, text, number"),
     ],
 )
 def test_bad_code_limits_are_one_clear_line(tmp_path, capsys, flags, message) -> None:

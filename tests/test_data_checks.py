@@ -250,3 +250,11 @@ def test_gspo_train_dedupe_emptying_the_held_out_set_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "gspo train: error: the held-out set is empty: dedupe dropped all 2" in err
     assert "Traceback" not in err
+
+
+def test_truncated_training_prompts_are_said_in_their_own_line(capsys):
+    cfg = TrainConfig(max_new_tokens=8, long_prompts="truncate")
+    task = task_of(["x" * 100 + "1+1=", "2+2="], ["3+3="])
+    _, _, _, data = prepare(cfg, task)
+    assert data["data/prompts_truncated"] == 1
+    assert "data: 1 training prompts truncated, 0 skipped" in capsys.readouterr().err

@@ -209,7 +209,8 @@ def test_gspo_eval_command_writes_json(tmp_path, capsys):
 def test_gspo_eval_rejects_bad_flags(capsys):
     assert main(["eval", "--samples", "0", "--greedy", "false"]) == 2
     assert "nothing to score" in capsys.readouterr().err
-    assert main(["eval", "--model", "no/such/dir", "--n-test", "1", "--progress", "false"]) == 2
+    argv = ["eval", "--model", "no/such/dir", "--task", "addition", "--n-test", "1"]
+    assert main([*argv, "--progress", "false", "--output", ""]) == 2
     assert "not a named model" in capsys.readouterr().err
 
 

@@ -413,3 +413,8 @@ def test_log_panels_draw_zeros_at_zero_and_name_the_smoothing(tmp_path, monkeypa
     assert scales["clipped-token fraction"] == "symlog"
     assert all("moving average" not in t and "not smoothed" in t for t in titles)
     assert smoothing_note(4) == "moving average over 4 steps"
+
+
+def test_one_seed_says_n_1_instead_of_a_zero_standard_error():
+    assert fmt_mean_se(0.5, 0.0, 1) == "0.500 (n = 1)"
+    assert fmt_mean_se(0.6, 0.057735, 3) == "0.600 ± 0.058"

@@ -67,7 +67,8 @@ def _problems(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str, Task | Non
             answer_key=cfg.answer_key,
             answer_format=cfg.answer_format,
         )
-        examples, reward, where = task.test, task.reward, f"task {task.description}, test split"
+        about = task.description or task.name  # a builder's Task may have no description
+        examples, reward, where = task.test, task.reward, f"task {about}, test split"
     if cfg.limit > 0:
         examples = examples[: cfg.limit]
     return list(examples), reward, where, task

@@ -10,7 +10,7 @@ from ..envs.sandbox import with_code_limits
 from ..envs.tasks import make_task
 from ..envs.tasks.base import Task
 from ..envs.tasks.checks import check_duplicates, check_held_out
-from ..envs.tasks.files import make_file_task
+from ..envs.tasks.files import options_file_task
 from ..models.policy import build_policy
 
 
@@ -63,17 +63,7 @@ def build_task(cfg: TrainConfig | SFTConfig) -> Task:
 
 def _build_task(opts: TaskOptions, reward: str | None, seed: int, demo_key: str | None) -> Task:
     if opts.task == "file":
-        return make_file_task(
-            opts.train_file,
-            opts.test_file,
-            reward,
-            prompt_key=opts.prompt_key,
-            answer_key=opts.answer_key,
-            on_error="skip" if opts.bad_rows == "skip" else "raise",
-            answer_format=opts.answer_format,
-            **({"demo_key": demo_key} if demo_key else {}),
-            **({"image_key": opts.image_key} if opts.image_key else {}),
-        )
+        return options_file_task(opts, reward, demo_key)
 
     # A user's builder (module:builder, or one a plugin registers) also gets the file
     # arguments its signature names: it may read the run's data files itself.

@@ -20,6 +20,7 @@ from ..config.options import TaskOptions
 from ..config.train import TrainConfig
 from ..envs.tasks.base import Example
 from ..envs.tasks.checks import EmptyHeldOutError
+from ..envs.tasks.reading import SKIPPED_METRICS
 from ..models.chat import encode_examples
 from .parts import context_length, count_unknown, limit_prompts, prompt_token_limit
 
@@ -125,6 +126,13 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
             f"and long_prompts={cfg.long_prompts!r} leaves them out (use shorter held-out "
             f"prompts, a larger limit or {way_out}; eval_every 0 runs without evaluation)"
         )
+    if n_truncated or n_skipped:  # (the held-out split's line below: one line per split)
+        print(
+            f"data: {n_truncated} training prompts truncated, {n_skipped} skipped (over "
+            f"{named}); {len(train_set)} training problems left",
+            file=sys.stderr,
+            flush=True,
+        )
     if test_truncated or test_skipped:
         print(
             f"data: {test_truncated} held-out prompts truncated, {test_skipped} skipped "
@@ -141,6 +149,7 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
         "data/test_prompts_skipped": test_skipped,
         "data/prompts_with_unknown_chars": count_unknown(tokenizer, encoded),
         "data/skipped_rows": len(task.skipped_rows),
+        **{SKIPPED_METRICS[kind]: n for kind, n in task.skipped_kinds.items()},
         **task.data_checks,
     }
     return train_set, prompt_cache, test_set, data

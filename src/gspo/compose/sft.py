@@ -26,6 +26,7 @@ from ..orchestration.logging import progress_bar
 from ..orchestration.signals import StopRequest
 from .evaluate import eval_env
 from .parts import build_policy_for, build_task
+from .sft_prompts import fit_demonstrations, sft_held_out
 
 
 @dataclass
@@ -93,12 +94,16 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
     # Chat models see their template and learn to end on its end-of-turn token (<|im_end|>).
     fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
     prompts, pixels = encode_examples(fmt, demos)  # pixels: image prompts' inputs, or None
-    targets = [
-        [*ids, fmt.end_token_id]
-        for ids in tokenizer(
-            [e.demo if e.demo is not None else e.answer for e in demos], add_special_tokens=False
-        )["input_ids"]
-    ]
+    targets = _targets(demos, tokenizer, fmt)
+    # Prompt + demonstration within the context (long_prompts), before any step.
+    kept, replaced = fit_demonstrations(cfg, task, demos, prompts, targets, model)
+    if len(kept) < len(demos):  # re-encoded: the pixel inputs are indexed by demonstration
+        demos = [demos[i] for i in kept]
+        prompts, pixels = encode_examples(fmt, demos)
+        targets = _targets(demos, tokenizer, fmt)
+        replaced = {kept.index(i): ids for i, ids in replaced.items()}
+    prompts = [replaced.get(i, ids) for i, ids in enumerate(prompts)]
+    held_out = sft_held_out(cfg, task, fmt, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.warmup_steps))
     losses: list[float] = []
@@ -146,13 +151,16 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
         bar.close()
     model.eval()
     save_model(model, tokenizer, out)  # replaces the folder: its checkpoints go with it
+    # Beside the model, the config that made it: gspo eval reads its generation settings
+    # (max_new_tokens, chat_template) and gspo compare reuses a cold start made the same way.
+    (out / "sft_config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     metrics: dict[str, float] = {}
-    if task.test:  # the task's environment, as training and gspo eval score it
+    if held_out:  # the task's environment, as training and gspo eval score it
         env, limits = eval_env(cfg, task, fmt.chat)  # as gspo eval and training
         metrics = evaluate_model(
             model,
             tokenizer,
-            task.test,
+            held_out,
             task.reward,
             max_new_tokens=cfg.max_new_tokens,
             generator=step_generator(cfg.seed, cfg.steps, stream=3, device=device),
@@ -161,6 +169,13 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
             limits=limits,
         )
     return SFTResult(out, losses, metrics, seconds + time.perf_counter() - t0)
+
+
+def _targets(demos, tokenizer, fmt) -> list[list[int]]:
+    """Each demonstration's target ids: the demonstration (or the answer), then the end token."""
+    texts = [e.demo if e.demo is not None else e.answer for e in demos]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [[*row, fmt.end_token_id] for row in ids]
 
 
 def _sft_step(

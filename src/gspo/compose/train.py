@@ -9,6 +9,7 @@ anything itself. Resuming restores the backend's checkpoint and the loop's
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -76,14 +77,23 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
                 f"{out}: stop_after is the global step to stop at (pass --stop-after N > {step}, "
                 "or leave it out)"
             )
+    created = not out.exists()
     ensure_writable(out)
     clean_stale(out)  # temporary folders of a write a kill interrupted
     if not resume:  # a new run never shares the folder with an earlier run's checkpoints
         discard_run(out)
-    # The run's config at its root, so `gspo report` can group runs by algo and seed.
+    try:
+        parts = build_parts(cfg, out, opts)
+    except BaseException:
+        # A run refused while it was being built (bad data, a model that does not load) leaves
+        # the folder as it found it: nothing there may mark it as holding a run, or the retry
+        # with the fix would be refused ("already holds a run").
+        if created and not resume:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    # The run's config at its root, so `gspo report` can group runs by algo and seed: written
+    # once the run passed its checks (it marks the folder as holding a run).
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-
-    parts = build_parts(cfg, out, opts)
     state = StepState(seed=cfg.seed)
     try:
         if found is not None:

@@ -59,7 +59,7 @@ class EvalConfig(EngineFields, EpisodeFields):
         "raw",
     )
     reward: str = _doc(
-        "Reward for --data (exact_match, numeric, math_verify, format, one a plugin registers, "
+        "Reward for --data (exact_match, numeric, math_verify, format, code, one a plugin registers, "
         "or module:function).",
         "math_verify",
     )
@@ -100,7 +100,11 @@ class EvalConfig(EngineFields, EpisodeFields):
     temperature: float = _doc("Sampling temperature of the k samples.", 1.0)
     top_p: float = _doc("Nucleus sampling mass (1 disables it).", 1.0)
     batch_size: int = _doc("Sequences generated together.", 64)
-    output: str | None = _doc("Write the JSON report here; None: print only.", "eval.json")
+    output: str | None = _doc(
+        "Write the JSON report here (an existing file is refused unless --overwrite); None: "
+        "print only.",
+        "eval.json",
+    )
     show: int = _doc(
         "Per-problem records (prompt, completions, rewards) kept in the JSON; 0: all.", 20
     )

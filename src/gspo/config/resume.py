@@ -100,6 +100,11 @@ def requested_values(
     return values
 
 
+class RunFinished(Exception):
+    """``--resume`` of a run that reached its last step and saved its model: nothing to do
+    (the command prints the message and exits 0, changing nothing)."""
+
+
 def saved_config(output_dir: str | Path) -> tuple[dict[str, Any], int, Path]:
     """(config dict, step, checkpoint folder) of the latest checkpoint under ``output_dir``."""
     found = latest_checkpoint(output_dir)
@@ -165,6 +170,12 @@ def resume_config(
             f"--resume: the checkpoint in {output_dir} is at step {step}, past steps={cfg.steps}"
             f" (pass --steps N with N > {step} to train further)"
         )
+    if step == cfg.steps and (Path(output_dir) / "final").is_dir():
+        raise RunFinished(
+            f"the run in {output_dir} is already finished (step {step} of {cfg.steps}, model in "
+            f"{Path(output_dir) / 'final'}); nothing to do (pass --steps N with N > {step} to "
+            "train further)"
+        )
     echo(
         f"resuming {output_dir} at step {step} of {cfg.steps} (checkpoint {found.name}): "
         f"{cfg.algo} on {cfg.task}, model {cfg.model}, seed {cfg.seed}"
@@ -181,6 +192,11 @@ def sft_resume_config(
     """The config of the unfinished SFT in ``output_dir`` with the safe ``requested`` changes;
     ConfigError naming any other change."""
     found = latest_checkpoint(output_dir)
+    if found is None and (Path(output_dir) / "model.safetensors").is_file():
+        raise RunFinished(
+            f"the SFT in {output_dir} is already finished (its model is saved there); nothing "
+            "to do (--overwrite starts a new one)"
+        )
     if found is None:
         raise FileNotFoundError(
             f"--resume: no SFT checkpoint under {checkpoint_root(output_dir)} (a finished SFT "

@@ -30,8 +30,9 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
 
     # --- data ------------------------------------------------------------------------------
     bad_rows: str = _doc(
-        "Malformed data-file rows: 'error' stops with file, row and field; 'skip' drops them "
-        "and logs the count (data/skipped_rows).",
+        "Bad data-file rows (invalid JSON, not UTF-8, missing or empty field, bad image): "
+        "'error' stops, listing each with file, row and field; 'skip' drops them and logs the "
+        "counts (data/skipped_rows, and per kind data/skipped_rows_<kind>).",
         "error",
     )
     reward_timeout_s: float = _doc(
@@ -260,6 +261,12 @@ class SFTConfig(SharedFields, EpisodeFields):
     lr: float = _doc("AdamW learning rate.", 3e-3)
     warmup_steps: int = _doc("Linear warm-up steps.", 10)
     max_new_tokens: int = _doc("Completion length used when measuring held-out accuracy.", 8)
+    long_prompts: str = _doc(
+        "Demonstrations whose prompt + demonstration exceed the model's context (held-out "
+        "prompts: prompt + max_new_tokens): 'error' (stop, naming the row), 'truncate' (keep "
+        "the prompt's end) or 'skip'.",
+        "error",
+    )
     progress: bool = _doc("Show a live progress bar.", True)
     checkpoint_every: int = _doc(
         "Resumable checkpoint (in output_dir/checkpoints, until the model is saved) every N "

@@ -73,6 +73,8 @@ def config_problems(cfg: Config) -> list[str]:
     need(cfg.warmup_steps >= 0, f"warmup_steps must be >= 0, got {cfg.warmup_steps}")
     need(device_ok(cfg.device), bad_device(cfg.device))
     need(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
+    rules = ("error", "truncate", "skip")  # training's long_prompts (TaskOptions)
+    need(cfg.long_prompts in rules, one_of("long_prompts", cfg.long_prompts, rules))
     _validate_file_task(cfg, need)
     return problems
 

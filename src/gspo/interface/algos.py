@@ -8,6 +8,8 @@ loaded."""
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 from typing import Any
 
 from gspo.config.names import losses
@@ -59,6 +61,26 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def terminal_table(width: int | None = None) -> str:
+    """Every registered loss as aligned plain text for a terminal: one block per loss, its
+    fields labelled and wrapped to ``width`` (default: the terminal's)."""
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    labels = ("objective", "default clip", "aggregation", "options", "source")
+    pad = max(len(label) for label in labels) + 4
+    blocks = []
+    for name in sorted(n for n in losses() if not n.startswith("test_")):
+        d = describe(name)
+        opts = ", ".join(f"{k}={v}" for k, v in d["options"].items()) or "-"
+        values = (d["formula"], d["clip"], d["aggregation"], opts, d["source"])
+        lines = [name]
+        for label, value in zip(labels, values, strict=True):
+            wrapped = textwrap.wrap(value, max(width - pad, 30)) or ["-"]
+            lines.append(f"  {label:<{pad - 2}}{wrapped[0]}")
+            lines += [" " * pad + more for more in wrapped[1:]]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def add_parser(sub: Any) -> None:
     """Add ``gspo algos`` to the ``gspo`` parser's subparsers."""
     p = sub.add_parser(
@@ -66,6 +88,9 @@ def add_parser(sub: Any) -> None:
         help="list every registered objective: formula, default clips, aggregation, paper",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--markdown", action="store_true", help="print a Markdown table (for docs) instead"
+    )
 
 
 def run(args: Any) -> int:
@@ -75,7 +100,7 @@ def run(args: Any) -> int:
         names = sorted(n for n in LOSSES if not n.startswith("test_"))
         print(json.dumps([describe(n) for n in names], indent=2))
     else:
-        print(table())
+        print(table() if args.markdown else terminal_table())
         print(
             "\nClips: ε below/above 1 of the ratio unless stated; override with --clip-low/"
             "--clip-high. Options are TrainConfig fields (dual_clip, sapo_tau_pos, sapo_tau_neg)."

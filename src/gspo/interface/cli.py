@@ -15,15 +15,27 @@ from typing import Any
 
 from gspo.config import PRESETS, ConfigError, EvalConfig, SFTConfig, TrainConfig, build, field_docs
 from gspo.config.fields import SharedFields
-from gspo.config.machine import machine_problems
-from gspo.config.resume import RESUME_FIELDS, requested_values, resume_config, sft_resume_config
-from gspo.config.validation import config_error
+from gspo.config.resume import (
+    RESUME_FIELDS,
+    RunFinished,
+    requested_values,
+    resume_config,
+    sft_resume_config,
+)
 from gspo.interface import algos
 
-from .cli_parsers import TRAIN_EVAL_DEFAULTS, Parser, add_eval_parser, add_log_level, parse_bool
+from .cli_parsers import (
+    TRAIN_EVAL_DEFAULTS,
+    Parser,
+    add_eval_parser,
+    add_log_level,
+    name_flags,
+    parse_bool,
+)
 from .compare import add_cli_parsers, run_cli
 from .demo import DEMO_DEFAULTS, run_demo
 from .logs import quiet_transformers, set_log_level
+from .preflight import check_data, eval_overrides, preflight
 from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, stopped_line
 from .serve import add_serve_parser, run_serve
 
@@ -71,9 +83,28 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     add_log_level(parser)
 
 
+def _typed(args: argparse.Namespace) -> set[str]:
+    """The config fields given as flags on the command line (their flags default to nothing:
+    a name in ``args`` was typed). ``gspo demo``'s own flags are not config fields."""
+    if args.command not in ("train", "sft", "eval", "compare", "report"):
+        return set()
+    names = {f.name for cls in (TrainConfig, SFTConfig, EvalConfig) for f in fields(cls)}
+    return names & set(vars(args))
+
+
 def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in vars(args).items() if k in names}
+
+
+def _version() -> str:
+    """The installed distribution's version (its metadata: nothing of gspo is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gspo")
+    except PackageNotFoundError:  # run from a source tree without an install
+        return "(not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="gspo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"gspo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p_train = sub.add_parser(
@@ -156,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     set_log_level(getattr(args, "log_level", "error"))
     try:
-        _preflight(args)  # config and machine checks: before torch, a model or any data loads
+        preflight(args, _overrides)  # configs, machine, data: before torch or a model loads
         if args.command == "train":
             return _train(args)
         if args.command == "sft":
@@ -172,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_cli(args, _overrides)
         if args.command == "serve":
             return run_serve(args)
+    except RunFinished as exc:  # --resume of a finished run: nothing changes
+        print(f"gspo {args.command}: {exc}")
+        return 0
     except ConfigError as exc:
-        print(f"gspo {args.command}: {exc}", file=sys.stderr)
+        print(f"gspo {args.command}: {name_flags(str(exc), _typed(args))}", file=sys.stderr)
         return 2
     except (FileNotFoundError, PermissionError, IsADirectoryError, ValueError) as exc:
         print(f"gspo {args.command}: error: {exc}", file=sys.stderr)
@@ -196,36 +231,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gspo {args.command}: stopped: {exc}", file=sys.stderr)
         return 3
     return 1
-
-
-def _preflight(args: argparse.Namespace) -> None:
-    """Build and check the configs a command will run (cheap: plain dataclasses, torch-free
-    registries) and what they need from the machine (extras installed, CUDA present), so every
-    such mistake is reported at once, before the command's slow imports and work. The command
-    builds its config again when it runs; ``--resume`` configs come from the run folder and are
-    checked there."""
-    if args.command in ("train", "sft", "eval"):
-        if getattr(args, "resume", False):
-            return
-        cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
-        cfgs = [build(cls, preset=args.preset, file=args.config, overrides=_overrides(args, cls))]
-    elif args.command == "demo":  # its RL config must be valid before the cold start runs
-        given = {k: getattr(args, k) for k in DEMO_DEFAULTS if getattr(args, k) is not None}
-        demo = {**DEMO_DEFAULTS, **given}  # a resumed demo's own settings are checked on resume
-        common = dict(seed=demo["seed"], threads=args.threads, device="cpu", task="addition")
-        cfgs = [
-            build(SFTConfig, overrides=dict(steps=demo["sft_steps"], n_test=0, **common)),
-            build(
-                TrainConfig,
-                preset="demo",
-                overrides=dict(algo=demo["algo"], steps=demo["steps"], **common),
-            ),
-        ]
-    else:
-        return
-    problems = [p for cfg in cfgs for p in machine_problems(cfg)]
-    if problems:
-        raise config_error(list(dict.fromkeys(problems)), header="cannot start")
 
 
 def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) -> str:
@@ -264,6 +269,7 @@ def _train(args: argparse.Namespace) -> int:
     plot = plot_run(history, out / "curves.png", title=f"{cfg.algo} on {cfg.task}")
     print(curve_table(history))
     if result.final_eval:
+        print(eval_label(history, result.interrupted is not None))
         print(json.dumps(result.final_eval, indent=2))
     print(f"metrics: {out / 'metrics.jsonl'}\nplot: {plot}")
     if result.interrupted is not None:
@@ -272,6 +278,14 @@ def _train(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr)
         return exit_code(result.interrupted)
     return 0
+
+
+def eval_label(history: list[dict[str, Any]], stopped: bool) -> str:
+    """The line above the printed evaluation: its step, and whether a stop came before the end
+    (after Ctrl-C the latest evaluation may be step 0's, the model before any training)."""
+    step = max((r["step"] for r in history if any(k.startswith("eval/") for k in r)), default=0)
+    why = " (the latest before the run was stopped)" if stopped else ""
+    return f"held-out evaluation at step {step}{why}:"
 
 
 def _sft(args: argparse.Namespace) -> int:
@@ -308,9 +322,9 @@ def _sft(args: argparse.Namespace) -> int:
 
 def run_eval_cli(args: Any, overrides: Any) -> int:
     """``gspo eval``: build the config from the flags, run, print a summary."""
-    cfg = build(
-        EvalConfig, preset=args.preset, file=args.config, overrides=overrides(args, EvalConfig)
-    )
+    given = eval_overrides(args, overrides(args, EvalConfig), echo=_stderr)
+    cfg = build(EvalConfig, preset=args.preset, file=args.config, overrides=given)
+    check_data(cfg)  # every bad row at once, before torch and the model
     # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.evaluate import evaluate
 
@@ -343,6 +357,10 @@ def run_eval_cli(args: Any, overrides: Any) -> int:
         + (f"; report: {cfg.output}" if cfg.output else "")
     )
     return 0
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ TRAIN_EVAL_DEFAULTS = (
     "random-init character model, trained from scratch on a built-in task), --max-new-tokens 8 "
     "(enough for the built-in tasks' short answers) and data from --task, or --task file with "
     "--train-file/--test-file; eval defaults to --model smollm2-135m-instruct (a pretrained "
-    "model), --max-new-tokens 256 (room for reasoning) and one data file, --data FILE. Pass "
-    "--model, --max-new-tokens and the data flags explicitly to score a trained run the way it "
-    "was trained."
+    "model), --max-new-tokens 256 (room for reasoning) and one data file, --data FILE. A "
+    "checkpoint gspo trained (a run's final/, an SFT folder) is scored with its run's own "
+    "--max-new-tokens, --chat-template and --system-prompt unless given; pass the data flags "
+    "(--data or --task) explicitly."
 )
 
 
@@ -106,3 +107,31 @@ def add_eval_parser(sub: Any, add_config_flags: Any) -> None:
         epilog=TRAIN_EVAL_DEFAULTS,
     )
     add_config_flags(p, EvalConfig)
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output file (without it gspo eval refuses to overwrite one)",
+    )
+
+
+_PROBLEM_START = re.compile(r"(^  - |^|: )([a-z][a-z0-9_]*)( must | is | =)")
+
+
+def name_flags(message: str, typed: set[str]) -> str:
+    """A config error as the command line's user reads it: each problem that starts with a
+    field they typed as a flag names that flag (``lr must be positive`` -> ``--lr must be >
+    0``); fields from a config file or preset keep their names, as written there."""
+
+    def flag(match: re.Match) -> str:
+        lead, name, verb = match.groups()
+        if name not in typed:
+            return match.group(0)
+        return f"{lead}--{name.replace('_', '-')}{verb}"
+
+    out = []
+    for line in message.split("\n"):
+        named = _PROBLEM_START.sub(flag, line)
+        if named != line:
+            named = named.replace("must be positive", "must be > 0")
+        out.append(named)
+    return "\n".join(out)

@@ -68,6 +68,13 @@ def run_demo(args: argparse.Namespace) -> int:
         args.resume = True
     claim_output_dir(out, "demo", resume=args.resume, overwrite=args.overwrite)
     settings = demo_settings(out, args)
+    if args.resume and (out / "summary.json").is_file():
+        # A finished demo is left as it is: resuming it would only rewrite its summary.
+        print(
+            f"the demo in {out} is already finished (summary.json); nothing to do "
+            "(--overwrite starts a new one)"
+        )
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(settings, indent=2))
     quiet_transformers()

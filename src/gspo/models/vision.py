@@ -15,13 +15,13 @@ prompt's group of samples) and :meth:`PixelInputs.rows` hands each row its promp
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..core.images import IMAGE_PLACEHOLDER, load_image
 from .vision_qwen import QwenPixelInputs, QwenVLProcessor, uses_mrope
 
 __all__ = [
@@ -34,8 +34,6 @@ __all__ = [
     "processor_for",
 ]
 
-IMAGE_PLACEHOLDER = "<image>"
-"""Where an image goes in a prompt's text (one per image, in order)."""
 
 _VL_SPECIAL = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
 
@@ -154,28 +152,6 @@ def _need_pillow() -> None:
         raise ModuleNotFoundError(
             "vision-language models need Pillow: pip install 'gspo[vision]'"
         ) from None
-
-
-def load_image(image: Any, *, where: str = "image"):
-    """A ``PIL.Image`` in RGB from a path, raw bytes or an image; ``ValueError`` naming
-    ``where`` for a missing, unreadable or corrupt one."""
-    from PIL import Image, UnidentifiedImageError
-
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    try:
-        if isinstance(image, (bytes, bytearray, memoryview)):
-            img = Image.open(io.BytesIO(bytes(image)))
-        elif isinstance(image, (str, Path)):
-            if not Path(image).is_file():
-                raise ValueError(f"{where}: no image file {str(image)!r}")
-            img = Image.open(image)
-        else:
-            raise ValueError(f"{where}: expected an image path, bytes or image, got {image!r:.60}")
-        img.load()  # decode now: a truncated file fails here, not mid-run
-    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-        raise ValueError(f"{where}: not a readable image ({exc})") from None
-    return img.convert("RGB")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Tasks: problems with verifiable answers plus the reward that checks them.
 
 Built-in synthetic tasks come from :func:`make_task`; user data files from
-:func:`load_examples` / :func:`make_file_task` (which import ``datasets`` only when called).
+:func:`load_examples` / :func:`make_file_task` (torch-free: data is checked before a model loads).
 The tasks of the built-in environments (calculator, multiply, code_feedback, guess) register
 with their environments, which ``gspo.envs`` loads (as any import of ``gspo.envs.tasks`` does).
 """

@@ -40,6 +40,8 @@ class Task:
     description: str = ""
     skipped_rows: list[str] = field(default_factory=list)
     """Messages for data-file rows dropped as malformed (``bad_rows="skip"``), one per row."""
+    skipped_kinds: dict[str, int] = field(default_factory=dict)
+    """How many of ``skipped_rows`` are of each kind (``gspo.envs.tasks.reading.KINDS``)."""
     data_checks: dict[str, int] = field(default_factory=dict)
     """``data/*`` counts of the duplicate checks (:mod:`gspo.envs.tasks.checks`)."""
 

@@ -1,146 +1,56 @@
-"""Tasks from user data files: local .jsonl / .json / .parquet, one problem per row.
+"""Tasks from user data files: local .jsonl / .json / .parquet (also .jsonl.gz, .json.gz),
+one problem per row.
 
-Files are read with :func:`datasets.load_dataset` from local paths only (no hub access). Every
-problem with a file is reported as a :class:`DataError` that names the file, the row (0-based,
-plus the line number for .jsonl) and the field, so a bad row can be found and fixed.
+Files are read by :mod:`gspo.envs.tasks.reading` (no torch, no hub access). Every problem with
+a file is reported in one :class:`DataError` that names, for each bad row (up to
+:data:`MAX_LISTED`), the file, the row (0-based, plus the line number for JSON lines) and the
+field, so that all bad rows can be found and fixed at once.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import math
-import tempfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 from gspo.envs.rewards import extract_boxed, extract_hashes, get_reward, uses_sandbox
 from gspo.envs.tasks.base import Example, Task
+from gspo.envs.tasks.reading import (
+    EXTENSIONS,
+    KINDS,
+    DataError,
+    RowProblem,
+    file_format,
+    read_rows,
+)
 
-__all__ = ["ANSWER_FORMATS", "EXTENSIONS", "DataError", "load_examples", "make_file_task"]
+__all__ = [
+    "ANSWER_FORMATS",
+    "EXTENSIONS",
+    "MAX_LISTED",
+    "DataError",
+    "load_examples",
+    "make_file_task",
+    "options_file_task",
+]
 
-EXTENSIONS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-"""Supported file extensions and the ``datasets`` builder that reads each."""
-
-
-class DataError(ValueError):
-    """A user data file is missing, unreadable or has a bad row."""
-
-
-def _jsonl_line_numbers(path: Path) -> list[int]:
-    """1-based line number of each row of a JSON-lines file (datasets skips blank lines)."""
-    with path.open(encoding="utf-8") as f:
-        return [number for number, line in enumerate(f, start=1) if line.strip()]
-
-
-def _json_lines_error(path: Path, text: str) -> str | None:
-    """The first line of ``text`` that is not a JSON object, as an error message, or None."""
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as e:
-            return f"{path} line {number}: invalid JSON: {e}"
-        if not isinstance(value, dict):
-            return f"{path} line {number}: expected a JSON object, got {type(value).__name__}"
-    return None
+MAX_LISTED = 20
+"""Bad rows a DataError lists one by one (the rest are counted by kind)."""
 
 
-def _not_utf8(path: Path, data: bytes) -> str:
-    """Where ``data`` (the file's bytes) stops being UTF-8: the row and line, not the byte
-    offset Python's decoder names, so the bad row can be found in an editor."""
-    row = 0
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            where = f"row {row} (line {number})" if path.suffix == ".jsonl" else f"line {number}"
-            return (
-                f"{path} {where}: not UTF-8 text (byte 0x{line[e.start]:02x} at column "
-                f"{e.start + 1}); save the file as UTF-8"
-            )
-        row += bool(line.strip())
-    return f"{path}: not UTF-8 text"
+class _RowError(DataError):
+    """A bad row's problem, with its kind (a :data:`KINDS` key)."""
 
-
-def _find_json_error(path: Path) -> str | None:
-    """Locate invalid JSON ourselves: datasets only reports a deep, position-less error."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return _not_utf8(path, data)
-    if path.suffix == ".jsonl":
-        return _json_lines_error(path, text)
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as e:
-        # datasets also accepts JSON lines in a .json file: only an error if it is neither.
-        if _json_lines_error(path, text) is None:
-            return None
-        return f"{path}: invalid JSON: {e}"
-    return None
-
-
-def _read_json_rows(path: Path) -> list[Any]:
-    """Rows of a valid JSON / JSON-lines file, for files whose columns mix types."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
-        # Column-oriented {"prompt": [...], "answer": [...]}.
-        columns = list(data)
-        length = min((len(v) for v in data.values()), default=0)
-        return [{c: data[c][i] for c in columns} for i in range(length)]
-    # A .jsonl with a single row parses as one object.
-    return [data] if isinstance(data, dict) else list(data)
-
-
-def _load_rows(path: Path, split: str) -> tuple[list[str], list[dict[str, Any]]]:
-    """(column names, rows) of a local data file, read with ``datasets``."""
-    import datasets  # heavy; only needed when a file is actually loaded
-
-    builder = EXTENSIONS[path.suffix]
-    if path.suffix == ".jsonl":
-        # Checked up front: datasets would read a line like "[1, 2]" as a "text" column.
-        problem = _find_json_error(path)
-        if problem is not None:
-            raise DataError(problem)
-    try:
-        dataset = datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
-    except Exception as e:
-        if builder != "json":
-            raise DataError(f"{path}: could not be read as {builder}: {e}") from e
-        problem = _find_json_error(path)
-        if problem is not None:
-            raise DataError(problem) from e
-        # Valid JSON that pyarrow cannot put in one schema (e.g. a column holding numbers in
-        # some rows and strings in others): read it directly instead of failing.
-        try:
-            rows = _read_json_rows(path)
-        except (ValueError, TypeError, KeyError, IndexError) as inner:
-            raise DataError(f"{path}: could not be read as JSON rows: {e}") from inner
-        if not all(isinstance(row, dict) for row in rows):
-            raise DataError(f"{path}: expected a list of JSON objects") from e
-        columns = list(dict.fromkeys(key for row in rows for key in row))
-        return columns, [{c: row.get(c) for c in columns} for row in rows]
-    return list(dataset.column_names), dataset.to_list()
-
-
-def _where(path: Path, index: int, lines: list[int] | None) -> str:
-    line = f" (line {lines[index]})" if lines is not None and index < len(lines) else ""
-    return f"{path} row {index}{line}"
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 def _text_field(value: Any, field: str, where: str, *, numbers_ok: bool) -> str:
     """A row's prompt/answer/demo as a non-empty string, or DataError saying what is wrong."""
     if value is None:
-        raise DataError(f"{where}: field {field!r} is missing or null")
+        raise _RowError(f"{where}: field {field!r} is missing or null", "missing_field")
     if numbers_ok and isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if numbers_ok and isinstance(value, float) and math.isfinite(value):
@@ -148,11 +58,12 @@ def _text_field(value: Any, field: str, where: str, *, numbers_ok: bool) -> str:
         return str(int(value)) if value.is_integer() else repr(value)
     if not isinstance(value, str):
         expected = "a string or a number" if numbers_ok else "a string"
-        raise DataError(
-            f"{where}: field {field!r} must be {expected}, got {type(value).__name__} {value!r}"
+        raise _RowError(
+            f"{where}: field {field!r} must be {expected}, got {type(value).__name__} {value!r}",
+            "bad_field",
         )
     if not value.strip():
-        raise DataError(f"{where}: field {field!r} is empty")
+        raise _RowError(f"{where}: field {field!r} is empty", "empty_field")
     return value
 
 
@@ -172,9 +83,10 @@ def _final_answer(text: str, answer_format: str, field: str, where: str) -> str:
         found = extract_boxed(text)
         marker = "'\\boxed{...}'"
     if found is None:
-        raise DataError(
+        raise _RowError(
             f"{where}: field {field!r} has no {marker} final answer (answer_format="
-            f"{answer_format!r}): {text[-80:]!r}"
+            f"{answer_format!r}): {text[-80:]!r}",
+            "bad_field",
         )
     return found
 
@@ -191,19 +103,21 @@ def load_examples(
     answer_format: str = "raw",
     answer_optional: bool = False,
     image_key: str | None = None,
+    kinds: dict[str, int] | None = None,
 ) -> list[Example]:
-    """Load problems from a local .jsonl, .json or .parquet file (or one of them gzipped,
-    ``.jsonl.gz``).
+    """Load problems from a local .jsonl, .json or .parquet file (or .jsonl.gz, .json.gz).
 
     Each row needs a non-empty string ``prompt_key`` and a non-empty ``answer_key`` (numbers
     are converted to strings). With ``demo_key``, that column gives the demo (null allowed,
     meaning no demo for that row). All other columns go into ``Example.meta``. ``split`` names
-    the split for ``datasets``; it does not select part of the file. Raises :class:`DataError`
-    (a ValueError) naming the file, row and field for any problem.
+    the split (kept for callers; it does not select part of the file). Raises one
+    :class:`DataError` (a ValueError) naming the file, row and field of every bad row (not
+    UTF-8, not JSON, missing or empty field, bad image, ...).
 
-    ``on_error="skip"`` drops malformed rows instead (problems with the file as a whole still
-    raise); each dropped row's message is appended to ``skipped`` when a list is given, so the
-    caller can report the count. Nothing is dropped silently.
+    ``on_error="skip"`` drops bad rows instead (problems with the file as a whole still
+    raise); each dropped row's message is appended to ``skipped`` and its kind counted in
+    ``kinds`` (:data:`KINDS`) when given, so the caller can report them. Nothing is dropped
+    silently.
 
     ``answer_format`` says how to read the reference answer: ``raw`` takes the field as it is;
     ``gsm8k`` takes what follows the last ``####`` (GSM8K's answer field is the worked
@@ -218,44 +132,80 @@ def load_examples(
     here, so a missing or corrupt image is a :class:`DataError` naming file, row and field
     (or a skipped row) before any training.
     """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    examples, problems = _read_examples(
+        Path(path), prompt_key, answer_key, demo_key, answer_format, answer_optional, image_key
+    )
+    if problems and on_error == "raise":
+        raise DataError(problems_message(problems))
+    if skipped is not None:
+        skipped.extend(p.message for p in problems)
+    if kinds is not None:
+        for p in problems:
+            kinds[p.kind] = kinds.get(p.kind, 0) + 1
+    return examples
+
+
+def problems_message(problems: list[RowProblem], files: list[str] = (), hint: str = "") -> str:
+    """One message for every problem found: the files' own problems, then each bad row (the
+    first :data:`MAX_LISTED`), with the count of each kind."""
+    listed = [*files, *(p.message for p in problems)]
+    if len(listed) == 1:
+        return listed[0]
+    counts: dict[str, int] = {}
+    for p in problems:
+        counts[p.kind] = counts.get(p.kind, 0) + 1
+    parts = [f"{len(files)} unreadable file(s)"] if files else []
+    if problems:
+        by_kind = ", ".join(f"{KINDS[k]} {n}" for k, n in counts.items())
+        parts.append(f"{len(problems)} bad row(s) ({by_kind})")
+    more = len(listed) - MAX_LISTED
+    tail = f"\n  ... and {more} more" if more > 0 else ""
+    head = f"data: {' and '.join(parts)}{'; ' + hint if hint and problems else ''}:"
+    return head + "".join(f"\n  - {line}" for line in listed[:MAX_LISTED]) + tail
+
+
+def _read_examples(
+    path: Path,
+    prompt_key: str,
+    answer_key: str,
+    demo_key: str | None,
+    answer_format: str,
+    answer_optional: bool,
+    image_key: str | None,
+) -> tuple[list[Example], list[RowProblem]]:
+    """(the good rows' examples, every bad row's problem); DataError for the file's own."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(
             f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
         )
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    path = Path(path)
     if path.is_dir():
         raise DataError(f"{path}: is a directory, not a data file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    if path.suffix == ".gz" and Path(path.stem).suffix in EXTENSIONS:
-        return _load_gzip(path, dict(prompt_key=prompt_key, answer_key=answer_key,
-            demo_key=demo_key, split=split, on_error=on_error, skipped=skipped,
-            answer_format=answer_format, answer_optional=answer_optional, image_key=image_key))  # fmt: skip
-    if path.suffix not in EXTENSIONS:
+    if file_format(path) is None:
         raise DataError(
             f"{path}: unsupported extension {path.suffix!r} "
             f"(expected one of {', '.join(EXTENSIONS)})"
         )
     if path.stat().st_size == 0:
         raise DataError(f"{path}: file is empty")
-    columns, rows = _load_rows(path, split)
+    raw = read_rows(path)
+    columns, problems = raw.columns, list(raw.problems)
     wanted = [prompt_key, answer_key] + ([demo_key] if demo_key is not None else [])
     wanted += [image_key] if image_key is not None else []
     for key in wanted:
-        if key not in columns and not (answer_optional and key == answer_key):
+        if raw.rows and key not in columns and not (answer_optional and key == answer_key):
             raise DataError(
                 f"{path}: missing column {key!r} (available columns: {', '.join(columns)})"
             )
-    if not rows:
+    if not raw.rows and not problems:
         raise DataError(f"{path}: no rows")
-    lines = _jsonl_line_numbers(path) if path.suffix == ".jsonl" else None
     examples = []
-    for index, row in enumerate(rows):
-        where = _where(path, index, lines)
+    for row, where in zip(raw.rows, raw.wheres, strict=True):
         try:
-            prompt = _text_field(row[prompt_key], prompt_key, where, numbers_ok=False)
+            prompt = _text_field(row.get(prompt_key), prompt_key, where, numbers_ok=False)
             value = row.get(answer_key)
             if answer_optional and (
                 value is None or (isinstance(value, str) and not value.strip())
@@ -266,17 +216,14 @@ def load_examples(
                 solution = answer
                 answer = _final_answer(answer, answer_format, answer_key, where)
             demo = None
-            if demo_key is not None and row[demo_key] is not None:
+            if demo_key is not None and row.get(demo_key) is not None:
                 demo = _text_field(row[demo_key], demo_key, where, numbers_ok=False)
             images: tuple = ()
             if image_key is not None:
-                images = _row_images(row[image_key], image_key, where, path.parent)
+                images = _row_images(row.get(image_key), image_key, where, path.parent)
                 prompt = _place_images(prompt, len(images), prompt_key, where)
-        except DataError as exc:
-            if on_error == "raise":
-                raise
-            if skipped is not None:
-                skipped.append(str(exc))
+        except _RowError as exc:
+            problems.append(RowProblem(exc.kind, str(exc)))
             continue
         meta = {key: value for key, value in row.items() if key not in wanted}
         if images and "problem" not in meta:
@@ -286,32 +233,17 @@ def load_examples(
         if answer_format != "raw" and solution:
             meta["solution"] = solution
         examples.append(Example(prompt=prompt, answer=answer, demo=demo, meta=meta, images=images))
-    return examples
-
-
-def _load_gzip(path: Path, args: dict[str, Any]) -> list[Example]:
-    """:func:`load_examples` of a gzip-compressed file (HumanEval ships ``HumanEval.jsonl.gz``):
-    read from a decompressed copy, its messages naming ``path``."""
-    with tempfile.TemporaryDirectory() as folder:
-        plain = Path(folder) / path.stem
-        try:
-            plain.write_bytes(gzip.decompress(path.read_bytes()))
-        except (OSError, EOFError, zlib.error) as exc:
-            raise DataError(f"{path}: could not be decompressed: {exc}") from None
-        try:
-            return load_examples(plain, **args)
-        except DataError as exc:
-            raise DataError(str(exc).replace(str(plain), str(path))) from None
+    return examples, problems
 
 
 def _row_images(value: Any, field: str, where: str, folder: Path) -> tuple:
     """A row's images: one or a list of paths (relative to the data file's folder, or
     absolute), raw bytes, or ``{"bytes": ..., "path": ...}`` (a Hugging Face ``Image`` column
     in parquet). Each is decoded once here to check it; the example keeps the path or bytes."""
-    from gspo.models.vision import load_image
+    from gspo.core.images import load_image
 
     if value is None:
-        raise DataError(f"{where}: field {field!r} is missing or null")
+        raise _RowError(f"{where}: field {field!r} is missing or null", "missing_field")
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     out = []
     for j, item in enumerate(items):
@@ -323,7 +255,7 @@ def _row_images(value: Any, field: str, where: str, folder: Path) -> tuple:
         try:
             load_image(item, where=name)
         except ValueError as exc:
-            raise DataError(str(exc)) from None
+            raise _RowError(str(exc), "bad_image") from None
         except ImportError:
             raise DataError(
                 f"{name}: reading images needs Pillow: pip install 'gspo[vision]'"
@@ -342,7 +274,7 @@ def _images_digest(images: tuple) -> str:
 def _place_images(prompt: str, count: int, field: str, where: str) -> str:
     """The prompt with one ``<image>`` per image: as written where it has them, else the
     images first (a prompt without placeholders is about its images)."""
-    from gspo.models.vision import IMAGE_PLACEHOLDER
+    from gspo.core.images import IMAGE_PLACEHOLDER
 
     have = prompt.count(IMAGE_PLACEHOLDER)
     if have == 0 and count == 0:
@@ -350,9 +282,10 @@ def _place_images(prompt: str, count: int, field: str, where: str) -> str:
     if have == 0:
         return IMAGE_PLACEHOLDER * count + "\n" + prompt
     if have != count:
-        raise DataError(
+        raise _RowError(
             f"{where}: field {field!r} has {have} {IMAGE_PLACEHOLDER} placeholder(s) for "
-            f"{count} image(s)"
+            f"{count} image(s)",
+            "bad_field",
         )
     return prompt
 
@@ -392,20 +325,65 @@ def make_file_task(
     unknown = set(keys) - allowed
     if unknown:
         raise ValueError(f"unknown keyword(s) for load_examples: {', '.join(sorted(unknown))}")
-    skipped: list[str] = []
     keys.setdefault("answer_optional", uses_sandbox(reward))
-    train = load_examples(train_path, split="train", skipped=skipped, **keys)
-    test = (
-        load_examples(test_path, split="test", skipped=skipped, **keys)
-        if test_path is not None
-        else []
-    )
+    on_error = keys.pop("on_error", "raise")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    # Both files read, every problem of both gathered: one message lists them all.
+    splits: dict[str, list[Example]] = {"train": [], "test": []}
+    problems: list[RowProblem] = []
+    files: list[str] = []
+    for split, path in (("train", train_path), ("test", test_path)):
+        if path is None:
+            continue
+        try:
+            splits[split], found = _read_examples(Path(path), **_read_keys(keys))
+        except DataError as exc:
+            files.append(str(exc))
+            continue
+        problems += found
+    if files or (problems and on_error == "raise"):
+        hint = "pass --bad-rows skip to drop the bad rows" if on_error == "raise" else ""
+        raise DataError(problems_message(problems, files, hint))
+    kinds: dict[str, int] = {}
+    for p in problems:
+        kinds[p.kind] = kinds.get(p.kind, 0) + 1
     return Task(
         name=f"file:{Path(train_path).stem}",
-        train=train,
-        test=test,
+        train=splits["train"],
+        test=splits["test"],
         reward=reward,
         description=f"user data: train {train_path}, test {test_path}, reward "
         f"{reward_name or 'paid by the environment'}",
-        skipped_rows=skipped,
+        skipped_rows=[p.message for p in problems],
+        skipped_kinds=kinds,
     )
+
+
+def options_file_task(opts: Any, reward: str | None, demo_key: str | None = None) -> Task:
+    """The task of ``--task file`` from a run's task options (``gspo.config.options.
+    TaskOptions``): what the run trains on, and what the CLI reads to check the data before
+    torch loads."""
+    return make_file_task(
+        opts.train_file,
+        opts.test_file,
+        reward,
+        prompt_key=opts.prompt_key,
+        answer_key=opts.answer_key,
+        on_error="skip" if opts.bad_rows == "skip" else "raise",
+        answer_format=opts.answer_format,
+        **({"demo_key": demo_key} if demo_key else {}),
+        **({"image_key": opts.image_key} if opts.image_key else {}),
+    )
+
+
+def _read_keys(keys: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_read_examples`'s arguments from ``make_file_task``'s keywords."""
+    return {
+        "prompt_key": keys.get("prompt_key", "prompt"),
+        "answer_key": keys.get("answer_key", "answer"),
+        "demo_key": keys.get("demo_key"),
+        "answer_format": keys.get("answer_format", "raw"),
+        "answer_optional": keys["answer_optional"],
+        "image_key": keys.get("image_key"),
+    }

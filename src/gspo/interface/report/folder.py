@@ -175,7 +175,7 @@ def build_report(
         "token ratios for GRPO), over all minibatches.",
         "- wall time: cumulative rollout + recompute + train time, evaluation excluded; runs on a "
         "shared machine make it noisy.",
-        "- ± is the standard error over seeds: sample std / sqrt(seeds) (0 for one seed).",
+        "- ± is the standard error over seeds: sample std / sqrt(seeds); one seed shows its value and (n = 1).",
         "- Raw metrics and configs of every run: `raw/`; full-precision numbers: `summary.json`.",
         "",
     ]

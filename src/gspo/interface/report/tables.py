@@ -42,12 +42,15 @@ def fmt_number(x: float) -> str:
     return f"{x:.3f}"
 
 
-def fmt_mean_se(mean: float, se: float) -> str:
+def fmt_mean_se(mean: float, se: float, n: int | None = None) -> str:
     """``mean ± se``. A mean smaller than its standard error is written at the standard error's
     precision (8.67e-19 ± 1e-3 -> 0.000 ± 0.001): its digits beyond that are noise, and
-    scientific notation would make it look like a measured value."""
+    scientific notation would make it look like a measured value. ``n`` 1 (one seed): the
+    value and ``(n = 1)``, since one value has no standard error (not "± 0.000")."""
     if math.isnan(mean):
         return "—"
+    if n == 1:
+        return f"{fmt_number(mean)} (n = 1)"
     if math.isfinite(se) and se > 0 and abs(mean) < se:
         decimals = min(max(3, -math.floor(math.log10(se))), 12)
         shown = round(mean, decimals) + 0.0  # + 0.0: no "-0.000"
@@ -62,8 +65,8 @@ def summary_table(summary: Summary, columns: Sequence[Column] = COLUMNS) -> str:
     for label, runs in summary.groups.items():
         cells = [f"`{label}`", str(len(runs))]
         for c in columns:
-            mean, se, _ = summary.stats(label, c.name)
-            cells.append(fmt_mean_se(mean, se))
+            mean, se, n = summary.stats(label, c.name)
+            cells.append(fmt_mean_se(mean, se, n))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -107,15 +110,15 @@ def paired_table(
         seeds = sorted({r.seed for r in summary.groups[label]} & set(ref_clip))
         cells = [f"`{label}`", ", ".join(map(str, seeds)) or "none"]
         for c in columns:
-            mean, se, _ = mean_se(diffs[c][label][0]) if seeds else (math.nan, math.nan, 0)
-            cells.append(fmt_mean_se(mean, se))
+            mean, se, n = mean_se(diffs[c][label][0]) if seeds else (math.nan, math.nan, 0)
+            cells.append(fmt_mean_se(mean, se, n))
         ratios = [
             v / ref_clip[r.seed]
             for r, v in zip(summary.groups[label], summary.values[label][clip], strict=True)
             if r.seed in ref_clip and ref_clip[r.seed] > 0 and not math.isnan(v)
         ]
-        mean, se, _ = mean_se(ratios) if seeds else (math.nan, math.nan, 0)
-        cells.append(fmt_mean_se(mean, se))
+        mean, se, n = mean_se(ratios) if seeds else (math.nan, math.nan, 0)
+        cells.append(fmt_mean_se(mean, se, n))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
