@@ -155,7 +155,7 @@ def test_every_metric_a_run_logs_is_documented(tmp_path, task, extra):
 
 def test_no_developer_machine_paths_in_docs():
     # a doc citing a file of the machine it was written on (as docs/reproduction.md once cited
-    # its notes under /work/) points a reader at nothing
+    # its notes in a folder of that machine) points a reader at nothing
     skip = {"runs", "build", "venv", "node_modules"}  # outputs and installs, not docs
     docs = [
         p

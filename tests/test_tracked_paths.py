@@ -18,7 +18,9 @@ MAC_TEMP = r"/private/var/folders/"
 GENERATED_TEMP = r"/tmp/(?:tmp[a-z0-9_]{4,}|pytest-of-|gspo-baseline-[a-z0-9_]{6,})"
 """Temporary folders made by mkdtemp or pytest: in any file, a path of one machine's run."""
 
-DATA = re.compile(f"{HOME}|{MAC_TEMP}|/tmp/")
+WORKSPACE = r"/work/"
+"""Where this project's checkouts and worktrees lay on the machines it was built on."""
+DATA = re.compile(f"{HOME}|{MAC_TEMP}|/tmp/|{WORKSPACE}")
 """Results and other data (JSON): no machine path at all, /tmp included (paths there are made
 relative to where the run worked)."""
 TEXT = re.compile(f"{HOME}|{MAC_TEMP}|{GENERATED_TEMP}")
@@ -72,6 +74,7 @@ def test_no_tracked_file_names_a_machine_path():
 def test_the_scan_finds_each_kind_of_machine_path():
     assert machine_paths("r.json", '{"out": "/tmp/i21/exp3"}')
     assert machine_paths("r.json", '{"data": "/home/alice/data.jsonl"}')
+    assert machine_paths("r.json", '{"gspo_src": "/work/wt-x/src"}')
     assert machine_paths("doc.md", "see /private/var/folders/x1/T/run")
     assert machine_paths("doc.md", "from /tmp/pytest-of-bob/pytest-3/run")
     assert machine_paths("code.py", 'ROOT = "/root/work"')
