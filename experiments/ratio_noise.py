@@ -24,6 +24,7 @@ Prints a table per length and writes JSON (and a PNG) to experiments/results/.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
@@ -55,15 +56,8 @@ def measure(args) -> list[dict]:
         seed=args.seed,
     ).eval()
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}[args.engine]
-    engine_model = build_tiny_model(
-        len(tokenizer),
-        hidden_size=args.hidden_size,
-        num_layers=args.layers,
-        num_heads=4,
-        num_kv_heads=2,
-        max_position_embeddings=max(lengths) + 16,
-        seed=args.seed,
-    ).to(dtype)
+    # The engine: the trainer's very weights, cast to the low precision.
+    engine_model = copy.deepcopy(trainer).to(dtype)
     engine_model.eval()
     # No stop token (eos_id -1 never matches): every completion runs to its full length.
     engine = TorchEngine(engine_model, pad_id=tokenizer.pad_token_id, eos_id=-1)

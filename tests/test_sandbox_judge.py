@@ -10,7 +10,8 @@ import sys
 import textwrap
 
 import pytest
-from sandbox_checks import history_mark, leftovers, needs, needs_root, needs_system_python
+from sandbox_checks import needs, needs_root, needs_system_python
+from sandbox_containment_support import no_leftovers  # noqa: F401 (autouse fixture)
 
 from gspo.envs.sandbox import SandboxConfig, code_reward, harness, isolation
 from gspo.envs.sandbox.harness import run_tests
@@ -22,13 +23,6 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 
 def ex(prompt: str = "", **meta: object) -> Example:
     return Example(prompt=prompt, answer="", meta=dict(meta))
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    mark = history_mark()
-    yield
-    assert leftovers(mark) == [], "a sandboxed process outlived its run"
 
 
 def needs_full_isolation() -> None:
