@@ -65,6 +65,12 @@ CURVES = (
     "response_length/mean",
 )
 EVAL_CURVES = ("eval/greedy_accuracy", "eval/pass@1")
+COMPARED = {
+    "final_greedy": "final held-out greedy accuracy",
+    "final_pass@1": "final held-out pass@1",
+    "reward_last": "train reward of the last window",
+}
+"""Per-run summary key -> what the paired comparisons print it as."""
 
 
 def moe_shape(args: argparse.Namespace) -> dict[str, Any]:
@@ -193,6 +199,14 @@ def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
 
 
+def band(per_seed: list[list[float]]) -> tuple[list[float], list[float]]:
+    """Mean and standard error across seeds at each step of equal-length curves."""
+    columns = list(zip(*per_seed, strict=True))  # [steps][seeds]
+    mean = [statistics.fmean(c) for c in columns]
+    se = [statistics.stdev(c) / math.sqrt(len(c)) if len(c) > 1 else 0.0 for c in columns]
+    return mean, se
+
+
 def markdown_table(summary: dict[str, dict[str, Any]]) -> str:
     cols = [
         ("held-out greedy: start → end", "start_greedy", "final_greedy", 2),
@@ -233,12 +247,17 @@ def plot(runs: dict[str, dict[int, dict[str, Any]]], path: Path, window: int) ->
     colors = dict(zip(runs, ["tab:red", "tab:orange", "tab:blue", "tab:green"], strict=False))
     for ax, (kind, key, title, smooth) in zip(axes.flat, panels, strict=True):
         for name, by_seed in runs.items():
-            for i, r in enumerate(by_seed.values()):
-                xs, ys = r[kind]["step"], r[kind][key]
-                ys = moving_average(ys, window) if smooth else ys
-                ax.plot(
-                    xs, ys, color=colors[name], alpha=0.8, lw=1.2, label=name if i == 0 else None
-                )
+            # Mean over seeds with a band of +- one standard error (seeds share step grids).
+            per_seed = [
+                moving_average(r[kind][key], window) if smooth else r[kind][key]
+                for r in by_seed.values()
+            ]  # [seeds][steps]
+            xs = next(iter(by_seed.values()))[kind]["step"]
+            mean, se = band(per_seed)
+            ax.plot(xs, mean, color=colors[name], lw=1.5, label=f"{name} ({len(per_seed)} seeds)")
+            low = [m - e for m, e in zip(mean, se, strict=True)]
+            high = [m + e for m, e in zip(mean, se, strict=True)]
+            ax.fill_between(xs, low, high, color=colors[name], alpha=0.2, linewidth=0)
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
@@ -246,7 +265,8 @@ def plot(runs: dict[str, dict[int, dict[str, Any]]], path: Path, window: int) ->
             ax.set_yscale("symlog", linthresh=1e-3)
     axes.flat[0].legend()
     fig.suptitle(
-        "tiny MoE policy: GRPO vs GRPO + Routing Replay (R2) vs GSPO vs LUSPO (one line per seed)"
+        "tiny MoE policy: GRPO vs GRPO + Routing Replay (R2) vs GSPO vs LUSPO "
+        "(mean over seeds, band = ± 1 s.e.)"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -274,8 +294,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work-dir", default="runs/moe_stability", help="SFT and run folders")
     p.add_argument("--results", default="experiments/results", help="JSON + PNG go here")
+    p.add_argument("--stem", default="moe_stability", help="name of the JSON and PNG files")
+    p.add_argument("--replot", metavar="JSON", help="redraw the PNG of a finished run's JSON")
     p.add_argument("--quick", action="store_true", help="tiny budget: checks the pipeline only")
     args = p.parse_args(argv)
+    if args.replot:
+        saved = json.loads(Path(args.replot).read_text())
+        png = Path(args.replot).with_suffix(".png")
+        plot(saved["runs"], png, saved["args"]["window"])
+        print(f"wrote {png}")
+        return
     if args.quick:
         args.seeds, args.sft_steps, args.steps, args.eval_every = [0], 5, 6, 3
         args.prompts, args.n_test, args.window = 4, 8, 2
@@ -333,18 +361,22 @@ def main(argv: list[str] | None = None) -> None:
         summary[variant]["runs"] = len(rs)
     # DESIGN.md, "How learning is compared": paired by seed, interval, MDE and verdict.
     pairs = [("grpo", "grpo+R2"), ("gspo", "grpo"), ("gspo", "grpo+R2"), ("luspo", "gspo")]
-    comparisons = [
-        compare_paired(
-            {int(s): r["final_greedy"] for s, r in runs[a].items()},
-            {int(s): r["final_greedy"] for s, r in runs[b].items()},
-            names=(a, b),
-            problems=args.n_test,
-        )
-        for a, b in pairs
-        if a in runs and b in runs
-    ]
+    comparisons = {
+        metric: [
+            compare_paired(
+                {int(s): r[metric] for s, r in runs[a].items()},
+                {int(s): r[metric] for s, r in runs[b].items()},
+                names=(a, b),
+                problems=args.n_test if metric != "reward_last" else None,
+                shared_baseline=sum(b in pr for pr in pairs if pr[0] in runs and pr[1] in runs),
+            )
+            for a, b in pairs
+            if a in runs and b in runs
+        ]
+        for metric in COMPARED
+    }
     elapsed = time.perf_counter() - t0
-    stem = "moe_stability_quick" if args.quick else "moe_stability"
+    stem = f"{args.stem}_quick" if args.quick else args.stem
     payload = {
         "command": "python experiments/moe_stability.py " + " ".join(argv or []),
         "args": vars(args),
@@ -362,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "sft_eval": sft_eval,
         "summary": summary,
-        "comparisons": [c.to_json() for c in comparisons],
+        "comparisons": {m: [c.to_json() for c in cs] for m, cs in comparisons.items()},
         "runs": runs,
     }
     (results / f"{stem}.json").write_text(json.dumps(payload, indent=1))
@@ -376,9 +408,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     print()
     print(markdown_table(summary))
-    print("\nfinal held-out greedy accuracy, paired by seed (gspo.core.comparison):")
-    for c in comparisons:
-        print("  " + c.line())
+    for metric, cs in comparisons.items():
+        print(f"\n{COMPARED[metric]}, paired by seed (gspo.core.comparison):")
+        for c in cs:
+            print("  " + c.line())
     print(f"\nwrote {results / f'{stem}.json'} and {results / f'{stem}.png'}")
 
 
