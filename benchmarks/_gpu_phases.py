@@ -87,7 +87,7 @@ def mismatch_phase(model, rollout, device, chunk: int, res) -> None:
     """Trainer (bf16) re-scores the engine's (bf16) samples: |Δ| and the ratio spread."""
     import torch
 
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
 
     r = rollout.to(device)
     parts = []

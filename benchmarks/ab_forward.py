@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch.nn.functional as F
 
     import gspo.models.fast_forward as mod_b
-    from gspo.models import build_tiny_model
+    from gspo.models.tiny_model import build_tiny_model
 
     spec = importlib.util.spec_from_file_location("fast_forward_a", path_a)
     mod_a = importlib.util.module_from_spec(spec)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     import gspo.models.fast_forward as ff
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -60,10 +60,11 @@ def matmul_rate(n: int, reps: int) -> float:
 
 
 def _model(size: str):
-    from gspo.models import build_char_tokenizer, build_tiny_model
+    from gspo.models.char_tokenizer import build_char_tokenizer
+    from gspo.models.tiny_model import build_tiny_model
 
     if size == "smollm2":
-        from gspo.models import load_model, load_tokenizer
+        from gspo.models.model_io import load_model, load_tokenizer
         from gspo.models.pretrained import resolve_model_path
 
         path = resolve_model_path("smollm2-135m-instruct")
@@ -76,7 +77,7 @@ def _model(size: str):
 
 def measure(size: str, reps: int, prompts: int, group: int, new_tokens: int) -> dict[str, Any]:
     """Rollout and training FLOP rates of one model size."""
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
     from gspo.rollout import SamplingParams, TorchEngine
 
     model, tok = _model(size)

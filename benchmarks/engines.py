@@ -58,8 +58,10 @@ def _rss_mb() -> float:
 def _load(name: str, device: str):
     import torch
 
-    from gspo.models import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+    from gspo.models.char_tokenizer import build_char_tokenizer
+    from gspo.models.model_io import load_model, load_tokenizer
     from gspo.models.policy import ensure_pad_token
+    from gspo.models.tiny_model import build_tiny_model
 
     shape = MODELS[name]
     if shape is None:

@@ -11,8 +11,8 @@ Phases, in order (each gets a budget; a phase whose budget no longer fits in wha
    ``--prompts`` x ``--group`` completions of ``--new-tokens`` tokens from random prompts of
    ``--prompt-tokens`` tokens; generated tokens/s (after one warm-up call) and start-up seconds.
 2. ``mismatch``: the trainer (bfloat16 policy, same weights) re-scores those samples with
-   :func:`gspo.models.token_logprobs`; mean/max |Δ log-prob| and the spread of the per-token
-   importance ratio exp(Δ) and of GSPO's sequence ratio exp(mean Δ).
+   :func:`gspo.models.logprobs.token_logprobs`; mean/max |Δ log-prob| and the spread of the
+   per-token importance ratio exp(Δ) and of GSPO's sequence ratio exp(mean Δ).
 3. ``trainer``: gspo's update (:class:`~gspo.backend.local.LocalBackend`, GSPO loss, AdamW) on
    synthetic batches of ``--train-seqs`` sequences of ``--train-len`` tokens; tokens/s as
    prime-rl's ``PerfCounter`` counts it (every processed token, prompt included, over the wall

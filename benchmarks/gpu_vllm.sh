@@ -41,7 +41,7 @@ python3 - "$QWEN" <<'EOF'
 import sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
-from gspo.models import load_tokenizer
+from gspo.models.model_io import load_tokenizer
 from gspo.models.pretrained import resolve_model_path
 tok = load_tokenizer(resolve_model_path("smollm2-135m-instruct"))
 config = Qwen3Config(
@@ -90,7 +90,7 @@ import sys, time
 import torch
 from gspo.compose.parts import build_policy
 from gspo.config import TrainConfig, build
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.orchestration.ray_parts import build_ray_parts
 from gspo.rollout.base import SamplingParams
 cfg = build(TrainConfig, overrides=dict(

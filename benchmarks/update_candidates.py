@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch.nn.functional as F
 
     import gspo.models.fast_forward as ff
-    from gspo.models import build_tiny_model
+    from gspo.models.tiny_model import build_tiny_model
 
     torch.set_num_threads(args.threads)
     rows = []

@@ -24,7 +24,7 @@ from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig
 from gspo.envs import env_for
 from gspo.envs.episodes import Episodes
-from gspo.models import load_model, load_tokenizer
+from gspo.models.model_io import load_model, load_tokenizer
 from gspo.models.policy import build_prompt_format
 from gspo.rollout.torch_engine import TorchEngine
 

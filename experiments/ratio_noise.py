@@ -40,7 +40,9 @@ GSPO_CLIP = (3e-4, 4e-4)
 
 
 def measure(args) -> list[dict]:
-    from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
+    from gspo.models.char_tokenizer import build_char_tokenizer
+    from gspo.models.logprobs import token_logprobs
+    from gspo.models.tiny_model import build_tiny_model
     from gspo.rollout import SamplingParams, TorchEngine
 
     torch.manual_seed(args.seed)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo.models import build_char_tokenizer
+from gspo.models.char_tokenizer import build_char_tokenizer
 from gspo.rollout.base import Rollout
 
 TOK = build_char_tokenizer()

@@ -21,7 +21,7 @@ from gspo.envs.agent_driver import chain_advantages  # noqa: E402
 from gspo.envs.driver import Limits, episode_metrics, run_episodes  # noqa: E402
 from gspo.envs.tasks.base import Example  # noqa: E402
 from gspo.envs.trajectory import PlainEncoder  # noqa: E402
-from gspo.models import token_logprobs  # noqa: E402
+from gspo.models.logprobs import token_logprobs  # noqa: E402
 from gspo.rollout import SamplingParams  # noqa: E402
 
 PARAMS = SamplingParams(temperature=TEMPERATURE, max_new_tokens=4)

@@ -18,7 +18,9 @@ from gspo.envs import Step
 from gspo.envs.driver import Limits, run_episodes
 from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
-from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
+from gspo.models.char_tokenizer import build_char_tokenizer
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.orchestration.async_episodes import Restart
 from gspo.orchestration.async_local import round_generate
 from gspo.orchestration.async_rollout import WeightSync, snapshot

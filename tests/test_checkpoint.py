@@ -12,7 +12,9 @@ import torch
 from gspo.backend import checkpoint as ckpt
 from gspo.backend.update import lr_lambda
 from gspo.core.checkpoint_paths import latest_checkpoint, list_checkpoints
-from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
+from gspo.models.char_tokenizer import build_char_tokenizer
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 
 
 def make_parts(seed: int = 0):

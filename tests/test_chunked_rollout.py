@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
+from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams, TorchEngine
 from gspo.rollout.base import NO_VERSION
 from gspo.rollout.chunked import ChunkedGeneration

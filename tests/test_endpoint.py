@@ -20,7 +20,8 @@ from gspo.envs.agent import AgentOutcome  # noqa: E402
 from gspo.envs.driver import Limits, run_episodes  # noqa: E402
 from gspo.envs.tasks.base import Example  # noqa: E402
 from gspo.envs.trajectory import ChatEncoder, PlainEncoder  # noqa: E402
-from gspo.models import EOS_ID, build_char_tokenizer, token_logprobs  # noqa: E402
+from gspo.models.char_tokenizer import EOS_ID, build_char_tokenizer  # noqa: E402
+from gspo.models.logprobs import token_logprobs  # noqa: E402
 from gspo.rollout import SamplingParams  # noqa: E402
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread  # noqa: E402
 from gspo.rollout.request_batcher import RequestBatcher  # noqa: E402

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai", reason="these tests use the official open
 from endpoint_support import TEMPERATURE, TOK, float64_policy  # noqa: E402
 
 from gspo.envs.trajectory import PlainEncoder  # noqa: E402
-from gspo.models import EOS_ID  # noqa: E402
+from gspo.models.char_tokenizer import EOS_ID  # noqa: E402
 from gspo.rollout import Rollout, SamplingParams  # noqa: E402
 from gspo.rollout.openai_request import Caps  # noqa: E402
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread  # noqa: E402

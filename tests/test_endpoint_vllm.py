@@ -28,7 +28,9 @@ from gspo.envs.agent import AgentOutcome  # noqa: E402
 from gspo.envs.driver import Limits, run_episodes  # noqa: E402
 from gspo.envs.tasks.base import Example  # noqa: E402
 from gspo.envs.trajectory import PlainEncoder  # noqa: E402
-from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs  # noqa: E402
+from gspo.models.char_tokenizer import build_char_tokenizer  # noqa: E402
+from gspo.models.logprobs import token_logprobs  # noqa: E402
+from gspo.models.tiny_model import build_tiny_model  # noqa: E402
 from gspo.rollout import SamplingParams  # noqa: E402
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread  # noqa: E402
 from gspo.rollout.openai_vllm import VLLMProtocol, protocol_for  # noqa: E402
@@ -188,7 +190,7 @@ def test_a_chat_episode_over_vllm_trains_on_exactly_the_tokens_it_was_served(pol
 
 def test_gspo_serve_with_the_vllm_engine_answers_an_openai_client(tmp_path):
     openai = pytest.importorskip("openai", reason="the test calls gspo serve with openai")
-    from gspo.models import save_model
+    from gspo.models.model_io import save_model
 
     # A checkpoint folder, as a run's final/: head size 64 / 2 = 32, the smallest vLLM's CPU
     # attention runs (the built-in "tiny" has 16).

@@ -27,7 +27,9 @@ from gspo.config import TrainConfig, build
 from gspo.config.combinations import split
 from gspo.core.advantages import group_advantages
 from gspo.envs.tasks.base import Example, Task
-from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
+from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams, TorchEngine
 
 TEMPERATURE = 0.7

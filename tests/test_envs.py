@@ -18,7 +18,8 @@ from gspo.envs.tasks.base import Example
 from gspo.envs.tool_env import ToolEnv
 from gspo.envs.tools import CALCULATOR, Tool, calculate, parse_calls
 from gspo.envs.trajectory import ChatEncoder, PlainEncoder
-from gspo.models import build_tiny_model, token_logprobs
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 

@@ -19,7 +19,7 @@ from gspo.config.options import ModelOptions
 from gspo.envs import env_for
 from gspo.envs.calculator import final_answer_reward
 from gspo.envs.episodes import Episodes
-from gspo.models import load_model, load_tokenizer
+from gspo.models.model_io import load_model, load_tokenizer
 from gspo.models.policy import build_prompt_format
 from gspo.orchestration.evaluation import evaluate
 from gspo.rollout.torch_engine import TorchEngine

@@ -303,7 +303,7 @@ def test_episodes_through_the_endpoint_train_on_the_tokens_served(capfd, caplog)
     from endpoint_support import TEMPERATURE
 
     from gspo.envs.driver import Limits, episode_metrics
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
 
     env = _env(max_turns=2)
     limits = Limits(max_turns=4, max_tokens_per_turn=4, max_total_tokens=200)

@@ -15,7 +15,8 @@ from vllm_support import LOGPROB_TOL, needs_vllm, vllm_engine
 from gspo.envs.driver import Limits, run_episodes
 from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
-from gspo.models import build_tiny_model, token_logprobs
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout.base import SamplingParams
 
 

@@ -13,7 +13,7 @@ from gspo.config import EvalConfig, build
 from gspo.envs.rewards import exact_match
 from gspo.envs.tasks.base import Example
 from gspo.interface.cli import main
-from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer
+from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.chat import PromptFormat
 from gspo.orchestration.evaluation import evaluate, pass_at_k, summarize
 from gspo.rollout.base import Rollout, SamplingParams
@@ -218,7 +218,7 @@ def test_evaluate_model_is_the_one_held_out_helper():
     """SFT, gspo eval, the SmolLM2 experiment and the vs_trl benchmark all score a model in hand
     with evaluate_model: the same numbers as evaluate() on an engine over that model."""
     from gspo.envs.tasks import make_task
-    from gspo.models import build_tiny_model
+    from gspo.models.tiny_model import build_tiny_model
     from gspo.orchestration.evaluation import evaluate_model
     from gspo.rollout.torch_engine import TorchEngine
 

@@ -7,8 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model, token_logprobs
+from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.fast_forward import completion_logits, supports
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams, TorchEngine
 
 PROMPTS = ["12+3=", "7=", "100-99=", "ab cd"]

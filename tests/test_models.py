@@ -6,19 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gspo.models import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    build_char_tokenizer,
-    build_tiny_model,
-    encode_strict,
-    load_model,
-    load_tokenizer,
-    positions_from_mask,
-    save_model,
-    token_logprobs,
-)
+from gspo.models.char_tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer, encode_strict
+from gspo.models.logprobs import positions_from_mask, token_logprobs
+from gspo.models.model_io import load_model, load_tokenizer, save_model
+from gspo.models.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
-from gspo.models import build_char_tokenizer, moe, token_logprobs
+from gspo.models import moe
+from gspo.models.char_tokenizer import build_char_tokenizer
+from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
@@ -84,7 +86,7 @@ def test_tiny_moe_builds_and_hooks_leave_it_untouched(shared):
 
 
 def test_dense_model_is_not_moe_and_blocks_are_no_ops():
-    from gspo.models import build_tiny_model
+    from gspo.models.tiny_model import build_tiny_model
 
     dense = build_tiny_model(98, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1)
     assert not moe.is_moe(dense)

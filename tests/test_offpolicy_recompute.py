@@ -14,7 +14,7 @@ import torch
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
 from gspo.config.combinations import Options, split
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy
 from gspo.rollout.base import Rollout
 

@@ -7,15 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gspo.models import (
-    EOS_ID,
-    PAD_ID,
-    build_char_tokenizer,
-    build_tiny_model,
-    positions_from_mask,
-    token_logprobs,
-)
+from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.fast_forward import FastDecoder
+from gspo.models.logprobs import positions_from_mask, token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams, TorchEngine
 from gspo.rollout.base import NO_VERSION
 from gspo.rollout.partial import sample_versions

@@ -30,8 +30,11 @@ from gspo.compose.parts import build_policy_for
 from gspo.config import SFTConfig, TrainConfig, build
 from gspo.config.options import ModelOptions
 from gspo.envs.tasks import make_task
-from gspo.models import build_char_tokenizer, pretrained, save_model, token_logprobs
+from gspo.models import pretrained
+from gspo.models.char_tokenizer import build_char_tokenizer
 from gspo.models.chat import prompt_format
+from gspo.models.logprobs import token_logprobs
+from gspo.models.model_io import save_model
 from gspo.models.policy import build_prompt_format
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine

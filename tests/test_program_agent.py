@@ -167,7 +167,8 @@ def test_a_cut_agent_program_is_killed_and_earns_its_cut_reward(tmp_path):
     from gspo.envs.driver import Limits, run_episodes
     from gspo.envs.tasks.base import Example
     from gspo.envs.trajectory import PlainEncoder
-    from gspo.models import EOS_ID, PAD_ID, build_char_tokenizer, build_tiny_model
+    from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
+    from gspo.models.tiny_model import build_tiny_model
     from gspo.rollout import SamplingParams, TorchEngine
 
     (tmp_path / "stubborn.py").write_text(STUBBORN)

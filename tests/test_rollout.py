@@ -8,7 +8,9 @@ import rollout_support
 import torch
 from rollout_support import _engine, _rescore
 
-from gspo.models import EOS_ID, PAD_ID, build_tiny_model, token_logprobs
+from gspo.models.char_tokenizer import EOS_ID, PAD_ID
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams
 
 # Fixtures shared with the other files split from test_rollout.py.

@@ -10,7 +10,7 @@ import rollout_support
 import torch
 from rollout_support import _engine, _rescore
 
-from gspo.models import EOS_ID
+from gspo.models.char_tokenizer import EOS_ID
 from gspo.rollout import SamplingParams
 from gspo.rollout.torch_decode import inverse_cdf_sample, sample_next
 

@@ -12,7 +12,8 @@ from PIL import Image
 
 from gspo.config.options import ModelOptions
 from gspo.config.train import TrainConfig
-from gspo.models import load_model, load_tokenizer, save_model, token_logprobs
+from gspo.models.logprobs import token_logprobs
+from gspo.models.model_io import load_model, load_tokenizer, save_model
 from gspo.models.policy import build_policy, build_prompt_format
 from gspo.models.vision import PixelInputs, is_vision_model, load_image
 from gspo.rollout.base import SamplingParams

@@ -20,7 +20,7 @@ from gspo.envs.driver import Limits, run_episodes
 from gspo.envs.shapes_turns import ShapesTurnsEnv
 from gspo.envs.tasks.shapes import sample_shapes
 from gspo.envs.trajectory import make_encoder
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
 from gspo.rollout.base import PIXEL_INDEX, PIXELS, SamplingParams, pixel_rows
 from gspo.rollout.torch_engine import TorchEngine

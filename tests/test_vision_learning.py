@@ -32,7 +32,7 @@ from gspo.envs.rewards import exact_match
 from gspo.envs.tasks import shapes
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.synthetic import TASKS, split_of
-from gspo.models import load_model, load_tokenizer
+from gspo.models.model_io import load_model, load_tokenizer
 from gspo.models.policy import build_prompt_format
 from gspo.orchestration.evaluation import evaluate_model
 

@@ -14,7 +14,8 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from gspo.config.options import ModelOptions
 from gspo.config.train import TrainConfig
 from gspo.interface.cli import main
-from gspo.models import load_model, load_tokenizer, save_model, token_logprobs
+from gspo.models.logprobs import token_logprobs
+from gspo.models.model_io import load_model, load_tokenizer, save_model
 from gspo.models.policy import build_policy, build_prompt_format
 from gspo.models.vision import is_vision_model
 from gspo.models.vision_qwen import QwenPixelInputs, QwenVLProcessor, mrope_positions

@@ -168,7 +168,7 @@ def test_ray_image_run_equals_local_and_sends_pixels_by_reference(tmp_path, monk
 def test_entropy_of_a_vl_policy_is_finite():
     """The blocked <image> token (p = 0, log p = -inf) adds 0 to the entropy, not NaN: Ray and
     local runs compare every metric, and NaN equals nothing."""
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
     from gspo.models.vision import build_tiny_vl
 
     model, tok = build_tiny_vl(seed=0)

@@ -12,7 +12,7 @@ from PIL import Image
 import gspo.models.vision as vision
 from gspo.config.options import ModelOptions
 from gspo.config.train import TrainConfig
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
 from gspo.rollout.base import SamplingParams
 from gspo.rollout.torch_engine import TorchEngine

@@ -14,7 +14,7 @@ from transformers import Idefics3ForConditionalGeneration
 import gspo.models.vision as vision
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
-from gspo.models import load_model
+from gspo.models.model_io import load_model
 from gspo.models.vision import is_vision_model
 
 

@@ -20,7 +20,7 @@ from gspo.config import ConfigError, TrainConfig, build
 from gspo.config.options import ModelOptions
 from gspo.envs.tasks.shapes import sample_shapes
 from gspo.interface.cli import main
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
 from gspo.rollout.base import PIXELS, SamplingParams
 

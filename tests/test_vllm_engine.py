@@ -15,7 +15,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from vllm_support import LOGPROB_TOL, needs_vllm, vllm_engine
 
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.models import build_char_tokenizer, build_tiny_model, token_logprobs
+from gspo.models.char_tokenizer import build_char_tokenizer
+from gspo.models.logprobs import token_logprobs
+from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99=", "ab cd"]

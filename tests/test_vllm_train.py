@@ -142,7 +142,7 @@ def test_smollm2_chat_prompts_stop_tokens_and_sync():
 
     from gspo.compose.parts import build_policy_for
     from gspo.config import TrainConfig, build
-    from gspo.models import token_logprobs
+    from gspo.models.logprobs import token_logprobs
     from gspo.models.policy import build_prompt_format
     from gspo.rollout import SamplingParams
     from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions

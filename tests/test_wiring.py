@@ -33,7 +33,7 @@ from gspo.core.losses import LOSSES, policy_loss
 from gspo.envs.rewards import overlong_penalty
 from gspo.envs.tasks.base import Task
 from gspo.interface import cli
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import Rollout
 
 # --------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ at most 4.3e-6 over the tests' models (tied Qwen3, untied Llama), T = 1 and 0.7 
 
 def vllm_engine(model, tok=None, **options):
     """An in-process vLLM engine with a small KV cache (64 MiB) for ``model``."""
-    from gspo.models import EOS_ID, PAD_ID
+    from gspo.models.char_tokenizer import EOS_ID, PAD_ID
     from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions
 
     options.setdefault("cpu_kv_cache_gib", 1 / 16)

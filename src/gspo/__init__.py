@@ -54,7 +54,7 @@ _HOMES = {
     # models: a policy and its prompt format from a config, and log-probs of completions
     "build_policy": "gspo.models.policy",
     "build_prompt_format": "gspo.models.policy",
-    "token_logprobs": "gspo.models",
+    "token_logprobs": "gspo.models.logprobs",
     "decode_completions": "gspo.models.text",
     # runs
     "TrainConfig": "gspo.config.train",

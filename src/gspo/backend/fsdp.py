@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from ..models import token_logprobs
+from ..models.logprobs import token_logprobs
 from ..models.policy import build_policy, set_threads
 from ..models.vision import is_vision_model
 from ..rollout.base import PIXELS, Rollout

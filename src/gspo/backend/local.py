@@ -14,7 +14,7 @@ import torch
 
 from gspo.config.combinations import Options
 
-from ..models import save_model
+from ..models.model_io import save_model
 from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
 from .checkpoint import restore, save_checkpoint

@@ -11,7 +11,7 @@ from gspo.config.combinations import Options
 from gspo.core.kl import sequence_kl_penalty
 from gspo.core.losses import get_loss
 from gspo.core.offpolicy import mask_metrics, off_policy_sequence_mask
-from gspo.models import token_logprobs
+from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import PIXEL_INDEX, PIXELS
 
 

@@ -20,7 +20,7 @@ from gspo.config.combinations import Options
 
 from ..core.checkpoint_paths import latest_checkpoint
 from ..core.mismatch import mismatch_stats
-from ..models import save_model
+from ..models.model_io import save_model
 from ..models.moe import is_moe
 from ..models.vision import save_processor
 from ..rollout.base import Rollout

@@ -19,7 +19,8 @@ from gspo.config.options_train import OptimOptions
 from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
-from gspo.models import moe, token_logprobs
+from gspo.models import moe
+from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import PIXELS, Rollout, pixel_rows
 
 from .accumulator import Accumulator

@@ -18,8 +18,10 @@ from ..config.options import ModelOptions
 from ..config.train import SFT_SAFE_ON_RESUME
 from ..core.checkpoint_paths import checkpoint_root, latest_checkpoint
 from ..core.seeding import step_generator
-from ..models import moe, save_model, token_logprobs
+from ..models import moe
 from ..models.chat import encode_examples
+from ..models.logprobs import token_logprobs
+from ..models.model_io import save_model
 from ..models.policy import build_prompt_format, resolve_device, set_threads
 from ..orchestration.evaluation import evaluate_model
 from ..orchestration.logging import progress_bar

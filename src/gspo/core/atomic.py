@@ -1,4 +1,4 @@
-"""Atomic folder replacement, shared by model saving (``gspo.models``) and checkpoints
+"""Atomic folder replacement, shared by model saving (``gspo.models.model_io``) and checkpoints
 (``gspo.backend.checkpoint``): a crash at any point leaves one complete copy."""
 
 from __future__ import annotations

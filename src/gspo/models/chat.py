@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .vision import encode_vision_prompts
+
 __all__ = [
     "CHAT_MODES",
     "PromptFormat",
@@ -122,8 +124,6 @@ class PromptFormat:
         prompt's ``<image>`` placeholders expanded by the processor into the model's image
         tokens, its images (paths, bytes or PIL images; ``()`` for a text prompt) made into
         pixel inputs, once per prompt. Images of any sizes mix in one call."""
-        from .vision import encode_vision_prompts
-
         if self.processor is None:
             raise ValueError("prompts with images need a vision-language model (--model tiny-vl)")
         texts = [self.render(p) for p in prompts]

@@ -281,7 +281,7 @@ def completion_logits(
     valid = prompt_mask.bool()  # [N, P]
     positions = (torch.cat([prompt_mask, completion_mask], dim=1).long().cumsum(-1) - 1).clamp(
         min=0
-    )  # [N, P+L], as gspo.models.positions_from_mask
+    )  # [N, P+L], as gspo.models.logprobs.positions_from_mask
     last, kv = stack.prompt_pass(prompt_ids[first], valid[first], positions[first, :p])
     out = [stack.logits(last)[inv][:, None]]  # [N, 1, V]: predicts completion token 0
     lc = length - 1

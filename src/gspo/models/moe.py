@@ -42,8 +42,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gspo.models import build_tiny_model, token_logprobs
-
+from .logprobs import token_logprobs
 from .moe_metrics import _load_balancing_fn, aux_loss, load_stats, routing_change, scored_positions
 from .moe_routing import (
     ROUTER_CLASS_SUFFIX,
@@ -56,6 +55,7 @@ from .moe_routing import (
     replay_routing,
     routing_hooks,
 )
+from .tiny_model import build_tiny_model
 
 __all__ = [
     "ROUTER_CLASS_SUFFIX",

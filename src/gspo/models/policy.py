@@ -10,11 +10,13 @@ import torch
 
 from gspo.config.options import ModelOptions
 
-from . import build_char_tokenizer, build_tiny_model, load_model, load_tokenizer
+from .char_tokenizer import build_char_tokenizer
 from .chat import prompt_format
 from .lora import apply_lora
+from .model_io import load_model, load_tokenizer
 from .moe import fit_experts_kernel
 from .pretrained import resolve_model_path
+from .tiny_model import build_tiny_model
 from .vision import build_tiny_vl, is_vision_model, processor_for
 from .vision_qwen import build_tiny_qwen_vl
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..core.images import IMAGE_PLACEHOLDER, load_image
+from .char_tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
 from .vision_qwen import QwenPixelInputs, QwenVLProcessor, uses_mrope
 
 __all__ = [
@@ -69,8 +70,6 @@ def build_tiny_vl(
     longest edge, padded square, and becomes (image_size / patch_size)^2 / 4 image tokens
     (4 at the defaults: a 56x56 image, 14-pixel patches, as the ``shapes`` task draws). Weights depend only on the arguments; the global RNG is untouched."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
-
-    from . import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
 
     if image_size % (2 * patch_size):
         raise ValueError(f"image_size {image_size} must be a multiple of 2 x patch_size")

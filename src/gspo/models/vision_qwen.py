@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .char_tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
+
 __all__ = [
     "MROPE_TYPES",
     "QwenPixelInputs",
@@ -77,8 +79,6 @@ def build_tiny_qwen_vl(
     temporal patch 2, 2x2 merge) and a Qwen2 text model with M-RoPE. A 56x56 image becomes
     4 image tokens. Weights depend only on the arguments; the global RNG is untouched."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    from . import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
 
     head_dim = hidden_size // num_heads
     if head_dim % 2 or head_dim < 6:

@@ -27,7 +27,7 @@ from gspo.config.combinations import Options
 
 from ..backend.ray_backend import gather
 from ..backend.ray_refs import PixelRefs, resolve
-from ..models import token_logprobs
+from ..models.logprobs import token_logprobs
 from ..models.policy import build_policy, set_threads
 from ..rollout.base import PIXELS, Rollout, SamplingParams
 from ..rollout.engines import close_engine, policy_engine

@@ -2,7 +2,8 @@
 
 It is the reference engine: no extra dependency, runs on CPU or one GPU, and records log-probs
 by exactly the convention of ``gspo.rollout.base`` (log softmax of logits / T, before top-p), so
-with shared weights its log-probs equal ``gspo.models.token_logprobs`` up to float rounding.
+with shared weights its log-probs equal ``gspo.models.logprobs.token_logprobs`` up to float
+rounding.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import copy
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from gspo.models import forward_kwargs_support, positions_from_mask
 from gspo.models.fast_forward import FastDecoder, has_forward_hooks
+from gspo.models.logprobs import forward_kwargs_support, positions_from_mask
 from gspo.models.vision import block_tokens, blocked_token_ids, check_pixels
 from gspo.models.vision_qwen import decode_positions, mrope_positions
 from gspo.rollout.base import PIXELS, Rollout, SamplingParams
