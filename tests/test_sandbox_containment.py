@@ -19,31 +19,30 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import os
 import subprocess
 import sys
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sandbox_checks import needs
-from sandbox_containment_support import (
+from sandbox_support import (
     MACHINE,
     ex,
+    inside,
+    needs,
     needs_full_isolation,
     no_leftovers,  # noqa: F401 (autouse fixture)
 )
 
 from gspo.envs.rewards import score
-from gspo.envs.sandbox import (
+from gspo.sandbox import (
     SandboxConfig,
     code_reward,
     run_python,
     seccomp,
 )
-from gspo.envs.sandbox.interpreter import python_dirs, system_package_dirs
+from gspo.sandbox.interpreter import python_dirs, system_package_dirs
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -52,13 +51,6 @@ def needs_cpu_cgroup() -> None:
     needs_full_isolation()
     result = run_python("pass", config=SandboxConfig(timeout_s=20))
     needs(result.cpu_s is not None, "needs a cgroup CPU controller (v2 cpu or v1 cpu+cpuacct)")
-
-
-def inside(code: str, **config: object) -> dict:
-    """Run ``code`` (which prints one JSON object last) in the sandbox; return that object."""
-    result = run_python(textwrap.dedent(code), config=SandboxConfig(timeout_s=20, **config))
-    assert result.ok, (result.returncode, result.stderr[-2000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 SYSCALL = """

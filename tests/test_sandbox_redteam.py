@@ -7,49 +7,22 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import sys
 import textwrap
 
 import pytest
-from sandbox_checks import history_mark, leftovers, needs, needs_root
+from sandbox_support import (
+    MACHINE,
+    SYSCALL,
+    ex,
+    needs_full_isolation,
+    no_leftovers,  # noqa: F401 (autouse fixture)
+)
 
-from gspo.envs.sandbox import SandboxConfig, code_reward, isolation, run_python, seccomp
-from gspo.envs.tasks.base import Example
+from gspo.sandbox import SandboxConfig, code_reward, run_python, seccomp
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-MACHINE = os.uname().machine
-
-# A ctypes syscall(2) for programs in the sandbox.
-SYSCALL = """
-import ctypes, errno, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def call(nr, *args):
-    ctypes.set_errno(0)
-    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    return r, ctypes.get_errno()
-"""
-
-
-def ex(**meta: object) -> Example:
-    return Example(prompt="", answer="", meta=dict(meta))
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    mark = history_mark()
-    yield
-    assert leftovers(mark) == [], "a sandboxed process outlived its run"
-
-
-def needs_full_isolation() -> None:
-    needs_root()
-    needs(MACHINE in seccomp.AUDIT_ARCH, f"the seccomp filter is for x86_64/aarch64, not {MACHINE}")
-    missing = {"mountns", "netns", "pidns", "uid", "seccomp"} - isolation().mechanisms
-    needs(not missing, f"needs {sorted(missing)} (missing: {isolation().missing})")
 
 
 def run(code: str) -> object:
