@@ -30,8 +30,8 @@ from gspo.sandbox.config import (
     SandboxConfig,
     SandboxError,
 )
-from gspo.sandbox.interpreter import SYSTEM_DIRS
 from gspo.sandbox.interpreter import python_dirs as interpreter_dirs
+from gspo.sandbox.interpreter import system_dirs
 from gspo.sandbox.slots import SlotError, UidSlot, clear_keyrings, kill_uid
 
 logger = logging.getLogger("gspo.sandbox")
@@ -219,7 +219,7 @@ def _run(
             "python": python,
             "argv": argv,
             "audit_argv": audit_argv,
-            "system_dirs": SYSTEM_DIRS,
+            "system_dirs": system_dirs(),
             "python_dirs": python_dirs,
             "hidden_dirs": hidden_dirs,
             "files_dir": files_dir,
