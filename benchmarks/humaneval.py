@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from gspo.envs.rewards import score
-from gspo.envs.sandbox import code_reward, isolation
 from gspo.envs.tasks import Example
+from gspo.sandbox import code_reward, isolation
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from _results import OUT_HELP, dated_result
 
 from gspo.envs.rewards import reward_workers, score
-from gspo.envs.sandbox import code_reward, isolation
 from gspo.envs.tasks import make_task
+from gspo.sandbox import code_reward, isolation
 
 WRONG = "```python\ndef f(x):\n    return x + 1\n```"
 

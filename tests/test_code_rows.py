@@ -11,21 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from sandbox_support import ex
 
 from gspo.compose.parts import build_task
 from gspo.config import TrainConfig, build
 from gspo.envs.rewards import score
-from gspo.envs.sandbox import TestSuite, code_reward, extract_code, values_match
-from gspo.envs.sandbox.compare import outputs_match
 from gspo.envs.tasks import load_examples, make_file_task
-from gspo.envs.tasks.base import Example
 from gspo.interface.cli import _overrides, _parser
+from gspo.sandbox import TestSuite, code_reward, extract_code, values_match
+from gspo.sandbox.compare import outputs_match
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux only")
-
-
-def ex(prompt: str = "", **meta: object) -> Example:
-    return Example(prompt=prompt, answer="", meta=dict(meta))
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,7 +352,7 @@ def test_humaneval_problems_from_the_installed_package() -> None:
 
 
 def test_a_tasks_own_code_reward_options_win_over_the_runs() -> None:
-    from gspo.envs.sandbox import with_code_limits
+    from gspo.sandbox import with_code_limits
 
     task_reward = functools.partial(code_reward, compare="number", test_timeout_s=9.0)
     limited = with_code_limits(task_reward, test_timeout_s=3.0, memory_mb=200, compare="text")

@@ -39,9 +39,9 @@ def test_name_tuples_equal_their_registries():
     from gspo.core.correction import LEVELS
     from gspo.core.kl import KL_ESTIMATORS as KL
     from gspo.envs.credit import CREDITS as ENV_CREDITS
-    from gspo.envs.sandbox.compare import COMPARE_MODES as SANDBOX_COMPARE
     from gspo.models.chat import CHAT_MODES as CHAT
     from gspo.models.moe import ROUTING_REPLAY as REPLAY
+    from gspo.sandbox.compare import COMPARE_MODES as SANDBOX_COMPARE
 
     assert CHAT_MODES == CHAT
     assert ROUTING_REPLAY == REPLAY

@@ -83,8 +83,8 @@ def test_trl_style_environment_factory():
 
 
 def test_python_tool_runs_in_the_sandbox():
-    from gspo.envs.sandbox import SandboxError
     from gspo.envs.tools import python_tool
+    from gspo.sandbox import SandboxError
 
     tool = python_tool(timeout_s=5.0)
     try:
@@ -101,7 +101,7 @@ def test_python_tool_runs_in_the_sandbox():
 
 def test_code_with_execution_feedback():
     from gspo.envs.code_feedback import CodeFeedbackEnv
-    from gspo.envs.sandbox import SandboxError
+    from gspo.sandbox import SandboxError
 
     task = make_task("code_feedback", n_train=1, n_test=1, difficulty=1)
     ex = task.test[0]

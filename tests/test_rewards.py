@@ -274,7 +274,7 @@ def test_reward_workers_finds_the_sandbox_inside_wrappers() -> None:
     import os
 
     from gspo.envs.rewards import MAX_AUTO_REWARD_WORKERS, combine, format_reward, reward_workers
-    from gspo.envs.sandbox import code_reward, with_timeout
+    from gspo.sandbox import code_reward, with_timeout
 
     auto = max(1, min(MAX_AUTO_REWARD_WORKERS, os.cpu_count() or 1))
     for fn in (

@@ -3,7 +3,7 @@
 Hostile programs (infinite loop, fork bomb, memory bomb; reading, writing and networking
 outside the sandbox and killing the parent are in test_sandbox_escape) must each be
 contained, score 0, and leave this process — standing in for the trainer — running. Assertions follow the mechanisms the
-machine actually provides (:func:`gspo.envs.sandbox.isolation`); on a root Linux host with
+machine actually provides (:func:`gspo.sandbox.isolation`); on a root Linux host with
 namespaces that is all of them, and ``test_isolation_on_this_machine`` says which are active.
 The code reward and bounded-time rewards are in test_sandbox_rewards.
 """
@@ -20,22 +20,20 @@ from pathlib import Path
 
 import pytest
 import sandbox_support
-from sandbox_checks import (
+from sandbox_support import (
+    FULL_ISOLATION,
+    SLACK_S,
     SYSTEM_PYTHON,
+    ex,
     history_mark,
     leftovers,
     needs,
     needs_root,
     needs_system_python,
-)
-from sandbox_support import (
-    FULL_ISOLATION,
-    SLACK_S,
-    ex,
     no_leftovers,  # noqa: F401 (autouse fixture)
 )
 
-from gspo.envs.sandbox import (
+from gspo.sandbox import (
     SandboxConfig,
     SandboxError,
     TestSuite,
@@ -288,7 +286,7 @@ def test_fallback_without_namespaces_blocks_sockets_with_the_audit_hook() -> Non
 UNPRIVILEGED_CALLER = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from gspo.envs.sandbox import SandboxConfig, run_python
+from gspo.sandbox import SandboxConfig, run_python
 result = run_python(
     "import json, os, socket\\n"
     "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]\\n"

@@ -1,7 +1,7 @@
 """Hostile programs reaching outside the sandbox: reading files outside is refused, writing
 outside its directory has no effect, the network is unreachable, and killing the parent fails
 while the caller — standing in for the trainer — survives. Split from test_sandbox;
-assertions follow the mechanisms the machine provides (:func:`gspo.envs.sandbox.isolation`).
+assertions follow the mechanisms the machine provides (:func:`gspo.sandbox.isolation`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sandbox_support import (
     no_leftovers,  # noqa: F401 (autouse fixture)
 )
 
-from gspo.envs.sandbox import (
+from gspo.sandbox import (
     SandboxConfig,
     code_reward,
     run_python,

@@ -5,7 +5,7 @@ records; near-miss large integers; the base interpreter's site-packages. (The se
 list and nested namespaces are in test_sandbox_seccomp; memory and task bounds in
 test_sandbox_memory.) Each section asserts the isolation asked for, observed
 from inside the sandbox, not what the sandbox reports it applied. Tests that need root, a
-cgroup or a particular interpreter skip with a reason (and fail in CI, see sandbox_checks).
+cgroup or a particular interpreter skip with a reason (and fail in CI, see sandbox_support).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sandbox_checks import needs
-from sandbox_hardening_support import (
+from sandbox_support import (
     MACHINE,
     SYSCALL,
     ex,
     inside,
+    needs,
     needs_full_isolation,
     no_leftovers,  # noqa: F401 (autouse fixture)
 )
 
-from gspo.envs.sandbox import (
+from gspo.sandbox import (
     SandboxConfig,
     TestSuite,
     code_reward,
@@ -39,9 +39,9 @@ from gspo.envs.sandbox import (
     run_python,
     run_tests,
 )
-from gspo.envs.sandbox import seccomp as sandbox_seccomp
-from gspo.envs.sandbox.cgroup import detect as detect_cgroup
-from gspo.envs.sandbox.compare import parse_results, values_match
+from gspo.sandbox import seccomp as sandbox_seccomp
+from gspo.sandbox.cgroup import detect as detect_cgroup
+from gspo.sandbox.compare import parse_results, values_match
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -116,7 +116,7 @@ def test_isolation_is_what_was_asked() -> None:
 KEYRING_CALLER = r"""
 import ctypes, json, os, sys
 sys.path.insert(0, sys.argv[1])
-from gspo.envs.sandbox import SandboxConfig, run_python
+from gspo.sandbox import SandboxConfig, run_python
 libc = ctypes.CDLL(None, use_errno=True)
 nr = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
 # Our own session keyring, holding a secret.
@@ -190,7 +190,7 @@ print(json.dumps([call(n, 0, 0, 0, 0, 0)[1] for n in {[sandbox_seccomp.denied_sy
 SLOT_CALLER = r"""
 import json, sys, tempfile
 sys.path.insert(0, sys.argv[1])
-from gspo.envs.sandbox import SandboxConfig, run_python
+from gspo.sandbox import SandboxConfig, run_python
 print("tmp", tempfile.gettempdir(), file=sys.stderr, flush=True)
 config = SandboxConfig(timeout_s=30, base_uid=int(sys.argv[2]), uid_slots=1)
 r = run_python(sys.argv[3], config=config)
@@ -326,7 +326,7 @@ def test_near_miss_large_integers_fail_and_exact_ones_pass() -> None:
 VENV_CALLER = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from gspo.envs.sandbox import SandboxConfig, run_python
+from gspo.sandbox import SandboxConfig, run_python
 program = '''
 import json, os, sys
 base = sys.argv[1]

@@ -10,25 +10,19 @@ import sys
 import textwrap
 
 import pytest
-from sandbox_checks import needs, needs_root, needs_system_python
-from sandbox_containment_support import no_leftovers  # noqa: F401 (autouse fixture)
+from sandbox_support import (
+    ex,
+    needs_full_isolation,
+    needs_root,
+    needs_system_python,
+    no_leftovers,  # noqa: F401 (autouse fixture)
+)
 
-from gspo.envs.sandbox import SandboxConfig, code_reward, harness, isolation
-from gspo.envs.sandbox.harness import run_tests
-from gspo.envs.sandbox.suite import TestSuite
-from gspo.envs.tasks.base import Example
+from gspo.sandbox import SandboxConfig, code_reward, harness
+from gspo.sandbox.harness import run_tests
+from gspo.sandbox.suite import TestSuite
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-
-def ex(prompt: str = "", **meta: object) -> Example:
-    return Example(prompt=prompt, answer="", meta=dict(meta))
-
-
-def needs_full_isolation() -> None:
-    needs_root()
-    missing = {"mountns", "netns", "pidns", "uid", "seccomp", "cgroup"} - isolation().mechanisms
-    needs(not missing, f"needs {sorted(missing)} (missing: {isolation().missing})")
 
 
 HUMANEVAL_PROMPT = 'def add(a: int, b: int) -> int:\n    """a + b"""\n'
@@ -116,13 +110,13 @@ FORGERIES = {
 @pytest.mark.parametrize("row", sorted(ROWS))
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
 def test_assert_tests_cannot_be_forged(row: str, forgery: str) -> None:
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     assert code_reward(textwrap.dedent(FORGERIES[forgery]), ROWS[row]) == 0.0
 
 
 @pytest.mark.parametrize("row", sorted(ROWS))
 def test_right_and_wrong_solutions_of_each_assert_row(row: str) -> None:
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     assert code_reward("def add(a, b):\n    return a + b\n", ROWS[row]) == 1.0
     assert code_reward("def add(a, b):\n    return a - b\n", ROWS[row]) == 0.0
     if row == "humaneval":  # a body alone continues the prompt
@@ -132,7 +126,7 @@ def test_right_and_wrong_solutions_of_each_assert_row(row: str) -> None:
 def test_a_solution_cannot_redefine_what_the_tests_call() -> None:
     # Builtins the tests use, and HumanEval's prompt helpers, stay the tests' own; a module
     # the solution imported (MBPP tests use `math.isclose` that way) is the judge's copy.
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     row = ex(tests=["assert sorted(f(3)) == [1, 2, 3]"])
     assert code_reward("def f(n):\n    return []\ndef sorted(x):\n    return [1, 2, 3]", row) == 0
     assert code_reward("def f(n):\n    return [3, 2, 1]", row) == 1.0
@@ -167,7 +161,7 @@ def test_objects_of_the_solution_stay_in_its_process() -> None:
     # MBPP 601's tests build the solution's Pair objects and pass them back: the judge holds
     # handles, which it can pass, call and read attributes of, but which equal only
     # themselves and have no truth value.
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     pairs = "[Pair(5, 24), Pair(15, 25), Pair(27, 40), Pair(50, 60)]"
     mbpp = ex(test_list=[f"assert max_chain_length({pairs}, 4) == 3"])
     assert code_reward(PAIR, mbpp) == 1.0
@@ -180,7 +174,7 @@ def test_the_solution_cannot_read_the_judge() -> None:
     # The judge (the solution's parent) is non-dumpable: its memory, descriptors and
     # environment are closed to the solution's uid; the tests' file is gone before the
     # solution starts.
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     probe = """
         import os
         def probe():
@@ -255,7 +249,7 @@ POOLING = {
 
 @pytest.mark.parametrize("way", sorted(POOLING))
 def test_a_test_cannot_use_more_than_its_cpu_limit(way: str) -> None:
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     row = ex(tests=["assert work() == 1", "assert work() == 1"])
     report = run_tests(
         textwrap.dedent(POOLING[way]), TestSuite.from_meta(row.meta), test_timeout_s=0.3
@@ -268,7 +262,7 @@ def test_a_test_cannot_use_more_than_its_cpu_limit(way: str) -> None:
 def test_sleeping_code_meets_the_per_test_wall_limit() -> None:
     # Sleeping uses no CPU: the wall limit of the test (3 x 0.2 s + 2 s) ends it, not the
     # run's backstop, and the next test runs in a fresh worker.
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     code = (
         "import time\ndef add(a, b):\n    if a == 1:\n        time.sleep(600)\n    return a + b\n"
     )
@@ -281,7 +275,7 @@ def test_sleeping_code_meets_the_per_test_wall_limit() -> None:
 def test_the_whole_output_is_compared() -> None:
     # The answer, then more than 4 KiB of whitespace, then anything: once compared on a
     # prefix (and passed), now a wrong output.
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     row = ex(inputs=["1 2\n"], outputs=["3"])
     assert code_reward("print(3)", row) == 1.0
     assert code_reward("print(3)\nprint(' ' * 8192)\nprint('anything')", row) == 0.0
@@ -292,7 +286,7 @@ def test_the_whole_output_is_compared() -> None:
 
 
 def test_call_tests_compare_the_whole_value() -> None:
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     row = ex(test_cases=[{"input": "1\n2", "output": "3", "testtype": "functional"}], func_name="f")
     assert code_reward("def f(a, b):\n    return a + b\n", row) == 1.0
     assert code_reward("def f(a, b):\n    return [3] + [' '] * 5000\n", row) == 0.0
@@ -321,7 +315,7 @@ def test_the_harness_input_says_nothing_about_expected_outputs(monkeypatch) -> N
 def test_no_result_channel_for_the_solution() -> None:
     # The solution's process holds no descriptor but stdio and its worker pipes: nothing of
     # the judge's (result channel, CPU counter) is inherited.
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     code = "import os\ndef fds():\n    return sorted(int(n) for n in os.listdir('/proc/self/fd'))\n"
     row = ex(tests=["assert len(fds()) <= 6, fds()"])
     report = run_tests(code, TestSuite.from_meta(row.meta))
@@ -348,7 +342,7 @@ def test_the_judge_without_namespaces() -> None:
 
 
 def test_a_worker_killed_in_one_stdin_test_is_replaced_for_the_next() -> None:
-    needs_full_isolation()
+    needs_full_isolation("cgroup")
     code = "import time\na, b = map(int, input().split())\nif a == 1:\n    time.sleep(600)\nprint(a + b)"
     row = ex(inputs=["1 2\n", "3 4\n"], outputs=["3", "7"])
     report = run_tests(code, TestSuite.from_meta(row.meta), test_timeout_s=0.2)

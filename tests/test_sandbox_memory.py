@@ -2,7 +2,7 @@
 per-process limits (memfd, shared memory, tmpfs, many processes) is bounded, a run's cgroup
 bounds its memory and tasks by itself, and the cgroup v2 files are right on a stand-in
 hierarchy. Split from test_sandbox_hardening; tests that need root or a cgroup skip with a
-reason (and fail in CI, see sandbox_checks).
+reason (and fail in CI, see sandbox_support).
 """
 
 from __future__ import annotations
@@ -14,19 +14,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from sandbox_checks import needs, needs_root
-from sandbox_hardening_support import (
+from sandbox_support import (
     inside,
+    needs,
     needs_full_isolation,
+    needs_root,
     needs_seccomp,
     no_leftovers,  # noqa: F401 (autouse fixture)
 )
 
-from gspo.envs.sandbox import (
+from gspo.sandbox import (
     SandboxConfig,
     run_python,
 )
-from gspo.envs.sandbox.cgroup import detect as detect_cgroup
+from gspo.sandbox.cgroup import detect as detect_cgroup
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -140,7 +141,7 @@ def test_run_cgroup_bounds_tasks_by_itself() -> None:
     """pids.max of a run's cgroup, alone (in a run RLIMIT_NPROC applies as well): a root
     process in a cgroup with pids.max 4 starts 3 children, then fork fails."""
     needs_cgroup()
-    from gspo.envs.sandbox.cgroup import RunCgroup
+    from gspo.sandbox.cgroup import RunCgroup
 
     backend, _ = detect_cgroup()
     cgroup = RunCgroup(backend, 256 << 20, 4)
@@ -165,7 +166,7 @@ def test_cgroup_v2_files_on_a_stand_in_hierarchy(tmp_path: Path, monkeypatch) ->
     """The v2 backend's file protocol (this project's machines have controllers on v1 only,
     so the real v2 path cannot run here): detection through mountinfo and /proc/self/cgroup,
     enabling memory+pids for children, the limits written, and removal."""
-    from gspo.envs.sandbox import cgroup as sandbox_cgroup
+    from gspo.sandbox import cgroup as sandbox_cgroup
 
     root = tmp_path / "cgroup2"
     own = root / "trainer.scope"

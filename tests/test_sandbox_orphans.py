@@ -15,20 +15,20 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_containment_support import (
+from sandbox_support import (
     ex,
     needs_full_isolation,
     no_leftovers,  # noqa: F401 (autouse fixture)
 )
 
 from gspo.envs.rewards import score
-from gspo.envs.sandbox import (
+from gspo.envs.tasks.base import Example
+from gspo.sandbox import (
     SandboxConfig,
     code_reward,
     with_timeout,
 )
-from gspo.envs.sandbox.slots import live_runs, processes_of
-from gspo.envs.tasks.base import Example
+from gspo.sandbox.slots import live_runs, processes_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 # A uid range of this test process's own (other suites may run sandboxes at the same time),
@@ -109,7 +109,7 @@ def test_runs_end_when_the_waiting_caller_is_interrupted(request) -> None:
 def test_cgroups_of_dead_callers_are_swept(tmp_path: Path) -> None:
     """A caller killed outright leaves its runs' empty cgroups behind; the next one removes
     them (and only those of callers that are gone)."""
-    from gspo.envs.sandbox.cgroup import Backend, sweep_stale
+    from gspo.sandbox.cgroup import Backend, sweep_stale
 
     dead = subprocess.Popen(["true"])
     dead.wait()

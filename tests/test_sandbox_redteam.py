@@ -8,48 +8,24 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from sandbox_checks import history_mark, leftovers, needs, needs_root
+from sandbox_support import (
+    MACHINE,
+    SYSCALL,
+    ex,
+    needs_full_isolation,
+    no_leftovers,  # noqa: F401 (autouse fixture)
+)
 
-from gspo.envs.sandbox import SandboxConfig, code_reward, isolation, run_python, seccomp
-from gspo.envs.tasks.base import Example
+from gspo.sandbox import SandboxConfig, code_reward, run_python, seccomp
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-MACHINE = os.uname().machine
-
-# A ctypes syscall(2) for programs in the sandbox.
-SYSCALL = """
-import ctypes, errno, json, os
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
-def call(nr, *args):
-    ctypes.set_errno(0)
-    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
-    return r, ctypes.get_errno()
-"""
-
-
-def ex(**meta: object) -> Example:
-    return Example(prompt="", answer="", meta=dict(meta))
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    mark = history_mark()
-    yield
-    assert leftovers(mark) == [], "a sandboxed process outlived its run"
-
-
-def needs_full_isolation() -> None:
-    needs_root()
-    needs(MACHINE in seccomp.AUDIT_ARCH, f"the seccomp filter is for x86_64/aarch64, not {MACHINE}")
-    missing = {"mountns", "netns", "pidns", "uid", "seccomp"} - isolation().mechanisms
-    needs(not missing, f"needs {sorted(missing)} (missing: {isolation().missing})")
 
 
 def run(code: str) -> object:
@@ -198,3 +174,45 @@ def test_filter_checks_the_flag_arguments(machine: str) -> None:
     mmap_nr = seccomp.MMAP[machine]
     assert seccomp.run_filter(program, mmap_nr, arch, arg3=0x22 | seccomp.MAP_HUGETLB) == eperm
     assert seccomp.run_filter(program, mmap_nr, arch, arg3=0x22) == allow
+
+
+def test_only_the_interpreters_files_are_visible_under_usr() -> None:
+    # Another Python bundled under /usr (an SDK's in /usr/lib/NAME, a /usr/local install, the
+    # distribution's when another interpreter runs) used to run inside with its own packages
+    # importable: /usr was bound whole. Planted here as a package directory of each kind;
+    # inside, none exists, the distribution's interpreter cannot start, and the run's own
+    # interpreter and the system's programs (/usr/bin) still work.
+    needs_full_isolation()
+    tops = [Path(f"{base}/gspo-test-{os.getpid()}") for base in ("/usr/lib", "/usr/local/lib")]
+    tops.append(Path(f"/usr/share/gspo-test-{os.getpid()}"))
+    planted = [tops[0] / "python" / "site-packages", tops[1] / "site-packages", tops[2]]
+    distribution_python = "/usr/bin/python3"
+    other = os.path.exists(distribution_python) and os.path.realpath(
+        distribution_python
+    ) != os.path.realpath(sys.executable)
+    try:
+        for path in planted:
+            path.mkdir(parents=True)
+            (path / "planted_gspo.py").write_text("SECRET = 1\n")
+        result = run(
+            f"""
+            import json, os, subprocess, sys
+            out = {{"seen": [p for p in {[str(p) for p in planted]!r} if os.path.exists(p)]}}
+            if {other!r}:
+                out["other"] = subprocess.run(
+                    [{distribution_python!r}, "-S", "-c", "print(1)"], capture_output=True
+                ).returncode
+            out["echo"] = subprocess.run(["/bin/echo", "hi"], capture_output=True).stdout
+            out["echo"] = out["echo"].decode().strip()
+            out["own"] = sys.version_info[:2] == {tuple(sys.version_info[:2])!r}
+            print(json.dumps(out))
+            """
+        )
+    finally:
+        for top in tops:
+            shutil.rmtree(top, ignore_errors=True)
+    assert result.ok, result.stderr[-2000:]
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen.pop("seen") == []
+    assert seen.pop("other", 1) != 0
+    assert seen == {"echo": "hi", "own": True}

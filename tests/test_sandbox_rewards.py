@@ -23,7 +23,8 @@ from sandbox_support import (
 )
 
 from gspo.envs.rewards import get_reward, score
-from gspo.envs.sandbox import (
+from gspo.envs.tasks.base import Example
+from gspo.sandbox import (
     RewardTimeout,
     RewardWorkerError,
     TestSuite,
@@ -32,7 +33,6 @@ from gspo.envs.sandbox import (
     outputs_match,
     with_timeout,
 )
-from gspo.envs.tasks.base import Example
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 

@@ -2,7 +2,7 @@
 call, its numbers match the kernel headers, each denied call fails inside while normal
 programs still run, and no nested namespaces or capabilities are reachable. Split from
 test_sandbox_hardening; tests that need root or a particular machine skip with a reason (and
-fail in CI, see sandbox_checks).
+fail in CI, see sandbox_support).
 """
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ import sys
 from pathlib import Path
 
 import pytest
-from sandbox_checks import needs
-from sandbox_hardening_support import (
+from sandbox_support import (
     MACHINE,
     SYSCALL,
     ex,
     inside,
+    needs,
     needs_full_isolation,
     needs_seccomp,
     no_leftovers,  # noqa: F401 (autouse fixture)
 )
 
-from gspo.envs.sandbox import (
+from gspo.sandbox import (
     code_reward,
 )
-from gspo.envs.sandbox import seccomp as sandbox_seccomp
+from gspo.sandbox import seccomp as sandbox_seccomp
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 

@@ -6,12 +6,12 @@ from ..config.eval_config import EvalConfig
 from ..config.options import ModelOptions, RewardOptions, TaskOptions
 from ..config.train import SFTConfig, TrainConfig
 from ..envs.rewards import combine, format_reward
-from ..envs.sandbox import with_code_limits
 from ..envs.tasks import make_task
 from ..envs.tasks.base import Task
 from ..envs.tasks.checks import check_duplicates, check_held_out
 from ..envs.tasks.files import options_file_task
 from ..models.policy import build_policy
+from ..sandbox import with_code_limits
 
 
 def build_policy_for(cfg: TrainConfig | SFTConfig | EvalConfig, device):

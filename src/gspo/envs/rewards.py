@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from gspo.config.plugins import is_ref, resolve
-from gspo.envs.sandbox import code_reward, with_timeout
+from gspo.sandbox import code_reward, with_timeout
 
 from .answers import (  # re-exported: answer matchers are rewards too
     exact_match,
@@ -216,7 +216,7 @@ def score(
     NaN, inf; bools count as 0/1), gives that sample 0.0 and adds one to ``n_errors``; other
     samples keep their reward. Failures of the reward never propagate (KeyboardInterrupt does).
     With ``timeout_s``, a call still running after that many seconds also scores 0.0 and
-    counts as an error (:func:`gspo.envs.sandbox.with_timeout`, thread mode: the late call is left
+    counts as an error (:func:`gspo.sandbox.with_timeout`, thread mode: the late call is left
     running in the background; wrap the reward with ``mode="process"`` yourself to have it
     killed). Without it a hanging reward blocks the caller.
 

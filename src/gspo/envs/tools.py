@@ -25,8 +25,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gspo.envs.sandbox import DEFAULT_CONFIG, run_python
-from gspo.envs.sandbox.cancel import CANCEL, CancelScope
+from gspo.sandbox import DEFAULT_CONFIG, run_python
+from gspo.sandbox.cancel import CANCEL, CancelScope
 
 QWEN_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 PLAIN_CALL = re.compile(r"\[\[(\w+):(.*?)\]\]", re.DOTALL)
@@ -101,7 +101,7 @@ _TEARDOWN_S = 10.0
 def run_tool(tool: Tool, argument: str, timeout_s: float) -> str:
     """``tool.fn(argument)`` in a daemon thread; ToolFailure if it raises or outlives
     ``timeout_s``. Then the sandbox runs the tool started are killed (a
-    :class:`~gspo.envs.sandbox.cancel.CancelScope`) and waited for, so a call that sleeps
+    :class:`~gspo.sandbox.cancel.CancelScope`) and waited for, so a call that sleeps
     holds no uid slot or memory past its timeout; the thread itself is abandoned (a Python
     thread cannot be killed)."""
     box: dict[str, object] = {}
@@ -184,7 +184,7 @@ def calculate(expression: str) -> str:
 
 
 def python_tool(timeout_s: float = 5.0) -> Tool:
-    """Run a program in the sandbox (:func:`gspo.envs.sandbox.run_python`); the reply is its
+    """Run a program in the sandbox (:func:`gspo.sandbox.run_python`); the reply is its
     stdout, with stderr's last line when it failed."""
 
     def run(code: str) -> str:

@@ -6,7 +6,7 @@ function in a fenced block::
     Write a Python function f(x) that takes an integer x, adds 7, then multiplies by 3,
     and returns the final value. Answer with the code in a ```python block.
 
-The reward is :func:`gspo.envs.sandbox.code_reward`: the completion's code runs in the sandbox
+The reward is :func:`gspo.sandbox.code_reward`: the completion's code runs in the sandbox
 against five ``assert f(v) == ...`` tests and scores the share passed. It is a smoke test of
 the code-execution path for real tokenizers (prompts and answers need newlines), not a
 benchmark. Splits are disjoint by the operation chain. Difficulty = number of operations, 1..4.
@@ -18,9 +18,9 @@ import functools
 import random
 from collections.abc import Callable
 
-from gspo.envs.sandbox import code_reward
 from gspo.envs.tasks.base import Example
 from gspo.envs.tasks.synthetic import DIFFICULTIES, TASKS, _build, _Spec
+from gspo.sandbox import code_reward
 
 __all__ = ["NAME", "sample_code_problem"]
 
@@ -69,7 +69,7 @@ SPEC = _Spec(
     name=NAME,
     description=(
         "Write f(x) applying a chain of integer operations, checked by unit tests run in the "
-        "sandbox (gspo.envs.sandbox). Difficulty = number of operations (1..4)."
+        "sandbox (gspo.sandbox). Difficulty = number of operations (1..4)."
     ),
     default=2,
     low=1,

@@ -15,14 +15,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from gspo.envs.sandbox.cancel import CANCEL, CancelScope
+from gspo.sandbox.cancel import CANCEL, CancelScope
 
-if TYPE_CHECKING:
-    from gspo.envs.tasks.base import Example, RewardFn
+# Any reward (completion, example) -> float; the example passes through untouched, so its
+# type (``gspo.envs.tasks.Example``, a layer above) is not named here.
+_Reward = Callable[[str, Any], float]
 
-logger = logging.getLogger("gspo.envs.sandbox")
+logger = logging.getLogger("gspo.sandbox")
 
 
 class RewardTimeout(TimeoutError):
@@ -55,7 +57,7 @@ _TEARDOWN_S = 30.0
 _TERM_GRACE_S = 3.0
 
 
-def with_timeout(fn: RewardFn, seconds: float, *, mode: str = "thread") -> RewardFn:
+def with_timeout(fn: _Reward, seconds: float, *, mode: str = "thread") -> _Reward:
     """``fn`` with each call bounded to ``seconds``; a late call raises :class:`RewardTimeout`.
 
     ``mode="thread"`` runs each call in a daemon thread: works for any callable and costs
@@ -83,10 +85,10 @@ def with_timeout(fn: RewardFn, seconds: float, *, mode: str = "thread") -> Rewar
 
 
 class _ThreadTimeout:
-    def __init__(self, fn: RewardFn, seconds: float, name: str) -> None:
+    def __init__(self, fn: _Reward, seconds: float, name: str) -> None:
         self.fn, self.seconds, self.__name__ = fn, seconds, f"with_timeout({name})"
 
-    def __call__(self, completion: str, example: Example) -> float:
+    def __call__(self, completion: str, example: Any) -> float:
         box: dict[str, Any] = {}
         done = threading.Event()
         scope = CancelScope()
@@ -181,7 +183,7 @@ _WORKER_START_TIMEOUT_S = 120.0  # importing the reward's module (and its import
 
 
 class _ProcessTimeout:
-    def __init__(self, fn: RewardFn, seconds: float, name: str) -> None:
+    def __init__(self, fn: _Reward, seconds: float, name: str) -> None:
         try:
             self._fn_bytes = pickle.dumps(fn)
         except Exception as exc:
@@ -259,7 +261,7 @@ class _ProcessTimeout:
                 stream.close()
         return code  # type: ignore[no-any-return]
 
-    def __call__(self, completion: str, example: Example) -> float:
+    def __call__(self, completion: str, example: Any) -> float:
         with self._lock:
             if self._proc is None:
                 self._start()

@@ -19,7 +19,7 @@ How a run is contained (Linux, as root; see ``docs/sandbox.md`` for the fallback
             Python directories bind-mounted read-only, pivots into it, then forks
         ──► program: rlimits, setuid to a dedicated unprivileged uid, no_new_privs, exec python
 
-The boot stage (:mod:`~gspo.envs.sandbox.boot`) runs in a fresh interpreter
+The boot stage (:mod:`~gspo.sandbox.boot`) runs in a fresh interpreter
 (``python -I -S -B``), so it needs nothing beyond the standard library and never runs in the
 (possibly multi-threaded) caller: ``preexec_fn`` is not used because it is unsafe in a process
 with threads.
@@ -32,18 +32,18 @@ Modules, by job: ``config`` (limits, results), ``run`` (the caller side of a run
 ``timeout`` (bounded-time reward calls).
 """
 
-from gspo.envs.sandbox.compare import outputs_match, parse_results, short_repr, values_match
-from gspo.envs.sandbox.config import (
+from gspo.sandbox.compare import outputs_match, parse_results, short_repr, values_match
+from gspo.sandbox.config import (
     DEFAULT_CONFIG,
     Isolation,
     RunResult,
     SandboxConfig,
     SandboxError,
 )
-from gspo.envs.sandbox.harness import TestReport, code_reward, run_tests, with_code_limits
-from gspo.envs.sandbox.run import isolation, run_python
-from gspo.envs.sandbox.suite import TestSuite, extract_code
-from gspo.envs.sandbox.timeout import RewardTimeout, RewardWorkerError, with_timeout
+from gspo.sandbox.harness import TestReport, code_reward, run_tests, with_code_limits
+from gspo.sandbox.run import isolation, run_python
+from gspo.sandbox.suite import TestSuite, extract_code
+from gspo.sandbox.timeout import RewardTimeout, RewardWorkerError, with_timeout
 
 __all__ = [
     "DEFAULT_CONFIG",

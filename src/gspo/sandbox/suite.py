@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gspo.envs.sandbox.compare import check_mode
-from gspo.envs.sandbox.compare import loads as _loads
-from gspo.envs.sandbox.extract import extract_code
-from gspo.envs.sandbox.layouts import humaneval_tests, mbpp_tests, prompt_preamble, row_setup
+from gspo.sandbox.compare import check_mode
+from gspo.sandbox.compare import loads as _loads
+from gspo.sandbox.extract import extract_code
+from gspo.sandbox.layouts import humaneval_tests, mbpp_tests, prompt_preamble, row_setup
 
 __all__ = ["TestSuite", "extract_code"]
 
@@ -115,7 +115,7 @@ class TestSuite:
           run in the namespace the solution defined;
         * HumanEval: ``test`` (source defining ``check(candidate)``) and ``entry_point``; each
           assert of ``check`` is one test, ``assert True`` lines are not tests
-          (:func:`~gspo.envs.sandbox.layouts.humaneval_tests`); without a setup field, the
+          (:func:`~gspo.sandbox.layouts.humaneval_tests`); without a setup field, the
           ``prompt`` (the example's) runs first when it is Python, else its import lines;
         * MBPP: ``test_list`` (assert strings) plus ``challenge_test_list``;
         * ``inputs`` and ``outputs``: equal-length lists of stdin texts and expected stdout;
@@ -128,7 +128,7 @@ class TestSuite:
 
         Any layout may add a setup field (``setup``, ``preamble`` or MBPP's
         ``test_setup_code``: code run before the solution) and ``compare`` (the comparison
-        mode of :mod:`~gspo.envs.sandbox.compare`).
+        mode of :mod:`~gspo.sandbox.compare`).
         """
         suite = cls._tests_from_meta(meta, prompt)
         compare = meta.get("compare")

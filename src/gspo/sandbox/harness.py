@@ -12,11 +12,12 @@ import math
 import os
 import secrets
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from gspo.envs.sandbox.compare import (
+from gspo.sandbox.compare import (
     check_mode,
     loads,
     outputs_match,
@@ -24,14 +25,22 @@ from gspo.envs.sandbox.compare import (
     short_repr,
     values_match,
 )
-from gspo.envs.sandbox.config import DEFAULT_CONFIG, RunResult, SandboxConfig
-from gspo.envs.sandbox.run import AUDIT_HOOK, run_python
-from gspo.envs.sandbox.suite import TestSuite, extract_code
+from gspo.sandbox.config import DEFAULT_CONFIG, RunResult, SandboxConfig
+from gspo.sandbox.run import AUDIT_HOOK, run_python
+from gspo.sandbox.suite import TestSuite, extract_code
 
-if TYPE_CHECKING:
-    from gspo.envs.tasks.base import Example, RewardFn
+logger = logging.getLogger("gspo.sandbox")
 
-logger = logging.getLogger("gspo.envs.sandbox")
+
+class ExampleRow(Protocol):
+    """What :func:`code_reward` reads of a task's example (``gspo.envs.tasks.Example`` is one).
+    The sandbox is a layer below the environments, so it names their type by its shape only."""
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def meta(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -117,8 +126,8 @@ def run_tests(
     """Run ``suite`` against ``code`` in one sandboxed run; never raises for the code.
 
     Answers compare in the suite's own mode (a row's ``compare``), else in ``compare``
-    (see :mod:`gspo.envs.sandbox.compare`), here in the caller. Inside the run, the harness
-    (:mod:`gspo.envs.sandbox.judge`) runs the solution in processes of its own: assert tests
+    (see :mod:`gspo.sandbox.compare`), here in the caller. Inside the run, the harness
+    (:mod:`gspo.sandbox.judge`) runs the solution in processes of its own: assert tests
     are evaluated by the harness, which exchanges only plain values with the solution, so
     nothing the solution does decides a verdict.
 
@@ -208,7 +217,7 @@ def run_tests(
 
 def code_reward(
     completion: str,
-    example: Example,
+    example: ExampleRow,
     *,
     all_or_nothing: bool = False,
     test_timeout_s: float = 2.0,
@@ -249,14 +258,14 @@ code_reward.uses_sandbox = True  # type: ignore[attr-defined]  # gspo.envs.rewar
 
 
 def with_code_limits(
-    reward_fn: RewardFn,
+    reward_fn: Callable[[str, Any], float],
     *,
     test_timeout_s: float = 2.0,
     total_timeout_s: float | None = None,
     memory_mb: int = DEFAULT_CONFIG.memory_mb,
     run_memory_mb: int = DEFAULT_CONFIG.run_memory_mb,
     compare: str = "auto",
-) -> RewardFn:
+) -> Callable[[str, Any], float]:
     """``reward_fn`` with these limits if it is :func:`code_reward` or a ``functools.partial``
     of it (whose own keywords win: a task's choice stays; the memory limits go into its own
     ``config`` when it has one), else ``reward_fn`` unchanged. Used by the trainer for the

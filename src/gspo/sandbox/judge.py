@@ -1,4 +1,4 @@
-"""The test harness inside the sandbox: :mod:`gspo.envs.sandbox.harness` sends this file's
+"""The test harness inside the sandbox: :mod:`gspo.sandbox.harness` sends this file's
 text as the run's program (``main.py``); the package never imports it.
 
 Two kinds of process, so that nothing the solution runs can reach a verdict:
@@ -19,7 +19,7 @@ Per-test CPU time is the run's cgroup CPU counter (every process and thread of t
 read by the judge through a descriptor the caller passed in, so no timer, signal mask,
 child or thread of the solution changes it; without a cgroup, the worker's own CPU clock
 (its threads, not its children). Each test also has a wall-clock limit, ``wall_s``
-(:func:`gspo.envs.sandbox.harness.test_wall_s`). A test over either limit fails and every
+(:func:`gspo.sandbox.harness.test_wall_s`). A test over either limit fails and every
 process of the test is killed (the whole pid namespace but the judge, when there is one).
 """
 
@@ -35,7 +35,7 @@ import time
 # Not part of the program: harness.py joins judge_worker.py's text and this file's (without
 # the lines between these markers) into one program.
 # <worker>
-from gspo.envs.sandbox.judge_worker import (
+from gspo.sandbox.judge_worker import (
     TestTimeout,
     WorkerGone,
     decode,

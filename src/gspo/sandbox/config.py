@@ -21,7 +21,7 @@ class SandboxConfig:
     busy machine slows a run down but does not use up its limit."""
     wall_timeout_s: float | None = None
     """Wall-clock backstop of the run (a program that sleeps or blocks uses no CPU); None:
-    ``10 * timeout_s + 5`` (:func:`gspo.envs.sandbox.run.wall_backstop_s`), well above what
+    ``10 * timeout_s + 5`` (:func:`gspo.sandbox.run.wall_backstop_s`), well above what
     a run within its CPU limit needs on a loaded machine."""
     memory_mb: int = 512
     """Address-space limit (RLIMIT_AS) of each sandboxed process."""
@@ -52,7 +52,7 @@ class SandboxConfig:
     """Use Linux namespaces. Off only to exercise the fallbacks (tests) or where unsharing is
     known to misbehave; the program then sees the host filesystem (as the sandbox uid)."""
     seccomp: bool = True
-    """Install the seccomp filter of :mod:`gspo.envs.sandbox.seccomp` (x86_64 and aarch64)."""
+    """Install the seccomp filter of :mod:`gspo.sandbox.seccomp` (x86_64 and aarch64)."""
     cgroup: bool = True
     """Put each run in its own cgroup (v2, else v1 memory + pids) where the host allows it."""
     cgroup_parent: str | None = None

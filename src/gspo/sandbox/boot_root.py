@@ -2,7 +2,7 @@
 sandbox's own root filesystem (a tmpfs with the system and Python directories bound read-only,
 the run's files in its working directory) that init pivots into.
 
-Imported by :mod:`gspo.envs.sandbox.boot` in the boot process only; standard library only.
+Imported by :mod:`gspo.sandbox.boot` in the boot process only; standard library only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import ctypes
 import os
 from typing import Any
 
-from gspo.envs.sandbox import seccomp as sandbox_seccomp
+from gspo.sandbox import seccomp as sandbox_seccomp
 
 _MS_RDONLY = 1
 _MS_NOSUID = 2

@@ -1,6 +1,6 @@
 """The worker half of the test harness inside the sandbox, and what judge and worker share
-(plain values, messages). :mod:`gspo.envs.sandbox.harness` joins this file's text and
-:mod:`gspo.envs.sandbox.judge`'s into the run's program; the package never imports it.
+(plain values, messages). :mod:`gspo.sandbox.harness` joins this file's text and
+:mod:`gspo.sandbox.judge`'s into the run's program; the package never imports it.
 """
 
 import builtins

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-logger = logging.getLogger("gspo.envs.sandbox")
+logger = logging.getLogger("gspo.sandbox")
 
 # The first that exists (or can be made) as a root-owned 0700 directory is used.
 LOCK_DIRS = ("/run/gspo-sandbox", "/var/lock/gspo-sandbox", "/tmp/gspo-sandbox-slots")

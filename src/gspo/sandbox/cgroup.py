@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-logger = logging.getLogger("gspo.envs.sandbox")
+logger = logging.getLogger("gspo.sandbox")
 
 _MOUNTINFO = "/proc/self/mountinfo"
 _SELF_CGROUP = "/proc/self/cgroup"

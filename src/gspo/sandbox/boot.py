@@ -1,4 +1,4 @@
-"""Boot stage of :mod:`gspo.envs.sandbox`: namespaces, filesystem, limits, privilege drop, exec.
+"""Boot stage of :mod:`gspo.sandbox`: namespaces, filesystem, limits, privilege drop, exec.
 
 Run by the sandbox as ``python -I -S -B -c "...; main()" SPEC`` in a fresh process (as root
 when the caller is root), never imported into the caller's process for its side effects. It
@@ -16,8 +16,8 @@ import resource
 import sys
 from typing import Any
 
-from gspo.envs.sandbox import seccomp as sandbox_seccomp
-from gspo.envs.sandbox.boot_root import _WORKDIR, _build_root, _Libc, _populate_workdir
+from gspo.sandbox import seccomp as sandbox_seccomp
+from gspo.sandbox.boot_root import _WORKDIR, _build_root, _Libc, _populate_workdir
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000

@@ -1,5 +1,5 @@
 """The caller side of one sandboxed run: :func:`run_python` writes the run's spec, starts the
-boot stage (:mod:`gspo.envs.sandbox.boot`) in a fresh interpreter, watches its output and
+boot stage (:mod:`gspo.sandbox.boot`) in a fresh interpreter, watches its output and
 status pipe under the time and output bounds, then tears everything down; :func:`isolation`
 says which mechanisms runs get on this machine."""
 
@@ -20,21 +20,21 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gspo.envs.sandbox.cancel import CANCEL, CancelScope
-from gspo.envs.sandbox.cgroup import RunCgroup
-from gspo.envs.sandbox.cgroup import detect as detect_cgroup
-from gspo.envs.sandbox.config import (
+from gspo.sandbox.cancel import CANCEL, CancelScope
+from gspo.sandbox.cgroup import RunCgroup
+from gspo.sandbox.cgroup import detect as detect_cgroup
+from gspo.sandbox.config import (
     DEFAULT_CONFIG,
     Isolation,
     RunResult,
     SandboxConfig,
     SandboxError,
 )
-from gspo.envs.sandbox.interpreter import SYSTEM_DIRS
-from gspo.envs.sandbox.interpreter import python_dirs as interpreter_dirs
-from gspo.envs.sandbox.slots import SlotError, UidSlot, clear_keyrings, kill_uid
+from gspo.sandbox.interpreter import python_dirs as interpreter_dirs
+from gspo.sandbox.interpreter import system_dirs
+from gspo.sandbox.slots import SlotError, UidSlot, clear_keyrings, kill_uid
 
-logger = logging.getLogger("gspo.envs.sandbox")
+logger = logging.getLogger("gspo.sandbox")
 
 
 # How often a run's CPU time and its caller's cancel event are looked at.
@@ -77,13 +77,12 @@ exec(_code, {"__name__": "__main__", "__file__": sys.argv[0], "__builtins__": __
 
 # Imported from the package directory, so the boot stage uses its cached bytecode rather than
 # compiling a script on every run. The parent packages are registered as bare stubs (their
-# directory only): their __init__ files (the whole sandbox, the environments) are not run, so
-# boot imports nothing but its own modules and the standard library, as when it was one file.
+# directory only): their __init__ files (gspo's, the whole sandbox's) are not run, so boot
+# imports nothing but its own modules and the standard library, as when it was one file.
 _SANDBOX_DIR = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE_DIRS = (
-    ("gspo", os.path.dirname(os.path.dirname(_SANDBOX_DIR))),
-    ("gspo.envs", os.path.dirname(_SANDBOX_DIR)),
-    ("gspo.envs.sandbox", _SANDBOX_DIR),
+    ("gspo", os.path.dirname(_SANDBOX_DIR)),
+    ("gspo.sandbox", _SANDBOX_DIR),
 )
 _BOOT_COMMAND = (
     "import sys\n"
@@ -91,7 +90,7 @@ _BOOT_COMMAND = (
     "    package = type(sys)(name)\n"
     "    package.__path__ = [path]\n"
     "    sys.modules[name] = package\n"
-    "from gspo.envs.sandbox.boot import main; main()"
+    "from gspo.sandbox.boot import main; main()"
 )
 
 
@@ -112,7 +111,7 @@ def run_python(
     ``stdin`` is fed to the program; ``files`` (flat names -> contents) are placed in its
     working directory next to the program (``main.py``); ``args`` become ``sys.argv[1:]``.
     With ``result_channel``, the program is the trusted test harness
-    (:mod:`gspo.envs.sandbox.judge`): it finds a writable file descriptor number in the
+    (:mod:`gspo.sandbox.judge`): it finds a writable file descriptor number in the
     environment variable ``GSPO_RESULT_FD`` whose data comes back as :attr:`RunResult.result`,
     a readable one of the run's cgroup CPU counter in ``GSPO_CPU_FD`` (unit ``GSPO_CPU_UNIT``,
     ``us`` or ``ns``) when there is one, and, where the sandbox falls back to the audit hook,
@@ -121,7 +120,7 @@ def run_python(
 
     Never raises for anything the program does (crash, hang, bomb, attack); raises
     :class:`SandboxError` if the sandbox cannot be set up, and ValueError for bad arguments.
-    With a :class:`~gspo.envs.sandbox.cancel.CancelScope` in :data:`CANCEL` (set by
+    With a :class:`~gspo.sandbox.cancel.CancelScope` in :data:`CANCEL` (set by
     ``with_timeout``), the run is killed as soon as the scope is cancelled.
     """
     config = config or DEFAULT_CONFIG
@@ -220,7 +219,7 @@ def _run(
             "python": python,
             "argv": argv,
             "audit_argv": audit_argv,
-            "system_dirs": SYSTEM_DIRS,
+            "system_dirs": system_dirs(),
             "python_dirs": python_dirs,
             "hidden_dirs": hidden_dirs,
             "files_dir": files_dir,

@@ -1,12 +1,12 @@
 """Ending runs whose caller stopped waiting: :class:`CancelScope` and the :data:`CANCEL` context
-variable that :func:`gspo.envs.sandbox.run.run_python` watches."""
+variable that :func:`gspo.sandbox.run.run_python` watches."""
 
 from __future__ import annotations
 
 import contextvars
 import threading
 
-from gspo.envs.sandbox.config import SandboxError
+from gspo.sandbox.config import SandboxError
 
 
 class CancelScope:
