@@ -42,6 +42,7 @@ def _records(out: Path) -> list[dict[str, Any]]:
 def run_one(main, sft: Path, out: Path, algo: str, k: int, seed: int, a: argparse.Namespace):
     args = ["train", "--preset", "demo", "--model", str(sft), "--steps", str(a.steps)]
     args += ["--algo", algo, "--lr", "3e-4", "--eval-every", str(a.eval_every)]
+    args += ["--n-test", str(a.n_test)]
     args += ["--checkpoint-every", "0", "--max-staleness", str(k), "--seed", str(seed)]
     args += ["--output-dir", str(out), *COMMON]
     if a.backend == "ray":
@@ -93,6 +94,7 @@ def main_(argv: list[str] | None = None) -> None:
     p.add_argument("--algos", nargs="+", default=["grpo", "gspo"])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--target", type=float, default=0.35, help="greedy accuracy for to_target_s")
+    p.add_argument("--n-test", type=int, default=800, help="held-out problems per evaluation")
     p.add_argument("--backend", choices=["local", "ray"], default="local")
     p.add_argument("--work", default="/tmp/gspo-async-bench")
     p.add_argument("--out", default=None, help=OUT_HELP.replace("NAME", "async_staleness[_ray]"))
@@ -113,10 +115,49 @@ def main_(argv: list[str] | None = None) -> None:
                 out = work / f"{a.backend}-{algo}-k{k}-s{seed}"
                 runs.append(run_one(main, sft, out, algo, k, seed, a))
                 print(json.dumps(runs[-1]), flush=True)
-    result = {"machine": platform.processor() or platform.machine(), "args": vars(a), "runs": runs}
+    comparisons = paired(runs, a.n_test)
+    result = {
+        "machine": platform.processor() or platform.machine(),
+        "args": vars(a),
+        "runs": runs,
+        "comparisons": {m: [c.to_json() for c in cs] for m, cs in comparisons.items()},
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2))
     print(table(runs, a.target))
+    for metric, cs in comparisons.items():
+        print(f"\n{metric}, each K against K = 0 of its algorithm, paired by seed:")
+        for c in cs:
+            print("  " + c.line())
+
+
+def paired(runs: list[dict[str, Any]], n_test: int) -> dict[str, list]:
+    """Every (algo, K > 0) against (algo, K = 0), paired by seed (DESIGN.md, "How learning is
+    compared"): the final held-out greedy accuracy and the last-50-step train reward."""
+    from gspo.core.comparison import compare_paired
+
+    def by_seed(algo: str, k: int, value) -> dict[int, float]:
+        return {r["seed"]: value(r) for r in runs if r["algo"] == algo and r["k"] == k}
+
+    metrics = {
+        "final held-out greedy accuracy": (lambda r: r["greedy"][-1][1], n_test),
+        "train reward, last 50 steps": (lambda r: r["reward_last50"], None),
+    }
+    keys = sorted({(r["algo"], r["k"]) for r in runs if r["k"] > 0})
+    shared = {algo: sum(a == algo for a, _ in keys) for algo, _ in keys}
+    return {
+        name: [
+            compare_paired(
+                by_seed(algo, k, value),
+                by_seed(algo, 0, value),
+                names=(f"{algo} K={k}", f"{algo} K=0"),
+                problems=problems,
+                shared_baseline=shared[algo],
+            )
+            for algo, k in keys
+        ]
+        for name, (value, problems) in metrics.items()
+    }
 
 
 def table(runs: list[dict[str, Any]], target: float) -> str:
