@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,27 @@ def plot(runs: dict[str, dict[int, dict[str, Any]]], path: Path, window: int) ->
     plt.close(fig)
 
 
+def combine(args: argparse.Namespace) -> None:
+    """One result from several calls that ran other seeds with the same settings."""
+    saved = [json.loads(Path(f).read_text()) for f in args.combine]
+    keep = ("seeds", "command", "combine", "results", "stem", "work_dir", "threads")
+    settings = [{k: v for k, v in s["args"].items() if k not in keep} for s in saved]
+    if any(x != settings[0] for x in settings):
+        raise SystemExit("moe_stability.py: --combine: the files were run with other settings")
+    runs: dict[str, dict[int, dict[str, Any]]] = {}
+    sft_eval: dict[int, dict[str, float]] = {}
+    for s in saved:
+        for variant, by_seed in s["runs"].items():
+            runs.setdefault(variant, {}).update({int(k): v for k, v in by_seed.items()})
+        sft_eval.update({int(k): v for k, v in s["sft_eval"].items()})
+    merged = argparse.Namespace(**{**saved[0]["args"], "command": args.command})
+    merged.seeds = sorted(sft_eval)
+    merged.stem, merged.results = args.stem, args.results
+    merged.combined_from = [s["command"] for s in saved]
+    results = Path(args.results)
+    finish(merged, runs, sft_eval, sum(s["seconds"] for s in saved), results, final=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -296,8 +318,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", default="experiments/results", help="JSON + PNG go here")
     p.add_argument("--stem", default="moe_stability", help="name of the JSON and PNG files")
     p.add_argument("--replot", metavar="JSON", help="redraw the PNG of a finished run's JSON")
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="JSON",
+        help="merge runs of the same settings made by several calls (other seeds) into "
+        "<results>/<stem>.json and .png",
+    )
     p.add_argument("--quick", action="store_true", help="tiny budget: checks the pipeline only")
     args = p.parse_args(argv)
+    args.command = "python experiments/moe_stability.py " + " ".join(argv or sys.argv[1:])
+    if args.combine:
+        combine(args)
+        return
     if args.replot:
         saved = json.loads(Path(args.replot).read_text())
         png = Path(args.replot).with_suffix(".png")
@@ -338,6 +371,22 @@ def main(argv: list[str] | None = None) -> None:
                 f"  collapsed {r['collapsed']}",
                 flush=True,
             )
+        finish(args, runs, sft_eval, time.perf_counter() - t0, results, final=False)
+    finish(args, runs, sft_eval, time.perf_counter() - t0, results, final=True)
+
+
+def finish(
+    args: argparse.Namespace,
+    runs: dict[str, dict[int, dict[str, Any]]],
+    sft_eval: dict[int, dict[str, float]],
+    elapsed: float,
+    results: Path,
+    *,
+    final: bool,
+) -> None:
+    """Summary, paired comparisons and the JSON over the seeds finished so far (written after
+    every seed, so a stopped run keeps its seeds); the plot and the tables once ``final``."""
+    runs = {v: by_seed for v, by_seed in runs.items() if by_seed}
     summary: dict[str, dict[str, Any]] = {}
     for variant, by_seed in runs.items():
         rs = list(by_seed.values())
@@ -375,10 +424,9 @@ def main(argv: list[str] | None = None) -> None:
         ]
         for metric in COMPARED
     }
-    elapsed = time.perf_counter() - t0
     stem = f"{args.stem}_quick" if args.quick else args.stem
     payload = {
-        "command": "python experiments/moe_stability.py " + " ".join(argv or []),
+        "command": args.command,
         "args": vars(args),
         "seconds": elapsed,
         "definitions": {
@@ -398,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
         "runs": runs,
     }
     (results / f"{stem}.json").write_text(json.dumps(payload, indent=1))
+    if not final:
+        return
     plot(runs, results / f"{stem}.png", args.window)
     print()
     print(
