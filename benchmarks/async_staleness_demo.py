@@ -42,7 +42,8 @@ from typing import Any
 
 from _results import OUT_HELP, dated_result
 
-DEFAULTS = {"lr": None, "cold_start": "demo"}  # of results files written before these flags
+# of results files written before these flags
+DEFAULTS = {"lr": None, "cold_start": "demo", "n_test": 200, "eval_every": None}
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 # The default tiny model after 250 SFT steps, the same on every machine (a fresh SFT's start
@@ -80,8 +81,11 @@ def run_one(sft: Path, out: Path, k: int, seed: int, a: argparse.Namespace) -> d
     args += ["--algo", a.algo, "--steps", str(a.steps), "--max-staleness", str(k)]
     args += ["--threads", "1", "--device", "cpu", "--progress", "false"]
     args += ["--checkpoint-every", "0", "--output-dir", str(out)]
+    args += ["--n-test", str(a.n_test)]
     if a.lr is not None:
         args += ["--lr", str(a.lr)]
+    if a.eval_every is not None:
+        args += ["--eval-every", str(a.eval_every)]
     if a.decoupled and k >= 1:
         args += ["--old-logprobs", "recompute", "--mismatch-correction", "truncate"]
     if a.backend == "ray":
@@ -169,7 +173,7 @@ def reused(a: argparse.Namespace) -> dict[tuple[int, int], dict[str, Any]]:
     found: dict[tuple[int, int], dict[str, Any]] = {}
     for name in a.reuse:
         data = json.loads(Path(name).read_text())
-        keys = ("steps", "algo", "backend", "lr", "cold_start")
+        keys = ("steps", "algo", "backend", "lr", "cold_start", "n_test", "eval_every")
         same = all(data["args"].get(key, DEFAULTS.get(key)) == getattr(a, key) for key in keys)
         decoupled = data["args"].get("decoupled", False)
         for r in data["runs"] if same else []:
@@ -187,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=800, help="RL steps [the demo's 800]")
     p.add_argument("--algo", default="gspo", help="[the demo's gspo]")
     p.add_argument("--lr", type=float, default=None, help="[the demo preset's 1e-4]")
+    p.add_argument("--n-test", type=int, default=800, help="held-out problems [800]")
+    p.add_argument("--eval-every", type=int, default=None, help="[the demo preset's 25]")
     p.add_argument(
         "--cold-start",
         choices=["demo", "stored"],
@@ -234,7 +240,44 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps({n: v for n, v in runs[-1].items() if n != "pass1"}), flush=True)
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps({**result, "runs": runs}, indent=2))
+    comparisons = paired(runs, a.n_test)
+    result["comparisons"] = {m: [c.to_json() for c in cs] for m, cs in comparisons.items()}
+    Path(a.out).write_text(json.dumps({**result, "runs": runs}, indent=2))
     print(table(runs))
+    for metric, cs in comparisons.items():
+        print(f"\n{metric}, each K against K = {min(r['k'] for r in runs)}, paired by seed:")
+        for c in cs:
+            print("  " + c.line())
+
+
+COMPARED = {
+    "greedy_final": "final held-out greedy accuracy",
+    "greedy_mean": "held-out greedy accuracy, mean of the evaluations after step 0",
+    "reward_last50": "train reward, last 50 steps",
+}
+
+
+def paired(runs: list[dict[str, Any]], n_test: int) -> dict[str, list]:
+    """Each K against the lowest (DESIGN.md, "How learning is compared"): paired by seed, the
+    interval, the MDE and a verdict."""
+    sys.path.insert(0, str(SRC))  # the checkout's gspo, as the runs themselves use
+    from gspo.core.comparison import compare_paired
+
+    ks = sorted({r["k"] for r in runs})
+    by_seed = lambda k, key: {r["seed"]: r[key] for r in runs if r["k"] == k}  # noqa: E731
+    return {
+        name: [
+            compare_paired(
+                by_seed(k, key),
+                by_seed(ks[0], key),
+                names=(f"K={k}", f"K={ks[0]}"),
+                problems=None if key == "reward_last50" else n_test,
+                shared_baseline=len(ks) - 1,
+            )
+            for k in ks[1:]
+        ]
+        for key, name in COMPARED.items()
+    }
 
 
 if __name__ == "__main__":
