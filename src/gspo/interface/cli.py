@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -240,22 +241,28 @@ def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) 
     return str(requested.get("output_dir", cls.output_dir))
 
 
-def _train(args: argparse.Namespace) -> int:
-    overrides = _overrides(args, TrainConfig)
-    # Before torch loads: one run per folder (refuse, or move the earlier run aside).
-    claim_output_dir(
-        _output_dir(args, overrides, TrainConfig),
-        "train",
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
-    if args.resume:  # the run's saved config, with the safe changes the flags ask for
-        requested = requested_values(args.preset, args.config, overrides)
-        out_dir = requested.get("output_dir", TrainConfig.output_dir)
-        cfg = resume_config(out_dir, requested)
+def _run_config(args: argparse.Namespace, cls: type, resumed: Callable[..., Any]) -> Any:
+    """The config of a ``gspo train`` or ``gspo sft`` run (``cls``), its output folder claimed
+    before torch loads (one run per folder: refuse, or move the earlier run aside). A resume
+    is ``resumed(output_dir, overrides)``: the run's saved config with the safe changes asked
+    for (``overrides``: the flags')."""
+    overrides = _overrides(args, cls)
+    out = _output_dir(args, overrides, cls)
+    claim_output_dir(out, args.command, resume=args.resume, overwrite=args.overwrite)
+    if args.resume:
+        cfg = resumed(out, overrides)
     else:
-        cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
+        cfg = build(cls, preset=args.preset, file=args.config, overrides=overrides)
     quiet_transformers()
+    return cfg
+
+
+def _train(args: argparse.Namespace) -> int:
+    def resumed(out: str, overrides: dict[str, Any]) -> TrainConfig:
+        # What the preset and config file say counts as asked for too.
+        return resume_config(out, requested_values(args.preset, args.config, overrides))
+
+    cfg = _run_config(args, TrainConfig, resumed)
     # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.train import train
     from gspo.interface.report import curve_table, plot_run  # as train, only for a run
@@ -289,14 +296,7 @@ def eval_label(history: list[dict[str, Any]], stopped: bool) -> str:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    overrides = _overrides(args, SFTConfig)
-    out = _output_dir(args, overrides, SFTConfig)
-    claim_output_dir(out, "sft", resume=args.resume, overwrite=args.overwrite)
-    if args.resume:  # the saved config, with the changes sft_resume_config allows
-        cfg = sft_resume_config(out, overrides)
-    else:
-        cfg = build(SFTConfig, preset=args.preset, file=args.config, overrides=overrides)
-    quiet_transformers()
+    cfg = _run_config(args, SFTConfig, sft_resume_config)
     # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.sft import run_sft
 
