@@ -116,32 +116,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gspo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p_train = sub.add_parser(
-        "train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)", epilog=TRAIN_EVAL_DEFAULTS
-    )
-    _add_config_flags(p_train, TrainConfig)
-
-    p_train.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --output-dir from its latest checkpoint, with the config saved "
+    p_train = _add_run_parser(
+        sub,
+        "train",
+        TrainConfig,
+        "run RL (GRPO, GSPO, GSPO-token, LUSPO)",
+        "continue the run in --output-dir from its latest checkpoint, with the config saved "
         f"there; other flags may change only {RESUME_FIELDS}. Ctrl-C (or SIGTERM) stops a run "
         "after the current step with a checkpoint and prints this command",
     )
-    p_train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
-
-    p_sft = sub.add_parser(
-        "sft", help="supervised cold start on a task's demonstrations", epilog=TRAIN_EVAL_DEFAULTS
-    )
-    _add_config_flags(p_sft, SFTConfig)
-    p_sft.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the unfinished SFT in --output-dir from its latest checkpoint, with the "
+    _add_run_parser(
+        sub,
+        "sft",
+        SFTConfig,
+        "supervised cold start on a task's demonstrations",
+        "continue the unfinished SFT in --output-dir from its latest checkpoint, with the "
         "config saved there (flags may change only steps, checkpoint_every, progress, threads)",
     )
-    p_sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p_demo = sub.add_parser(
         "demo", help="cold-start SFT then RL on 2-digit addition, with a summary and a plot"
@@ -255,6 +247,17 @@ def _run_config(args: argparse.Namespace, cls: type, resumed: Callable[..., Any]
         cfg = build(cls, preset=args.preset, file=args.config, overrides=overrides)
     quiet_transformers()
     return cfg
+
+
+def _add_run_parser(
+    sub: Any, name: str, cls: type, summary: str, resume_help: str
+) -> argparse.ArgumentParser:
+    """``gspo train`` or ``gspo sft``: the flags of its config ``cls``, --resume, --overwrite."""
+    p = sub.add_parser(name, help=summary, epilog=TRAIN_EVAL_DEFAULTS)
+    _add_config_flags(p, cls)
+    p.add_argument("--resume", action="store_true", help=resume_help)
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    return p
 
 
 def _train(args: argparse.Namespace) -> int:
