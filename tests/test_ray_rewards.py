@@ -13,7 +13,7 @@ import pytest
 
 from gspo.config import ConfigError, TrainConfig, build
 from gspo.config.combinations import split
-from gspo.envs.rewards import code_reward, score
+from gspo.envs.rewards import code_reward, score, zero_failed
 from gspo.orchestration.ray_rewards import RayScorer, chunk_bounds, use_ray_tasks
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
@@ -69,7 +69,7 @@ def test_ray_rewards_equal_driver_rewards_with_errors_and_timeouts(ray_session):
     # LOOP at its own 0.5 s limit, which must score 0 (wrong), not a timeout error.
     local, local_errors = score(reward, completions, examples, timeout_s=8.0, workers=2)
     scorer = RayScorer(ray_session, 3, (reward,))
-    remote, remote_errors = scorer(reward, completions, examples, timeout_s=8.0)
+    remote, remote_errors = zero_failed(scorer.each(reward, completions, examples, timeout_s=8.0))
     print(f"driver {local} ({local_errors} errors); ray tasks {remote} ({remote_errors})")
     assert local[:4] == [1.0] * 4  # the reference solutions pass: the sandbox ran
     assert local_errors == 3  # raise, NaN, timeout
@@ -83,7 +83,7 @@ def test_a_dead_reward_task_counts_its_chunk_as_errors(ray_session):
         return float(len(completion))
 
     scorer = RayScorer(ray_session, 2)
-    rewards, errors = scorer(reward, ["a", "bb", "ccc", "DIE"], [None] * 4)
+    rewards, errors = zero_failed(scorer.each(reward, ["a", "bb", "ccc", "DIE"], [None] * 4))
     assert rewards == [1.0, 2.0, 0.0, 0.0] and errors == 2  # chunk 2 of 2 died
 
 

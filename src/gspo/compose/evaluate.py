@@ -20,7 +20,6 @@ from gspo.envs.base import Environment, env_factory, env_for
 from gspo.envs.driver import Limits
 from gspo.envs.episodes import episode_limits
 from gspo.envs.rewards import get_reward, uses_sandbox
-from gspo.envs.tasks import make_task
 from gspo.envs.tasks.base import Example, RewardFn, Task
 from gspo.envs.tasks.files import load_examples
 from gspo.models.policy import build_prompt_format, resolve_device, set_threads
@@ -28,7 +27,7 @@ from gspo.orchestration import evaluation
 from gspo.rollout.engines import build_engine, check_engine_available, close_engine
 
 from .given import score_given
-from .parts import build_policy_for
+from .parts import build_policy_for, builder_task
 from .prompts import eval_prompt_rules
 
 
@@ -54,19 +53,7 @@ def _problems(cfg: EvalConfig) -> tuple[list[Example], RewardFn, str, Task | Non
         )
         where = f"file {cfg.data} (reward {cfg.reward})"
     else:
-        task = make_task(
-            cfg.task,
-            n_train=0,
-            n_test=cfg.n_test,
-            seed=cfg.seed,
-            difficulty=cfg.difficulty,
-            # for a user's builder that reads its own files (gspo.envs.tasks.base.call_builder)
-            train_file=cfg.train_file,
-            test_file=cfg.test_file,
-            prompt_key=cfg.prompt_key,
-            answer_key=cfg.answer_key,
-            answer_format=cfg.answer_format,
-        )
+        task = builder_task(dataclasses.replace(TaskOptions.of(cfg), n_train=0), cfg.seed)
         about = task.description or task.name  # a builder's Task may have no description
         examples, reward, where = task.test, task.reward, f"task {about}, test split"
     if cfg.limit > 0:

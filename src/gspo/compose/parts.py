@@ -64,9 +64,14 @@ def build_task(cfg: TrainConfig | SFTConfig) -> Task:
 def _build_task(opts: TaskOptions, reward: str | None, seed: int, demo_key: str | None) -> Task:
     if opts.task == "file":
         return options_file_task(opts, reward, demo_key)
+    return builder_task(opts, seed)
 
-    # A user's builder (module:builder, or one a plugin registers) also gets the file
-    # arguments its signature names: it may read the run's data files itself.
+
+def builder_task(opts: TaskOptions, seed: int) -> Task:
+    """The task ``opts.task`` made by its builder (a training run's, or ``gspo eval``'s and
+    ``gspo sft``'s held-out one with ``n_train=0``). A user's builder (module:builder, or one a
+    plugin registers) also gets the file arguments its signature names: it may read the run's
+    data files itself (``gspo.envs.tasks.base.call_builder``)."""
     return make_task(
         opts.task,
         n_train=opts.n_train,

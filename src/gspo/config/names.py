@@ -255,6 +255,16 @@ def is_environment_task(task: Any) -> bool:
     return task in environment_tasks() or (prefix is not None and INTEGRATIONS[prefix][2])
 
 
+def format_bonus_refusal(name: str, weight: float) -> str:
+    """The message refusing a format bonus for the environment ``name``, which scores itself:
+    said by the config's check and, for an environment given at run time, by the episodes."""
+    return (
+        f"format_reward_weight={weight} applies to tasks scored by a reward function; task "
+        f"{name!r} has its own environment, which gives its episodes' rewards (set "
+        "format_reward_weight to 0)"
+    )
+
+
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:
     """`` — did you mean 'x'?`` for the closest of ``choices`` to ``value``, or ''."""
     if not isinstance(value, str):

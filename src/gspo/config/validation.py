@@ -18,6 +18,7 @@ from .fields import DTYPES, ConfigError
 from .names import (
     ANSWER_FORMATS,
     CHAT_MODES,
+    format_bonus_refusal,
     integration_of,
     integration_problem,
     is_environment_task,
@@ -98,15 +99,6 @@ def train_problems(cfg: TrainConfig) -> list[str]:
         )
     problems += [p for p in split(cfg).problems() if p not in problems]
     return problems
-
-
-def format_bonus_refusal(name: str, weight: float) -> str:
-    """As ``gspo.envs.base.format_bonus_refusal`` says it at run time (a test keeps them equal)."""
-    return (
-        f"format_reward_weight={weight} applies to tasks scored by a reward function; task "
-        f"{name!r} has its own environment, which gives its episodes' rewards (set "
-        "format_reward_weight to 0)"
-    )
 
 
 def _validate_file_task(cfg: Config, need: Any) -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from gspo.config.names import integration_of
+from gspo.config.names import format_bonus_refusal, integration_of
 from gspo.config.plugins import resolve
 from gspo.core.metrics import CORRECT
 from gspo.envs.rewards import score_each
@@ -233,15 +233,6 @@ def format_bonus_problem(task: str, weight: float) -> str | None:
     environment is scored by that environment alone, so a format bonus would be ignored."""
     return (
         format_bonus_refusal(task, weight) if weight and registered_env(task) is not None else None
-    )
-
-
-def format_bonus_refusal(name: str, weight: float) -> str:
-    """The message refusing a format bonus for the environment ``name``, which scores itself."""
-    return (
-        f"format_reward_weight={weight} applies to tasks scored by a reward function; task "
-        f"{name!r} has its own environment, which gives its episodes' rewards (set "
-        "format_reward_weight to 0)"
     )
 
 

@@ -224,7 +224,14 @@ def score(
     worth it for rewards that wait on a process, such as the code sandbox
     (:func:`reward_workers` picks a count), not for pure-Python ones (the GIL).
     """
-    values = score_each(reward_fn, completions, examples, timeout_s=timeout_s, workers=workers)
+    return zero_failed(
+        score_each(reward_fn, completions, examples, timeout_s=timeout_s, workers=workers)
+    )
+
+
+def zero_failed(values: Sequence[float | None]) -> tuple[list[float], int]:
+    """:func:`score_each`'s rewards as :func:`score` returns them: (0.0 for each failed one,
+    the number failed)."""
     n_errors = sum(value is None for value in values)
     return [0.0 if value is None else value for value in values], n_errors
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -115,32 +116,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gspo {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p_train = sub.add_parser(
-        "train", help="run RL (GRPO, GSPO, GSPO-token, LUSPO)", epilog=TRAIN_EVAL_DEFAULTS
-    )
-    _add_config_flags(p_train, TrainConfig)
-
-    p_train.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the run in --output-dir from its latest checkpoint, with the config saved "
+    p_train = _add_run_parser(
+        sub,
+        "train",
+        TrainConfig,
+        "run RL (GRPO, GSPO, GSPO-token, LUSPO)",
+        "continue the run in --output-dir from its latest checkpoint, with the config saved "
         f"there; other flags may change only {RESUME_FIELDS}. Ctrl-C (or SIGTERM) stops a run "
         "after the current step with a checkpoint and prints this command",
     )
-    p_train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     p_train.add_argument("--algo-help", action="store_true", help=argparse.SUPPRESS)
-
-    p_sft = sub.add_parser(
-        "sft", help="supervised cold start on a task's demonstrations", epilog=TRAIN_EVAL_DEFAULTS
-    )
-    _add_config_flags(p_sft, SFTConfig)
-    p_sft.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue the unfinished SFT in --output-dir from its latest checkpoint, with the "
+    _add_run_parser(
+        sub,
+        "sft",
+        SFTConfig,
+        "supervised cold start on a task's demonstrations",
+        "continue the unfinished SFT in --output-dir from its latest checkpoint, with the "
         "config saved there (flags may change only steps, checkpoint_every, progress, threads)",
     )
-    p_sft.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
 
     p_demo = sub.add_parser(
         "demo", help="cold-start SFT then RL on 2-digit addition, with a summary and a plot"
@@ -240,22 +233,39 @@ def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) 
     return str(requested.get("output_dir", cls.output_dir))
 
 
-def _train(args: argparse.Namespace) -> int:
-    overrides = _overrides(args, TrainConfig)
-    # Before torch loads: one run per folder (refuse, or move the earlier run aside).
-    claim_output_dir(
-        _output_dir(args, overrides, TrainConfig),
-        "train",
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
-    if args.resume:  # the run's saved config, with the safe changes the flags ask for
-        requested = requested_values(args.preset, args.config, overrides)
-        out_dir = requested.get("output_dir", TrainConfig.output_dir)
-        cfg = resume_config(out_dir, requested)
+def _run_config(args: argparse.Namespace, cls: type, resumed: Callable[..., Any]) -> Any:
+    """The config of a ``gspo train`` or ``gspo sft`` run (``cls``), its output folder claimed
+    before torch loads (one run per folder: refuse, or move the earlier run aside). A resume
+    is ``resumed(output_dir, overrides)``: the run's saved config with the safe changes asked
+    for (``overrides``: the flags')."""
+    overrides = _overrides(args, cls)
+    out = _output_dir(args, overrides, cls)
+    claim_output_dir(out, args.command, resume=args.resume, overwrite=args.overwrite)
+    if args.resume:
+        cfg = resumed(out, overrides)
     else:
-        cfg = build(TrainConfig, preset=args.preset, file=args.config, overrides=overrides)
+        cfg = build(cls, preset=args.preset, file=args.config, overrides=overrides)
     quiet_transformers()
+    return cfg
+
+
+def _add_run_parser(
+    sub: Any, name: str, cls: type, summary: str, resume_help: str
+) -> argparse.ArgumentParser:
+    """``gspo train`` or ``gspo sft``: the flags of its config ``cls``, --resume, --overwrite."""
+    p = sub.add_parser(name, help=summary, epilog=TRAIN_EVAL_DEFAULTS)
+    _add_config_flags(p, cls)
+    p.add_argument("--resume", action="store_true", help=resume_help)
+    p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    return p
+
+
+def _train(args: argparse.Namespace) -> int:
+    def resumed(out: str, overrides: dict[str, Any]) -> TrainConfig:
+        # What the preset and config file say counts as asked for too.
+        return resume_config(out, requested_values(args.preset, args.config, overrides))
+
+    cfg = _run_config(args, TrainConfig, resumed)
     # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.train import train
     from gspo.interface.report import curve_table, plot_run  # as train, only for a run
@@ -289,14 +299,7 @@ def eval_label(history: list[dict[str, Any]], stopped: bool) -> str:
 
 
 def _sft(args: argparse.Namespace) -> int:
-    overrides = _overrides(args, SFTConfig)
-    out = _output_dir(args, overrides, SFTConfig)
-    claim_output_dir(out, "sft", resume=args.resume, overwrite=args.overwrite)
-    if args.resume:  # the saved config, with the changes sft_resume_config allows
-        cfg = sft_resume_config(out, overrides)
-    else:
-        cfg = build(SFTConfig, preset=args.preset, file=args.config, overrides=overrides)
-    quiet_transformers()
+    cfg = _run_config(args, SFTConfig, sft_resume_config)
     # Loads torch: the CLI stays torch-free until a run starts.
     from gspo.compose.sft import run_sft
 

@@ -39,6 +39,8 @@ loss in :mod:`gspo.models.moe_metrics`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -94,24 +96,7 @@ engine = R3 (the rollout engine's own routing during generation)."""
 
 
 def build_tiny_moe_model(
-    vocab_size: int,
-    *,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    num_experts: int = 8,
-    top_k: int = 2,
-    moe_intermediate_size: int | None = None,
-    shared_expert: bool = False,
-    intermediate_size: int | None = None,
-    norm_topk_prob: bool = True,
-    max_position_embeddings: int = 256,
-    seed: int = 0,
-    pad_token_id: int = 0,
-    bos_token_id: int = 1,
-    eos_token_id: int = 2,
-    attn_implementation: str = "sdpa",
+    vocab_size: int, *, num_experts: int = 8, top_k: int = 2, **kw: Any
 ) -> nn.Module:
     """A small random-init MoE causal LM (every layer MoE) with tied embeddings, float32 on CPU.
 
@@ -123,29 +108,14 @@ def build_tiny_moe_model(
     Qwen3-MoE checkpoints do; the replay gate g_i = I_i exp(s_i) / Σ_j I_j exp(s_j) of papers.md
     §3.4 is exactly that.
 
+    The other arguments (``hidden_size``, ``seed``, ``moe_intermediate_size``,
+    ``shared_expert``, ``norm_topk_prob``, ...) and their defaults are
+    :func:`~gspo.models.tiny_model.build_tiny_model`'s: this is that builder with experts.
     Weights depend only on the arguments (``seed`` included); the global RNG is left untouched.
     """
     if num_experts < 1:  # 0 would build the dense model
         raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k}, {num_experts}")
-    return build_tiny_model(
-        vocab_size,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        seed=seed,
-        pad_token_id=pad_token_id,
-        bos_token_id=bos_token_id,
-        eos_token_id=eos_token_id,
-        attn_implementation=attn_implementation,
-        num_experts=num_experts,
-        top_k=top_k,
-        moe_intermediate_size=moe_intermediate_size,
-        shared_expert=shared_expert,
-        norm_topk_prob=norm_topk_prob,
-    )
+    return build_tiny_model(vocab_size, num_experts=num_experts, top_k=top_k, **kw)
 
 
 def fit_experts_kernel(model: nn.Module) -> nn.Module:

@@ -4,6 +4,8 @@ built from a config in memory: nothing is downloaded.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM
 
@@ -47,7 +49,7 @@ def build_tiny_model(
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads {num_heads} not divisible by num_kv_heads {num_kv_heads}")
     if intermediate_size is None:  # (MoE models: the dense-MLP width, unused)
-        intermediate_size = max(8, round(8 * hidden_size / 3 / 8) * 8)
+        intermediate_size = swiglu_width(hidden_size)
     common: dict = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -90,8 +92,39 @@ def build_tiny_model(
             from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
             config, cls = Qwen3MoeConfig(**common, head_dim=head_dim), Qwen3MoeForCausalLM
-    # fork_rng restores the CPU RNG state on exit, so building a model has no side effect on
-    # whatever sampling or shuffling the caller seeded.
+    return seeded_model(cls, config, seed)
+
+
+def swiglu_width(hidden_size: int) -> int:
+    """The MLP width of the tiny models: 8/3 x hidden rounded to a multiple of 8 (SwiGLU)."""
+    return max(8, round(8 * hidden_size / 3 / 8) * 8)
+
+
+def tiny_text_config(
+    vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int, **own
+) -> dict:
+    """The text model's config of the tiny image-text models (``tiny-vl``, ``tiny-qwen-vl``):
+    the char tokenizer's ids, tied embeddings, 512 positions; ``own``: the model's own keys."""
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=swiglu_width(hidden_size),
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=512,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        tie_word_embeddings=True,
+        **own,
+    )
+
+
+def seeded_model(cls: Any, config: Any, seed: int) -> Any:
+    """``cls(config)`` in eval mode, its random init drawn from ``seed``. fork_rng restores the
+    CPU RNG state on exit, so building a model has no side effect on whatever sampling or
+    shuffling the caller seeded."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)

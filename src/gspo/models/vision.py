@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from ..core.images import IMAGE_PLACEHOLDER, load_image
-from .char_tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
+from .char_tokenizer import PAD_ID, build_char_tokenizer
+from .tiny_model import seeded_model, tiny_text_config
 from .vision_qwen import QwenPixelInputs, QwenVLProcessor, uses_mrope
 
 __all__ = [
@@ -76,19 +77,8 @@ def build_tiny_vl(
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": list(_VL_SPECIAL)})
     tok.chat_template = TINY_VL_CHAT_TEMPLATE
-    text = dict(
-        model_type="llama",
-        vocab_size=len(tok),
-        hidden_size=hidden_size,
-        intermediate_size=max(8, round(8 * hidden_size / 3 / 8) * 8),
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=512,
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        tie_word_embeddings=True,
+    text = tiny_text_config(
+        len(tok), hidden_size, num_layers, num_heads, num_kv_heads, model_type="llama"
     )
     vision = dict(
         hidden_size=vision_hidden,
@@ -108,11 +98,7 @@ def build_tiny_vl(
     )
     # sdpa, as the tiny text models: engine and one-pass scoring agree in float64.
     config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config)
-    model.eval()
-    return model, tok
+    return seeded_model(Idefics3ForConditionalGeneration, config, seed), tok
 
 
 def processor_for(model: Any, tokenizer: Any, path: str | Path | None = None):

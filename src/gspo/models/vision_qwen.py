@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from .char_tokenizer import BOS_ID, EOS_ID, PAD_ID, build_char_tokenizer
+from .char_tokenizer import PAD_ID, build_char_tokenizer
+from .tiny_model import seeded_model, tiny_text_config
 
 __all__ = [
     "MROPE_TYPES",
@@ -93,19 +94,9 @@ def build_tiny_qwen_vl(
     t_part = half // 4 or 1
     h_part = (half - t_part) // 2
     section = [t_part, h_part, half - t_part - h_part]
-    text = dict(
-        vocab_size=len(tok),
-        hidden_size=hidden_size,
-        intermediate_size=max(8, round(8 * hidden_size / 3 / 8) * 8),
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        tie_word_embeddings=True,
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section}
+    text = tiny_text_config(
+        len(tok), hidden_size, num_layers, num_heads, num_kv_heads, rope_parameters=rope
     )
     vision = dict(
         depth=1,
@@ -131,11 +122,7 @@ def build_tiny_qwen_vl(
     )
     # sdpa, as the tiny text models: engine and one-pass scoring agree in float64.
     config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    model.eval()
-    return model, tok
+    return seeded_model(Qwen2_5_VLForConditionalGeneration, config, seed), tok
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import time
 
-from ..core.seeding import prompt_indices, step_generator
+from ..core.seeding import step_generator
 from ..rollout.batch import RolloutBatch
-from ..rollout.partial import sample_versions
 from .async_buffer import Group
 from .async_rollout import Produced, WeightSync
-from .async_source import Place, kept_rows, mask_older_tokens
+from .async_source import Place, StepProducer
 from .state import Parts
 
 
@@ -65,20 +64,15 @@ def turn_boundary(weights: WeightSync, mode: str, rounds: list[int], counts: dic
     rounds[0] += 1
 
 
-class EpisodeProducer:
+class EpisodeProducer(StepProducer):
     """Multi-turn episodes: the step's problems, ``group_size`` episodes each, run whole by the
-    environment driver with the place's round hook (``Place.round_hook``); ``parts``: the
-    producer's view of the run (its ``engine`` is the place's)."""
-
-    def __init__(self, parts: Parts) -> None:
-        self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.asynchronous.async_partial
+    environment driver with the place's round hook (``Place.round_hook``)."""
 
     def produce(self, step: int, weights: WeightSync, place: Place) -> Produced:
         """Run and score the episodes of ``step`` (on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
-        examples = [parts.train_set[i] for i in idx]
+        _, examples = self.step_problems(step)
         counts = {"async/turn_boundary_syncs": 0.0, "async/mid_turn_syncs": 0.0}
         counts["async/restarts"] = 0.0
         engine, device = place.engine, place.device
@@ -94,28 +88,20 @@ class EpisodeProducer:
             except Restart:  # every episode of the step again, under the newest weights
                 weights.sync()
                 counts["async/restarts"] += 1
-        rollout = got.rollout
-        if self.mode == "mask":
-            rollout = mask_older_tokens(rollout)
-        oldest, newest = sample_versions(rollout)  # [N], [N]
+        rollout, oldest, lo, hi = self.versions(got.rollout)
         rollout.extras["policy_version"] = oldest  # [N] the version that sets its staleness
         got.rollout = rollout
         payload = got.to(parts.device)
         # The step's episode/* metrics, then the producer's weight loads (async/*): the
         # trainer logs them on either side of the buffer's async/* metrics.
         payload.metrics = {**parts.episodes.report(got.trajectories), **counts}
-        size = cfg.rollout.group_size
-        lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, payload, time.perf_counter() - t0)
 
     def batch(
         self, groups: list[Group], async_metrics: dict[str, float], parts: Parts
     ) -> RolloutBatch:
         """The episodes of the admitted groups with their advantages."""
-        batch: RolloutBatch = groups[0].payload
-        # Some dropped: keep the admitted groups.
-        if len(groups) < self.cfg.rollout.prompts_per_step:
-            batch = batch.select(kept_rows(groups, self.cfg.rollout.group_size))
+        batch = self.admitted(groups)
         made = batch.metrics
         episodes = {k: v for k, v in made.items() if not k.startswith("async/")}
         counts = {k: v for k, v in made.items() if k.startswith("async/")}

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from gspo.config.combinations import Options
 
-from ..models.policy import DTYPES
 from ..rollout.base import PartialGeneration, Rollout, SamplingParams
-from ..rollout.engines import build_engine, close_engine
+from ..rollout.engines import close_engine, policy_engine
 from ..rollout.partial import partial_generation
 from ..rollout.torch_engine import TorchEngine
 from .async_episodes import EpisodeProducer, Restart, turn_boundary
@@ -148,17 +146,7 @@ def driver_engine(cfg: Options, model: torch.nn.Module, tokenizer: Any) -> Any:
     ``push_weights`` refreshes every step): the loop's engine when the rollout thread has the
     run's (Ray workers, a local vLLM engine), so an evaluation never waits for the thread nor
     sees its (older) weights."""
-    return build_engine(
-        replace(cfg.engine, rollout_engine="torch"),
-        model,
-        tokenizer,
-        seed=cfg.run.seed,
-        logprobs=True,
-        pad_id=tokenizer.pad_token_id,
-        eos_id=tokenizer.eos_token_id,
-        dtype=DTYPES[cfg.engine.engine_dtype] if cfg.engine.engine_dtype else None,
-        share_weights=cfg.engine.engine_dtype is None,
-    )
+    return policy_engine(cfg, model, tokenizer, rollout_engine="torch")
 
 
 def local_source(parts: Parts, model: torch.nn.Module) -> AsyncSource:

@@ -113,21 +113,47 @@ def kept_rows(groups: list[Group], size: int) -> torch.Tensor:
     return (slots[:, None] * size + torch.arange(size)).reshape(-1)  # [n * G]
 
 
-class GroupProducer:
-    """One-turn groups: the step's prompts, ``group_size`` completions each, scored by the
-    task's environment as in :func:`.steps.collect`. ``parts``: the producer's view of the run
-    (its ``engine`` is the place's)."""
+class StepProducer:
+    """What both producers do around their rollout: the step's problems, the versions of the
+    rows made (``async_partial='mask'`` applied first), and the admitted groups' rows.
+    ``parts``: the producer's view of the run (its ``engine`` is the place's)."""
 
     def __init__(self, parts: Parts) -> None:
         self.cfg, self.parts, self.mode = parts.cfg, parts, parts.cfg.asynchronous.async_partial
+
+    def step_problems(self, step: int) -> tuple[list[int], list[Any]]:
+        """The indices of ``step``'s prompts in the training set, and their examples."""
+        cfg, train_set = self.cfg, self.parts.train_set
+        idx = prompt_indices(len(train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
+        return idx, [train_set[i] for i in idx]
+
+    def versions(self, rollout: Rollout) -> tuple[Rollout, torch.Tensor, list, list]:
+        """The rollout (older tokens masked in 'mask' mode), each row's oldest version [N] and
+        the oldest and newest versions per group (lists [groups][group_size])."""
+        if self.mode == "mask":
+            rollout = mask_older_tokens(rollout)
+        oldest, newest = sample_versions(rollout)  # [N], [N]
+        size = self.cfg.rollout.group_size
+        return rollout, oldest, oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
+
+    def admitted(self, groups: list[Group]) -> RolloutBatch:
+        """The batch of the admitted groups: all the step's rows unless the buffer dropped some."""
+        batch: RolloutBatch = groups[0].payload
+        if len(groups) < self.cfg.rollout.prompts_per_step:
+            batch = batch.select(kept_rows(groups, self.cfg.rollout.group_size))
+        return batch
+
+
+class GroupProducer(StepProducer):
+    """One-turn groups: the step's prompts, ``group_size`` completions each, scored by the
+    task's environment as in :func:`.steps.collect`."""
 
     def produce(self, step: int, weights: WeightSync, place: Place) -> Produced:
         """Generate and score the batch of ``step`` (runs on the rollout thread)."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        idx = prompt_indices(len(parts.train_set), step, cfg.rollout.prompts_per_step, cfg.run.seed)
+        idx, examples = self.step_problems(step)
         prompts = [parts.prompt_cache[i] for i in idx]
-        examples = [parts.train_set[i] for i in idx]
         # Image prompts: their pixel inputs, once per prompt, ride on the rollout through the
         # buffer to the update (as the synchronous round's do).
         pixels = None
@@ -140,18 +166,12 @@ class GroupProducer:
         rollout = place.one_turn(
             prompts, cfg.rollout.group_size, parts.params, generator, weights, self.mode, pixels
         )
-        if self.mode == "mask":
-            rollout = mask_older_tokens(rollout)
-        oldest, newest = sample_versions(rollout)  # [N], [N]
+        rollout, _, lo, hi = self.versions(rollout)
         sampled = score_round(parts, rollout.to(parts.device), examples)
-        size = cfg.rollout.group_size
-        lo, hi = oldest.view(-1, size).tolist(), newest.view(-1, size).tolist()
         return Produced(lo, hi, sampled, time.perf_counter() - t0)
 
     def batch(self, groups: list[Group], metrics: dict[str, float], parts: Parts) -> RolloutBatch:
-        batch: RolloutBatch = groups[0].payload
-        if len(groups) < self.cfg.rollout.prompts_per_step:  # some dropped: keep the admitted rows
-            batch = batch.select(kept_rows(groups, self.cfg.rollout.group_size))
+        batch = self.admitted(groups)
         reward_metrics: dict[str, float] = {}
         if batch.task_rewards is not None:
             reward_metrics["reward/task"] = float(batch.task_rewards.float().mean())

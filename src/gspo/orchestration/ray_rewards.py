@@ -54,7 +54,7 @@ def _score_chunk(
 
 
 class RayScorer:
-    """:func:`gspo.envs.rewards.score`'s signature, scored in ``tasks`` Ray tasks at once."""
+    """:func:`gspo.envs.rewards.score_each` in ``tasks`` Ray tasks at once (:meth:`each`)."""
 
     def __init__(self, ray: Any, tasks: int, reward_fns: Sequence[Any] = ()):
         if tasks < 1:
@@ -83,20 +83,6 @@ class RayScorer:
             self._refs[key] = (reward_fn, ref)
         return self._refs[key][1]
 
-    def __call__(
-        self,
-        reward_fn: Any,
-        completions: Sequence[str],
-        examples: Sequence[Any],
-        *,
-        timeout_s: float | None = None,
-        workers: int = 1,
-    ) -> tuple[list[float], int]:
-        """(rewards, n_errors) as :func:`~gspo.envs.rewards.score`; ``workers`` is unused (the
-        number of tasks is fixed when the scorer is built)."""
-        values = self.each(reward_fn, completions, examples, timeout_s=timeout_s)
-        return [0.0 if v is None else v for v in values], sum(v is None for v in values)
-
     def each(
         self,
         reward_fn: Any,
@@ -107,7 +93,8 @@ class RayScorer:
         workers: int = 1,
     ) -> list[float | None]:
         """The rewards one by one as :func:`~gspo.envs.rewards.score_each` (None: failed), the
-        signature a :class:`~gspo.envs.base.SingleTurnEnv` scores a round with."""
+        signature a :class:`~gspo.envs.base.SingleTurnEnv` scores a round with; ``workers`` is
+        unused (the number of tasks is fixed when the scorer is built)."""
         if len(completions) != len(examples):
             raise ValueError(
                 f"{len(completions)} completions but {len(examples)} examples; they must pair up"

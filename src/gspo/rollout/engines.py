@@ -9,7 +9,7 @@ The engine's options are plain data (``gspo.config.options.EngineOptions``, cut 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -148,20 +148,24 @@ def build_engine(
     )
 
 
-def policy_engine(cfg: Options, model: Any, tokenizer: Any):
+def policy_engine(cfg: Options, model: Any, tokenizer: Any, rollout_engine: str | None = None):
     """A training run's engine on its policy ``model`` (log-probs on; vLLM sleeps through updates
     when colocated): pad and eos from the tokenizer; the torch engine shares the policy's
-    weights, or keeps its own copy in ``engine_dtype``."""
-    dtype = cfg.engine.engine_dtype
+    weights, or keeps its own copy in ``engine_dtype``. ``rollout_engine`` names another engine
+    than the configured one (the async driver's torch engine), with the same options."""
+    engine = cfg.engine
+    if rollout_engine is not None:
+        engine = replace(engine, rollout_engine=rollout_engine)
+    dtype = engine.engine_dtype
     return build_engine(
-        cfg.engine,
+        engine,
         model,
         tokenizer,
         seed=cfg.run.seed,
         logprobs=True,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
-        sleep_mode=colocated_sleep(cfg),
+        sleep_mode=engine is cfg.engine and colocated_sleep(cfg),
         dtype=DTYPES[dtype] if dtype else None,
         share_weights=dtype is None,
     )

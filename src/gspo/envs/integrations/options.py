@@ -1,9 +1,20 @@
-"""The options an integration's task name carries: ``PREFIX:NAME,key=value,...``."""
+"""The options an integration's task name carries: ``PREFIX:NAME,key=value,...``, and the
+import of the integration's optional package."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 from typing import Any
+
+
+def import_extra(module: str, prefix: str, package: str, install: str) -> Any:
+    """The integration's package ``module``, imported when a task first needs it (an optional
+    extra); if it is missing, an ImportError saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"--task {prefix}:... needs {package}: {install}") from None
 
 
 def _split_options(text: str) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.synthetic import INTEGRATION_TASKS
 
-from .options import parse_name
+from .options import import_extra, parse_name
 
 PREFIX = "reasoning_gym"
 INSTALL = "pip install 'gspo[reasoning-gym]'"
@@ -30,11 +30,7 @@ TEST_SEED_OFFSET = 1_000_003
 
 
 def _reasoning_gym() -> Any:
-    try:
-        import reasoning_gym
-    except ImportError:
-        raise ImportError(f"--task {PREFIX}:... needs reasoning-gym: {INSTALL}") from None
-    return reasoning_gym
+    return import_extra("reasoning_gym", PREFIX, "reasoning-gym", INSTALL)
 
 
 def _config(name: str, options: dict[str, Any], difficulty: int | None) -> dict[str, Any]:

@@ -30,6 +30,8 @@ from gspo.envs.base import INTEGRATION_ENVS, Opening, Step
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.synthetic import INTEGRATION_TASKS
 
+from .options import import_extra
+
 PREFIX = "textarena"
 INSTALL = "pip install 'gspo[textarena]'"
 WIN = 1.0
@@ -39,11 +41,7 @@ TEST_SEEDS = 500_000
 
 
 def _textarena() -> Any:
-    try:
-        import textarena
-    except ImportError:
-        raise ImportError(f"--task {PREFIX}:... needs TextArena: {INSTALL}") from None
-    return textarena
+    return import_extra("textarena", PREFIX, "TextArena", INSTALL)
 
 
 def raw_id(env_id: str) -> str:

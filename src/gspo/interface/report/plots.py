@@ -24,6 +24,16 @@ def _pyplot():
     return plt
 
 
+def _save(plt: Any, fig: Any, path: str | Path, dpi: int) -> Path:
+    """Lay out, write (making its folder) and close the figure."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def plot_run(history: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """PNG with reward, held-out accuracy and response length against step."""
     plt = _pyplot()
@@ -57,12 +67,7 @@ def plot_run(history: list[dict[str, Any]], path: str | Path, title: str = "") -
     axes[1].set_title("response length")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, dpi=110)
 
 
 def plot_metrics_file(metrics_path: str | Path, out: str | Path) -> Path:
@@ -211,9 +216,4 @@ def plot_comparison(
         axes[k // n_cols][k % n_cols].axis("off")
     sub = title or "mean over seeds, band = ±1 standard error"
     fig.suptitle(f"{sub}  (training curves: {smoothing_note(window)})", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, dpi=100)
