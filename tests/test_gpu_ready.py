@@ -71,6 +71,7 @@ def test_trainer_phase_alone_runs_on_cpu(tmp_path):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_tiny_runs_every_phase_end_to_end(tmp_path):
     stdout, res = _run(tmp_path)
     assert set(res["skipped"]) == {"mfu"}, res["skipped"]  # no peak known for a CPU

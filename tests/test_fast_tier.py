@@ -1,0 +1,169 @@
+"""The fast tier (``python -m pytest -m "not slow"``, docs/testing.md) stays fast without
+timing anything: a static scan of the test files finds every test that starts Ray or vLLM or
+runs a training command, and asserts that it carries the ``slow`` marker. A new test of that
+kind that forgets the marker fails here instead of quietly joining the fast tier.
+
+What a test reaches is read from the source: its own body and decorators, the fixtures it
+names and the module's helpers it calls, followed within its module. A module that requires
+Ray or vLLM at import (a module-level ``pytest.importorskip``) is slow as a whole."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+MODULE_HEAVY = re.compile(r"""importorskip\(\s*["'](ray|vllm)["']|^pytestmark\s*=.*needs_vllm""")
+"""Module-level statements that make every test of the module need Ray or vLLM."""
+
+HEAVY = {
+    "starts Ray": re.compile(r"\bstart_ray\(|\bray\.init\(|\bneeds_ray\b|\bray_session\b"),
+    "starts vLLM": re.compile(r"\bneeds_vllm\b|\bvllm_engine\(|\bVLLMEngine\("),
+    "trains 50 steps or more": re.compile(
+        r"""(\bsteps=|["']--steps["'],\s*["'])([5-9]\d|\d{3,})\b"""
+    ),
+}
+"""What makes a test slow, as it reads in a test's source (docs/testing.md, "The fast tier").
+The tests' training runs of a few steps of the tiny models take well under a second; the
+learning runs (50-300 steps) take tens of seconds."""
+
+FAST = {
+    "test_ray_cluster.py::test_the_private_ray_a_run_starts_is_marked": "Ray is a stand-in",
+    "test_progress.py::test_the_bars_show_the_average_rate_eta": "a progress bar, no run",
+}
+"""Tests that read as slow to the scan but start nothing: each with why."""
+
+
+class Module:
+    """One test file: its module-level functions and assignments, by name."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.text = path.read_text()
+        self.tree = ast.parse(self.text)
+        self.defs: dict[str, ast.FunctionDef] = {}
+        self.assigned: dict[str, ast.AST] = {}
+        self.top_level: list[str] = []  # module statements other than functions and classes
+        for node in self.tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                self.defs[node.name] = node
+            elif not isinstance(node, ast.ClassDef):
+                self.top_level.append(self.segment(node))
+                if isinstance(node, ast.Assign):
+                    for target in node.targets:
+                        if isinstance(target, ast.Name):
+                            self.assigned[target.id] = node
+
+    def segment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.text, node) or ""
+
+    def tests(self) -> list[ast.FunctionDef]:
+        return [node for name, node in self.defs.items() if name.startswith("test_")]
+
+    def reach(self, test: ast.FunctionDef) -> str:
+        """The source of the test, its decorators, and the module's functions and constants
+        it names (fixtures by argument name, helpers by call), followed transitively."""
+        seen: set[str] = set()
+        parts: list[str] = []
+        todo = [test.name]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            node = self.defs.get(name) or self.assigned.get(name)
+            if node is None:
+                continue
+            parts.append(self.segment(node))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                parts += [self.segment(d) for d in node.decorator_list]
+                todo += [a.arg for a in node.args.args]
+            todo += [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+        return "\n".join(parts)
+
+    def module_is_slow(self) -> bool:
+        return any(re.match(r"pytestmark\s*=", s) and "mark.slow" in s for s in self.top_level)
+
+    def marked_slow(self, test: ast.FunctionDef) -> bool:
+        """The marker on the module, on the test, or on its parameters (``pytest.param(...,
+        marks=pytest.mark.slow)`` in a module-level list the decorator names)."""
+        if self.module_is_slow():
+            return True
+        for decorator in test.decorator_list:
+            text = self.segment(decorator)
+            names = [n.id for n in ast.walk(decorator) if isinstance(n, ast.Name)]
+            text += "".join(self.segment(self.assigned[n]) for n in names if n in self.assigned)
+            if "mark.slow" in text:
+                return True
+        return False
+
+
+def _modules() -> list[Module]:
+    return [Module(p) for p in sorted(TESTS.glob("test_*.py")) if p.name != Path(__file__).name]
+
+
+def unmarked_slow_tests(modules: list[Module]) -> list[str]:
+    """``file::test (why)`` for each test that starts Ray or vLLM or trains, without the marker."""
+    found = []
+    for module in modules:
+        heavy_module = any(MODULE_HEAVY.search(s) for s in module.top_level)
+        if heavy_module and not module.module_is_slow():
+            found.append(f"{module.path.name} (requires Ray or vLLM at import: pytestmark)")
+            continue
+        for test in module.tests():
+            reach = module.reach(test)
+            why = [what for what, pattern in HEAVY.items() if pattern.search(reach)]
+            key = f"{module.path.name}::{test.name}"
+            if why and key not in FAST and not module.marked_slow(test):
+                found.append(f"{key} ({', '.join(why)})")
+    return found
+
+
+def test_every_test_that_starts_ray_or_vllm_or_trains_is_marked_slow():
+    missing = unmarked_slow_tests(_modules())
+    assert not missing, (
+        "mark these @pytest.mark.slow (or the module: pytestmark = pytest.mark.slow) so that "
+        '`pytest -m "not slow"` stays the fast tier:\n  ' + "\n  ".join(missing)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("def test_a():\n    ray = start_ray(None)\n", ["x.py::test_a (starts Ray)"]),
+        ("import pytest\n\n@pytest.mark.slow\ndef test_a():\n    start_ray(None)\n", []),
+        (
+            "import pytest\npytestmark = pytest.mark.slow\n\ndef test_a():\n    start_ray(None)\n",
+            [],
+        ),
+        (  # through a fixture of the module
+            "import pytest\n\n@pytest.fixture\ndef engine():\n    return vllm_engine(m)\n\n"
+            "def test_a(engine):\n    pass\n",
+            ["x.py::test_a (starts vLLM)"],
+        ),
+        (  # through a helper of the module
+            "def _run(p):\n    return run_sft(SFTConfig(output_dir=p, steps=150))\n\n"
+            "def test_a(tmp_path):\n    _run(tmp_path)\n",
+            ["x.py::test_a (trains 50 steps or more)"],
+        ),
+        ("def test_a(tmp_path):\n    main(['train', '--steps', '3'])\n", []),
+        (  # a marked parameter in a module-level list
+            "import pytest\nE = ['torch', pytest.param('vllm', marks=[needs_vllm, pytest.mark.slow])]"
+            "\n\n@pytest.mark.parametrize('name', E)\ndef test_a(name):\n    pass\n",
+            [],
+        ),
+        (
+            "import pytest\n\npytest.importorskip('ray')\n\ndef test_a():\n    pass\n",
+            ["x.py (requires Ray or vLLM at import: pytestmark)"],
+        ),
+        ("def test_a():\n    assert 1 + 1 == 2\n", []),
+    ],
+)
+def test_the_scan_finds_an_unmarked_slow_test(tmp_path, source, expected):
+    path = tmp_path / "x.py"
+    path.write_text(source)
+    assert unmarked_slow_tests([Module(path)]) == expected
