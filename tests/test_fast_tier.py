@@ -23,13 +23,15 @@ MODULE_HEAVY = re.compile(r"""importorskip\(\s*["'](ray|vllm)["']|^pytestmark\s*
 HEAVY = {
     "starts Ray": re.compile(r"\bstart_ray\(|\bray\.init\(|\bneeds_ray\b|\bray_session\b"),
     "starts vLLM": re.compile(r"\bneeds_vllm\b|\bvllm_engine\(|\bVLLMEngine\("),
+    "runs gspo in a fresh process": re.compile(r"""\bGSPO_SCRIPT\b|["']-m["'],\s*["']gspo["']"""),
     "trains 50 steps or more": re.compile(
         r"""(\bsteps=|["']--steps["'],\s*["'])([5-9]\d|\d{3,})\b"""
     ),
 }
 """What makes a test slow, as it reads in a test's source (docs/testing.md, "The fast tier").
-The tests' training runs of a few steps of the tiny models take well under a second; the
-learning runs (50-300 steps) take tens of seconds."""
+The tests' training runs of a few steps of the tiny models take well under a second in the
+test's process; the same command in a fresh Python process imports torch and the CLI first
+(seconds), and the learning runs (50-300 steps) take tens of seconds."""
 
 FAST = {
     "test_ray_cluster.py::test_the_private_ray_a_run_starts_is_marked": "Ray is a stand-in",
@@ -151,6 +153,10 @@ def test_every_test_that_starts_ray_or_vllm_or_trains_is_marked_slow():
             ["x.py::test_a (trains 50 steps or more)"],
         ),
         ("def test_a(tmp_path):\n    main(['train', '--steps', '3'])\n", []),
+        (
+            "def test_a(tmp_path):\n    subprocess.run([sys.executable, '-m', 'gspo', 'train'])\n",
+            ["x.py::test_a (runs gspo in a fresh process)"],
+        ),
         (  # a marked parameter in a module-level list
             "import pytest\nE = ['torch', pytest.param('vllm', marks=[needs_vllm, pytest.mark.slow])]"
             "\n\n@pytest.mark.parametrize('name', E)\ndef test_a(name):\n    pass\n",

@@ -93,6 +93,7 @@ def cold_start(tmp_path: Path) -> Path:
     return run_sft(cfg).output_dir
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_equals_unbroken_run(tmp_path):
     model = cold_start(tmp_path)
     unbroken = tmp_path / "unbroken"
