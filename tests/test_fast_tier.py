@@ -21,7 +21,9 @@ MODULE_HEAVY = re.compile(r"""importorskip\(\s*["'](ray|vllm)["']|^pytestmark\s*
 """Module-level statements that make every test of the module need Ray or vLLM."""
 
 HEAVY = {
-    "starts Ray": re.compile(r"\bstart_ray\(|\bray\.init\(|\bneeds_ray\b|\bray_session\b"),
+    "starts Ray": re.compile(
+        r"\bstart_ray\(|\bray\.init\(|\bneeds_ray\b|\bray_session\b|^\s+import ray$", re.M
+    ),
     "starts vLLM": re.compile(r"\bneeds_vllm\b|\bvllm_engine\(|\bVLLMEngine\("),
     "runs gspo in a fresh process": re.compile(r"""\bGSPO_SCRIPT\b|["']-m["'],\s*["']gspo["']"""),
     "trains 50 steps or more": re.compile(

@@ -62,6 +62,7 @@ def test_peak_by_device_name(phases):
     assert phases.peak_flops("cpu") == 0.0
 
 
+@pytest.mark.slow
 def test_trainer_phase_alone_runs_on_cpu(tmp_path):
     stdout, res = _run(tmp_path, "--phases", "trainer")
     assert res["trainer_tokens_per_s"] > 0 and res["trainer_steps_timed"] >= 1
