@@ -25,7 +25,7 @@ HEAVY = {
         r"\bstart_ray\(|\bray\.init\(|\bneeds_ray\b|\bray_session\b|^\s+import ray$", re.M
     ),
     "starts vLLM": re.compile(r"\bneeds_vllm\b|\bvllm_engine\(|\bVLLMEngine\("),
-    "runs gspo in a fresh process": re.compile(r"""\bGSPO_SCRIPT\b|["']-m["'],\s*["']gspo["']"""),
+    "runs gspo in a fresh process": re.compile(r"""\bGSPO_SCRIPT\b|["']-m["'],\s*["']gspo\b"""),
     "trains 50 steps or more": re.compile(
         r"""(\bsteps=|["']--steps["'],\s*["'])([5-9]\d|\d{3,})\b"""
     ),
@@ -38,6 +38,9 @@ test's process; the same command in a fresh Python process imports torch and the
 FAST = {
     "test_ray_cluster.py::test_the_private_ray_a_run_starts_is_marked": "Ray is a stand-in",
     "test_progress.py::test_the_bars_show_the_average_rate_eta": "a progress bar, no run",
+    "test_cli_parsing.py::test_help_and_argument_errors_are_quick": "--help, before torch",
+    "test_cli_parsing.py::test_help_states_how_train_and_eval_defaults_differ": "--help",
+    "test_vision_data.py::test_cli_refuses_a_missing_image_before_training": "refused first",
 }
 """Tests that read as slow to the scan but start nothing: each with why."""
 
