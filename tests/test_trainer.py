@@ -62,6 +62,7 @@ def states_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
 
 
 @pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+@pytest.mark.slow
 def test_each_algo_trains_and_logs_design_metrics(tmp_path, algo):
     cfg = make_cfg(tmp_path, algo=algo, steps=3, lr=1e-3, warmup_steps=0)
     before = initial_state(cfg)
@@ -87,6 +88,7 @@ def test_each_algo_trains_and_logs_design_metrics(tmp_path, algo):
     assert (tmp_path / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_resume_replays_an_unbroken_run_exactly(tmp_path):
     common = {"steps": 4, "lr": 1e-3, "warmup_steps": 3, "eval_every": 2}
     cfg_a = make_cfg(tmp_path / "a", checkpoint_every=2, **common)
