@@ -100,6 +100,7 @@ def test_a_failing_phase_becomes_a_line_and_the_rest_runs(phases, monkeypatch, c
     assert "skipped trainer: failed: RuntimeError" in gpu_ready.table(res)
 
 
+@pytest.mark.slow
 def test_without_vllm_its_phases_are_lines_and_the_trainer_runs(phases, monkeypatch):
     import gspo.rollout.vllm_engine as vllm_engine
 
