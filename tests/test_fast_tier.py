@@ -1,6 +1,7 @@
 """The fast tier (``python -m pytest -m "not slow"``, docs/testing.md) stays fast without
-timing anything: a static scan of the test files finds every test that starts Ray or vLLM or
-runs a training command, and asserts that it carries the ``slow`` marker. A new test of that
+timing anything: a static scan of the test files finds every test that starts Ray or vLLM,
+runs ``gspo`` in a fresh process or trains 50 steps or more, and asserts that it carries the
+``slow`` marker. A new test of that
 kind that forgets the marker fails here instead of quietly joining the fast tier.
 
 What a test reaches is read from the source: its own body and decorators, the fixtures it
@@ -31,7 +32,7 @@ HEAVY = {
     ),
 }
 """What makes a test slow, as it reads in a test's source (docs/testing.md, "The fast tier").
-The tests' training runs of a few steps of the tiny models take well under a second in the
+The tests' training runs of a few steps of the tiny models take a second or less in the
 test's process; the same command in a fresh Python process imports torch and the CLI first
 (seconds), and the learning runs (50-300 steps) take tens of seconds."""
 
