@@ -1,8 +1,8 @@
 """The fast tier (``python -m pytest -m "not slow"``, docs/testing.md) stays fast without
 timing anything: a static scan of the test files finds every test that starts Ray or vLLM,
 runs ``gspo`` in a fresh process or trains 50 steps or more, and asserts that it carries the
-``slow`` marker. A new test of that
-kind that forgets the marker fails here instead of quietly joining the fast tier.
+``slow`` marker. A new test of that kind that forgets the marker fails here instead of quietly
+joining the fast tier.
 
 What a test reaches is read from the source: its own body and decorators, the fixtures it
 names and the module's helpers it calls, followed within its module. A module that requires
