@@ -212,6 +212,7 @@ def _load_in_fresh_process(tmp_path: Path, level: str) -> subprocess.CompletedPr
     return proc
 
 
+@pytest.mark.slow
 def test_quiet_by_default_and_log_level_info_shows_library_lines(tmp_path):
     quiet = _load_in_fresh_process(tmp_path, "error")  # the default
     assert "Generating train split" not in quiet.stderr

@@ -303,6 +303,7 @@ def test_bad_code_limits_are_one_clear_line(tmp_path, capsys, flags, message) ->
 
 
 @linux
+@pytest.mark.slow
 def test_code_limits_reach_the_sandbox(tmp_path) -> None:
     cfg = _cfg_from_cli(tmp_path, "--code-test-timeout-s", "5", "--n-train", "4")
     reward = build_task(cfg).reward

@@ -20,6 +20,8 @@ from gspo.config import TrainConfig
 from gspo.config.combinations import Options, split
 from gspo.rollout.engines import colocated_sleep
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 
 def _cfg(**kw) -> Options:
     values = dict(backend="ray", placement="colocated", rollout_engine="vllm", device="cuda")

@@ -69,6 +69,7 @@ def test_mixed_clip_levels_warn_from_the_registry(
         assert ("need ranges orders of magnitude apart" in capsys.readouterr().err) == warns, algos
 
 
+@pytest.mark.slow
 def test_compare_two_algos_from_one_cold_start(tmp_path: Path, monkeypatch) -> None:
     """Both algorithms of a seed start from the same SFT checkpoint and see the same first
     rollout (same data order, init and sampling), then the report covers every run."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from plotcheck import capture_plots
 
 from gspo.interface.cli import main
 
 
+@pytest.mark.slow
 def test_demo_shows_one_bar_for_sft_and_rl(tmp_path, capsys, monkeypatch):
     capture_plots(monkeypatch)
     out = tmp_path / "demo"
@@ -18,6 +20,7 @@ def test_demo_shows_one_bar_for_sft_and_rl(tmp_path, capsys, monkeypatch):
     assert "sft:" not in err and "gspo:" not in err
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_demo_changes_nothing(tmp_path, capsys, monkeypatch):
     capture_plots(monkeypatch)
     out = tmp_path / "demo"

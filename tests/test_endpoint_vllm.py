@@ -36,7 +36,7 @@ from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread  # noqa: E40
 from gspo.rollout.openai_vllm import VLLMProtocol, protocol_for  # noqa: E402
 from gspo.rollout.request_batcher import RequestBatcher  # noqa: E402
 
-pytestmark = needs_vllm
+pytestmark = [needs_vllm, pytest.mark.slow]  # the fast tier leaves vLLM out
 
 TOK = build_char_tokenizer()
 TEMPERATURE = 0.7

@@ -14,7 +14,7 @@ from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams, TorchEngine
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99=", "ab cd"]
-ENGINES = ["torch", pytest.param("vllm", marks=needs_vllm)]
+ENGINES = ["torch", pytest.param("vllm", marks=[needs_vllm, pytest.mark.slow])]
 
 
 @pytest.fixture(scope="module")

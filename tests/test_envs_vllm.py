@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from envs_support import TOK
 from test_envs import EX, EchoEnv, calc_env
@@ -26,6 +27,7 @@ def _model(seed: int = 1):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_vllm_episodes_logprobs_align_across_turns_and_stop_strings():
     model = _model()
     with vllm_engine(model, TOK) as engine:
@@ -60,6 +62,7 @@ def test_vllm_episodes_logprobs_align_across_turns_and_stop_strings():
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_train_a_multi_turn_task_with_vllm(tmp_path):
     from gspo.compose.train import train
     from gspo.config import TrainConfig

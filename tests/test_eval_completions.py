@@ -102,6 +102,7 @@ def test_a_tasks_rows_and_answers_can_be_given_too(tmp_path, no_model):
 
 
 @linux
+@pytest.mark.slow
 def test_installed_humaneval_canonical_solutions_all_pass(tmp_path, no_model):
     """The shipped HumanEval.jsonl.gz as is: 20 problems here (all 164: 164/164, see
     docs/integrations.md). Needs the humaneval extra; GSPO_REQUIRE_HUMANEVAL=1 makes it a must."""
@@ -118,6 +119,7 @@ def test_installed_humaneval_canonical_solutions_all_pass(tmp_path, no_model):
 
 
 @linux
+@pytest.mark.slow
 def test_humaneval_and_mbpp_files_train_and_evaluate_from_the_command_line(tmp_path):
     humaneval = _gz(tmp_path / "HumanEval.jsonl.gz", [HUMANEVAL_ROW, SQUARE_ROW])
     mbpp = tmp_path / "mbpp.jsonl"

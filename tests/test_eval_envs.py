@@ -56,6 +56,7 @@ def _eval(model, **over):
     return gspo_eval(cfg)["metrics"]
 
 
+@pytest.mark.slow
 def test_eval_sft_and_training_score_the_same_episodes(sft_model, tmp_path):
     model, sft_metrics = sft_model
     evaluated = _eval(model, samples=0)
@@ -80,6 +81,7 @@ def test_eval_sft_and_training_score_the_same_episodes(sft_model, tmp_path):
     assert 0 < evaluated["success"] <= 1 and evaluated["success"] >= evaluated["greedy_accuracy"]
 
 
+@pytest.mark.slow
 def test_eval_samples_episodes_of_a_multi_turn_env(sft_model):
     model, _ = sft_model
     got = _eval(model, samples=4, greedy=False, temperature=1.0)

@@ -49,6 +49,7 @@ def test_the_reward_is_reasoning_gyms_verdict_and_the_splits_are_disjoint(exampl
     assert task.reward("7", ex) == scorer(answer="7", entry=ex.meta["entry"])
 
 
+@pytest.mark.slow
 def test_the_example_trains_from_the_command_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = tmp_path / "rg"

@@ -18,6 +18,8 @@ from gspo.rollout.base import Rollout
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 # AdamW's first steps move a weight by lr * m / (sqrt(v) + eps) ~ lr * sign(g) when |g| >> eps,
 # whatever the gradient's scale: with ordinary advantages, a planted bug that multiplied every
 # rank's loss by the rank count (twice the true gradient) moved the final weights by 6.8e-11

@@ -62,6 +62,7 @@ def test_peak_by_device_name(phases):
     assert phases.peak_flops("cpu") == 0.0
 
 
+@pytest.mark.slow
 def test_trainer_phase_alone_runs_on_cpu(tmp_path):
     stdout, res = _run(tmp_path, "--phases", "trainer")
     assert res["trainer_tokens_per_s"] > 0 and res["trainer_steps_timed"] >= 1
@@ -71,6 +72,7 @@ def test_trainer_phase_alone_runs_on_cpu(tmp_path):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_tiny_runs_every_phase_end_to_end(tmp_path):
     stdout, res = _run(tmp_path)
     assert set(res["skipped"]) == {"mfu"}, res["skipped"]  # no peak known for a CPU
@@ -98,6 +100,7 @@ def test_a_failing_phase_becomes_a_line_and_the_rest_runs(phases, monkeypatch, c
     assert "skipped trainer: failed: RuntimeError" in gpu_ready.table(res)
 
 
+@pytest.mark.slow
 def test_without_vllm_its_phases_are_lines_and_the_trainer_runs(phases, monkeypatch):
     import gspo.rollout.vllm_engine as vllm_engine
 

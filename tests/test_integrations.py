@@ -201,6 +201,7 @@ def test_textarena_demonstrations_win_and_other_games_have_none(textarena):
         make_task("textarena:GuessTheNumbr-v0", n_train=1, n_test=1)
 
 
+@pytest.mark.slow
 def test_textarena_trains_and_evaluates_from_the_command_line(textarena, tmp_path):
     task = ["--task", "textarena:GuessTheNumber-v0", "--threads", "1", "--progress", "false"]
     sft, out = tmp_path / "sft", tmp_path / "rl"

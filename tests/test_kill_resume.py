@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -93,6 +94,7 @@ def cold_start(tmp_path: Path) -> Path:
     return run_sft(cfg).output_dir
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_equals_unbroken_run(tmp_path):
     model = cold_start(tmp_path)
     unbroken = tmp_path / "unbroken"

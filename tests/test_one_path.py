@@ -113,6 +113,7 @@ def _run(tmp_path: Path, **overrides) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_a_users_one_turn_environment_trains_like_the_built_in_task(tmp_path, even, monkeypatch):
     built_in = _run(tmp_path / "built_in")
     monkeypatch.setitem(ENVIRONMENTS, "even", lambda task, cfg, chat: Parity())
@@ -190,6 +191,7 @@ def test_dynamic_sampling_rounds_of_episodes_keep_their_masks_and_turns():
     assert both.extras["policy_version"].tolist() == [7, 7, 8, 8, 8, 8]
 
 
+@pytest.mark.slow
 def test_multi_turn_episodes_train_with_dynamic_sampling_and_the_off_policy_mask(tmp_path):
     cfg = make_cfg(
         tmp_path, task="guess", max_new_tokens=12, max_total_tokens=40, max_turns=3,
@@ -262,6 +264,7 @@ class RoundCounter:
         return [self.inner.step(*a) for a in zip(states, texts, finished, strict=True)]
 
 
+@pytest.mark.slow
 def test_multi_turn_rounds_go_to_step_batch_and_train_the_same(tmp_path, monkeypatch):
     kw = dict(task="guess", max_new_tokens=6, max_total_tokens=40, max_turns=3, eval_every=0)
     plain = _run(tmp_path / "plain", **kw)

@@ -92,6 +92,7 @@ def _paused(models, prompts, switch_at: int, seed: int, fast: bool = True):
     return g.result()
 
 
+@pytest.mark.slow
 def test_uninterrupted_equals_engine_generate_bitwise(models, prompts):
     engine = _engine(models[0])
     ref = engine.generate(prompts, N, PARAMS, torch.Generator().manual_seed(5))
@@ -122,6 +123,7 @@ def test_continued_equals_weights_switched_at_same_position(models, prompts, swi
     assert len(set(lengths.tolist())) > 2  # rows of different lengths were exercised
 
 
+@pytest.mark.slow
 def test_each_token_keeps_the_logprob_and_version_of_its_engine(models, prompts):
     switch_at = 4
     r = _paused(models, prompts, switch_at, seed=9)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs gspo in fresh processes (tens of seconds)
+
 # What the `gspo` script runs: main() with no working directory on sys.path (`python -c` puts
 # one first: removed), so the CLI must find the user's modules itself.
 GSPO_SCRIPT = "import sys; del sys.path[0]; from gspo.interface.cli import main; sys.exit(main())"

@@ -320,6 +320,7 @@ def test_lora_merge_and_adapter_round_trip(checkpoint, tmp_path):
 
 
 @needs_peft
+@pytest.mark.slow
 def test_lora_training_resume(checkpoint, tmp_path):
     """A LoRA run stopped after one step and resumed equals the unbroken run."""
     from gspo.compose.train import train

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "examples" / "agent_program.py"
 
 
+@pytest.mark.slow
 def test_an_agent_program_trains_two_steps_through_the_endpoint(tmp_path, monkeypatch):
     env = ProgramAgentEnv(["python", str(PROGRAM)], name="program")
     monkeypatch.setitem(ENVIRONMENTS, "addition", lambda task, opts, chat: env)
@@ -62,6 +63,7 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
                             env=env, **kw)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_gspo_serve_answers_an_openai_client_on_a_free_port():
     openai = pytest.importorskip("openai", reason="the test calls gspo serve with openai")
     proc = _cli("serve", "--model", "tiny", "--port", "0", "--device", "cpu",

@@ -23,6 +23,8 @@ from gspo.config.combinations import split
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 
 def _cfg(tmp_path, name: str, **kw) -> TrainConfig:
     values = dict(

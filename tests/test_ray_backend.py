@@ -20,6 +20,8 @@ from gspo.rollout.base import Rollout
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 TOLERANCE = 1e-12  # float64 weights (see test_fsdp_ray.py); measured differences ~1e-16
 
 

@@ -157,6 +157,7 @@ def test_a_ray_run_resumes_locally_with_backend_local_alone(tmp_path):
     assert follow_layout({"backend": "local"}, {"backend": "ray"}) == {}  # local -> Ray: valid
 
 
+@pytest.mark.slow
 def test_a_real_private_ray_is_seen_and_left_out():
     """A private Ray started by start_ray (in another process, as another run's would be) is
     found among this machine's raylets with its GCS address and marked private."""

@@ -25,6 +25,8 @@ from gspo.config.combinations import split
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 
 def _session_processes(temp_dir: str) -> list[int]:
     """Live processes whose command line names this Ray session's private temp dir (raylet,

@@ -14,6 +14,8 @@ from gspo.interface.cli import main
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 
 

@@ -21,6 +21,8 @@ from gspo.rollout.base import Rollout
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 WEIGHT_TOL = 1e-12  # float64; measured differences ~1e-16 (printed)
 METRIC_REL = 1e-9
 

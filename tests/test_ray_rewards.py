@@ -19,6 +19,8 @@ from gspo.orchestration.ray_rewards import RayScorer, chunk_bounds, use_ray_task
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 WRONG = "```python\ndef f(x):\n    return x + 1\n```"
 LOOP = "```python\nwhile True:\n    pass\n```"
 

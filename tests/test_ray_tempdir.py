@@ -15,6 +15,8 @@ import pytest
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 START = (
     "import sys, time\n"
     "from gspo.backend import ray_cluster\n"

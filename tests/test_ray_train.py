@@ -18,6 +18,8 @@ from gspo.config.combinations import split
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 # Float64 policy: 2 ranks sum their gradients in another order than one process (rounding
 # ~1e-16), which after 3 AdamW steps stays far below these bounds (measured in the prints).
 METRIC_REL = 1e-6

@@ -24,6 +24,8 @@ if os.environ.get("GSPO_REQUIRE_RAY") != "1":
 from ray_nodes import RayNode
 from test_ray_train import WEIGHT_TOL, _cfg, _compare, _final_weights, _records
 
+pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
+
 # The same run as test_ray_train's _cfg, as command-line flags.
 FLAGS = [
     "--preset", "smoke", "--device", "cpu", "--dtype", "float64", "--threads", "1",

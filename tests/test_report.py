@@ -126,6 +126,7 @@ def test_mean_se_and_tail_by_hand() -> None:
     assert fmt_mean_se(0.001, 0.0) == "1.00e-03 ± 0.000"
 
 
+@pytest.mark.slow
 def test_report_files_and_hand_computed_table(runs: Path, tmp_path: Path, monkeypatch) -> None:
     plots = capture_plots(monkeypatch)
     out = tmp_path / "report"
@@ -301,6 +302,7 @@ def paired_row(md: str, label: str) -> list[str]:
     return [c.strip() for c in row.split("|")[1:-1]]
 
 
+@pytest.mark.slow
 def test_paired_table_without_evaluations_or_shared_seeds(tmp_path: Path) -> None:
     # The smoke preset evaluates nothing (eval_every 0): seeds still pair on the other columns.
     root = tmp_path / "runs"

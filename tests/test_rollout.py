@@ -123,6 +123,7 @@ def test_early_exit_when_all_rows_stop(model64, prompts):
         hook.remove()
 
 
+@pytest.mark.slow
 def test_max_new_tokens_gives_length(model64, prompts):
     hook = EosBias(model64, bias=-1e3)  # EOS never drawn: every row runs to the cap
     try:
@@ -164,6 +165,7 @@ def _find(seq: list[int], sub: list[int]) -> int:
     return next((i for i in range(len(seq) - len(sub) + 1) if seq[i : i + len(sub)] == sub), -1)
 
 
+@pytest.mark.slow
 def test_stop_strings(tok, model64, prompts):
     eng = _engine(model64, tok)
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
@@ -251,6 +253,7 @@ def test_rollout_tensors_usable_with_autograd(tok, prompts):
     assert m.model.embed_tokens.weight.grad is not None
 
 
+@pytest.mark.slow
 def test_bf16_copy_is_close_but_not_equal_and_updates(tok, prompts):
     m = build_tiny_model(len(tok), hidden_size=64, num_layers=2, seed=9)
     eng = _engine(m, dtype=torch.bfloat16, share_weights=False)

@@ -6,6 +6,7 @@ and log-probs).
 
 from __future__ import annotations
 
+import pytest
 import rollout_support
 import torch
 from rollout_support import _engine, _rescore
@@ -20,6 +21,7 @@ prompts = rollout_support.prompts
 tok = rollout_support.tok
 
 
+@pytest.mark.slow
 def test_greedy_is_deterministic_and_matches_manual_argmax(model64, prompts):
     eng = _engine(model64)
     params = SamplingParams(max_new_tokens=8, temperature=0.0)
@@ -43,6 +45,7 @@ def test_greedy_is_deterministic_and_matches_manual_argmax(model64, prompts):
     torch.testing.assert_close(a.logprobs, _rescore(model64, a, 1.0), atol=1e-9, rtol=0)
 
 
+@pytest.mark.slow
 def test_same_seed_same_samples(model64, prompts):
     eng = _engine(model64)
     params = SamplingParams(max_new_tokens=8, temperature=1.0)
@@ -56,6 +59,7 @@ def test_same_seed_same_samples(model64, prompts):
     assert not torch.equal(a.completion_ids[0], a.completion_ids[1])
 
 
+@pytest.mark.slow
 def test_tiny_top_p_equals_greedy(model64, prompts):
     eng = _engine(model64)
     greedy = eng.generate(prompts, 2, SamplingParams(max_new_tokens=8, temperature=0.0))

@@ -54,6 +54,7 @@ def test_second_run_is_refused_in_one_line_before_torch(tmp_path, command):
     assert (out / "metrics.jsonl").read_text() == before  # nothing touched
 
 
+@pytest.mark.slow
 def test_overwrite_moves_the_earlier_run_aside(tmp_path, capsys):
     out = tmp_path / "run"
     before = fake_run(out)
@@ -86,6 +87,7 @@ def test_a_new_library_run_never_keeps_an_earlier_runs_checkpoints(tmp_path):
     assert latest_checkpoint(tmp_path).name == "step_000002"
 
 
+@pytest.mark.slow
 def test_resumed_run_reads_as_one_run_from_step_1(tmp_path, capsys):
     out = str(tmp_path / "run")
     assert main(["train", *RUN, "--steps", "4", "--stop-after", "2", "--output-dir", out]) == 0
@@ -116,6 +118,7 @@ def test_progress_bar_counts_the_global_step():
         bar.close()
 
 
+@pytest.mark.slow
 def test_stop_after_is_the_global_step(tmp_path, capsys):
     out = str(tmp_path / "run")
     assert main(["train", *RUN, "--steps", "5", "--stop-after", "2", "--output-dir", out]) == 0

@@ -117,6 +117,7 @@ def test_files_and_disk_are_bounded() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_infinite_loop_is_stopped_within_the_limit() -> None:
     for code in ("while True: pass", "import time\ntime.sleep(1000)"):
         start = time.monotonic()
@@ -168,6 +169,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_fork_bomb_is_contained(iso) -> None:
     mark = history_mark()
     result = run_python(FORK_BOMB, config=FAST)

@@ -364,6 +364,7 @@ check(is_multiply_prime)
 """
 
 
+@pytest.mark.slow
 def test_correct_solutions_pass_on_a_busy_machine() -> None:
     """HumanEval/75's reference solution, 8 at once beside 8 busy loops (load >= 8), and 8
     correct solutions that need about 0.4 s of CPU per test against a 1 s limit: on a busy

@@ -198,6 +198,7 @@ print(json.dumps({"ok": r.ok, "stdout": r.stdout, "returncode": r.returncode, "s
 """
 
 
+@pytest.mark.slow
 def test_uid_slot_is_not_shared_by_callers_with_different_tmpdir(tmp_path: Path) -> None:
     """Two trainers with different TMPDIR and one slot: the second waits; nobody is killed."""
     needs_full_isolation()
@@ -287,6 +288,7 @@ def test_malformed_records_score_zero_with_a_reason() -> None:
     assert code_reward(deep, ex(**meta)) == 0.0
 
 
+@pytest.mark.slow
 def test_near_miss_large_integers_fail_and_exact_ones_pass() -> None:
     big = 10**12
     functional = {

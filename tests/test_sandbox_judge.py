@@ -259,6 +259,7 @@ def test_a_test_cannot_use_more_than_its_cpu_limit(way: str) -> None:
     assert not report.run.timed_out  # failed per test, not by the run's own bound
 
 
+@pytest.mark.slow
 def test_sleeping_code_meets_the_per_test_wall_limit() -> None:
     # Sleeping uses no CPU: the wall limit of the test (3 x 0.2 s + 2 s) ends it, not the
     # run's backstop, and the next test runs in a fresh worker.
@@ -341,6 +342,7 @@ def test_the_judge_without_namespaces() -> None:
     assert code_reward(spawns, ex(tests=["assert add(1, 2) == 3"]), config=config) == 0.0
 
 
+@pytest.mark.slow
 def test_a_worker_killed_in_one_stdin_test_is_replaced_for_the_next() -> None:
     needs_full_isolation("cgroup")
     code = "import time\na, b = map(int, input().split())\nif a == 1:\n    time.sleep(600)\nprint(a + b)"

@@ -98,6 +98,7 @@ print("statuses", codes, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_run_memory_is_bounded_by_its_cgroup() -> None:
     """Four processes of 60 MB each fit their RLIMIT_AS but not the run's 128 MB cgroup."""
     needs_cgroup()
@@ -137,6 +138,7 @@ print(n, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_run_cgroup_bounds_tasks_by_itself() -> None:
     """pids.max of a run's cgroup, alone (in a run RLIMIT_NPROC applies as well): a root
     process in a cgroup with pids.max 4 starts 3 children, then fork fails."""

@@ -53,6 +53,7 @@ def live_processes() -> list[int]:
     return [p for i in range(PRIVATE_SLOTS) for p in processes_of(PRIVATE_BASE_UID + i)]
 
 
+@pytest.mark.slow
 def test_runs_end_when_their_caller_stops_waiting() -> None:
     needs_full_isolation()
     live_runs(reset_peak=True)
@@ -122,6 +123,7 @@ def test_cgroups_of_dead_callers_are_swept(tmp_path: Path) -> None:
     assert not stale.exists() and ours.exists() and other.exists()
 
 
+@pytest.mark.slow
 def test_tool_calls_that_time_out_leave_no_run_alive() -> None:
     # Four steps of a python tool call that sleeps: each run is killed when its call times
     # out, not left to its own wall-clock backstop (once 55 s, holding a uid and memory).

@@ -198,6 +198,7 @@ def test_with_timeout_thread_mode_accepts_any_callable() -> None:
         with_timeout(hanging_reward, 0)
 
 
+@pytest.mark.slow
 def test_with_timeout_process_mode_kills_and_recovers() -> None:
     bounded = with_timeout(hanging_reward, 0.5, mode="process")
     try:

@@ -51,6 +51,7 @@ needs_ray = pytest.mark.skipif(
 
 
 @needs_ray
+@pytest.mark.slow
 def test_unreachable_cluster_is_a_config_error():
     with socket.socket() as s:  # a port nothing listens on once closed
         s.bind(("127.0.0.1", 0))

@@ -16,12 +16,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from cold_start import ADDITION_D64
 
 from gspo.core.checkpoint_paths import checkpoint_root, latest_checkpoint, list_checkpoints
 from gspo.interface.cli import main
 from gspo.orchestration.logging import read_metrics
+
+pytestmark = pytest.mark.slow  # runs gspo in fresh processes: tens of seconds
 
 TIMING = ("time/", "throughput/")
 STEPS = 5

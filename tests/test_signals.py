@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import gspo.compose.train as trainer_module
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
@@ -44,6 +46,7 @@ def never_rewarded() -> Task:
     return Task("never", train=examples[:12], test=examples[12:], reward=lambda t, e: 0.0)
 
 
+@pytest.mark.slow
 def test_training_run_prints_the_warning_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(trainer_module, "build_task", lambda cfg: never_rewarded())
     cfg = build(

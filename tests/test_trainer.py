@@ -62,6 +62,7 @@ def states_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
 
 
 @pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+@pytest.mark.slow
 def test_each_algo_trains_and_logs_design_metrics(tmp_path, algo):
     cfg = make_cfg(tmp_path, algo=algo, steps=3, lr=1e-3, warmup_steps=0)
     before = initial_state(cfg)
@@ -87,6 +88,7 @@ def test_each_algo_trains_and_logs_design_metrics(tmp_path, algo):
     assert (tmp_path / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_resume_replays_an_unbroken_run_exactly(tmp_path):
     common = {"steps": 4, "lr": 1e-3, "warmup_steps": 3, "eval_every": 2}
     cfg_a = make_cfg(tmp_path / "a", checkpoint_every=2, **common)
@@ -114,6 +116,7 @@ def test_resume_replays_an_unbroken_run_exactly(tmp_path):
     assert rows_b == rows_a
 
 
+@pytest.mark.slow
 def test_resume_with_kl_penalty_keeps_the_initial_reference(tmp_path):
     common = {"steps": 3, "lr": 1e-3, "warmup_steps": 0, "kl_coef": 0.1}
     run_a = train(make_cfg(tmp_path / "a", **common))
@@ -131,6 +134,7 @@ def test_recompute_logs_a_small_mismatch(tmp_path):
         assert r["time/recompute_s"] > 0
 
 
+@pytest.mark.slow
 def test_bfloat16_engine_has_a_larger_mismatch(tmp_path):
     fp32 = train(make_cfg(tmp_path / "fp32", old_logprobs="recompute"))
     bf16 = train(make_cfg(tmp_path / "bf16", old_logprobs="recompute", engine_dtype="bfloat16"))
@@ -148,6 +152,7 @@ def test_bfloat16_engine_has_a_larger_mismatch(tmp_path):
 
 
 @pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+@pytest.mark.slow
 def test_gradient_accumulation_matches_whole_minibatch(tmp_path, algo):
     # float64, and a large lr so that any difference in the gradient shows in the weights.
     common = {"algo": algo, "steps": 1, "dtype": "float64", "lr": 1e-2, "warmup_steps": 0}
@@ -192,6 +197,7 @@ def test_resume_without_checkpoint_fails_clearly(tmp_path):
     assert str(tmp_path / "checkpoints") in str(info.value)
 
 
+@pytest.mark.slow
 def test_metrics_jsonl_and_truncation_on_resume(tmp_path):
     cfg = make_cfg(tmp_path, steps=4, checkpoint_every=2, keep_checkpoints=3, stop_after=3)
     first = train(cfg)

@@ -74,6 +74,7 @@ def count_forwards(monkeypatch) -> tuple[list[int], list[int]]:
 
 @pytest.mark.parametrize("grouping", ["shuffled", "groups"])
 @pytest.mark.parametrize("algo", ["grpo", "gspo", "gspo_token", "luspo"])
+@pytest.mark.slow
 def test_zero_advantage_rows_skip_backward_and_change_nothing(
     tmp_path, monkeypatch, algo, grouping
 ):

@@ -121,6 +121,7 @@ def _shuffled_score(cfg, task: Task) -> float:
     return metrics["greedy_accuracy"]
 
 
+@pytest.mark.slow
 def test_tiny_vl_learns_the_colour_from_the_image(tmp_path, monkeypatch):
     monkeypatch.setitem(TASKS, TASK, colour_task)
     cfg, result = _sft(tmp_path, seed=0, steps=STEPS)

@@ -103,6 +103,7 @@ def _records(path) -> list[dict]:
     os.environ.get("GSPO_REQUIRE_RAY") != "1" and importlib.util.find_spec("ray") is None,
     reason="needs Ray: pip install 'gspo[ray]'",
 )
+@pytest.mark.slow
 def test_ray_image_run_equals_local_and_sends_pixels_by_reference(tmp_path, monkeypatch):
     import ray
 

@@ -48,6 +48,7 @@ def seen(monkeypatch):
     return record
 
 
+@pytest.mark.slow
 def test_two_step_train_on_images_feeds_rollout_pixels_to_training(seen, tmp_path):
     cfg = build(
         TrainConfig,

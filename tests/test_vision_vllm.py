@@ -102,6 +102,7 @@ def _vision_prefix(model) -> str:
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_image_prompt_logprobs_match_trainer_through_syncs(served):
     model, tok, fmt, engine = served
     ids, pixels = _batch(fmt)
@@ -122,6 +123,7 @@ def test_image_prompt_logprobs_match_trainer_through_syncs(served):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_a_step_sized_batch_of_image_prompts(served):
     """16 shapes prompts x 8 seeded samples (a training step's batch, ~4600 prompt tokens):
     more than vLLM prefills in one step, which must not split a seeded request's prefill
@@ -138,6 +140,7 @@ def test_a_step_sized_batch_of_image_prompts(served):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_image_prompt_errors(served):
     _, _, fmt, engine = served
     ids, pixels = _batch(fmt)
@@ -152,6 +155,7 @@ def test_image_prompt_errors(served):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_a_sync_resets_the_vision_encoder_cache(served, monkeypatch):
     """vLLM's reload empties the worker's vision-encoder cache but not the scheduler's record
     of it: without the engine's reset, an image seen before a sync fails the next generation.
@@ -186,6 +190,7 @@ def test_small_head_size_cli_line(tmp_path, capsys):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_train_and_eval_shapes_with_vllm(tmp_path, monkeypatch):
     from test_vllm_train import _random_rewards
 

@@ -86,6 +86,7 @@ def max_diff(engine, model, prompts, temperature: float, seed: int = 0) -> float
 
 @needs_vllm
 @pytest.mark.parametrize("make", [tied_model, untied_model], ids=["tied", "untied"])
+@pytest.mark.slow
 def test_logprobs_match_trainer_through_syncs(tok, prompts, make):
     model = make(len(tok))
     worst = 0.0
@@ -102,6 +103,7 @@ def test_logprobs_match_trainer_through_syncs(tok, prompts, make):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_a_step_sized_batch_of_seeded_prompts(tok):
     """16 prompts of ~40 tokens x 8 seeded samples (a training step's batch, ~5100 prompt
     tokens): more than vLLM prefills in one step, which must not split a seeded request's
@@ -121,6 +123,7 @@ def test_a_step_sized_batch_of_seeded_prompts(tok):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_stale_tied_head_is_caught(tok, prompts):
     """Without rebuilding the CPU backend's packed head after a reload, a tied model samples
     from new body + old head: the log-prob check above must fail then."""
@@ -133,6 +136,7 @@ def test_stale_tied_head_is_caught(tok, prompts):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_prefix_cache_is_reset_by_a_sync(tok):
     """A long prompt seen before a sync must not reuse KV blocks computed with old weights."""
     model = tied_model(len(tok))
@@ -152,6 +156,7 @@ def test_prefix_cache_is_reset_by_a_sync(tok):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_multiprocess_mode_syncs_a_tied_model(tok, prompts):
     model = tied_model(len(tok))
     with vllm_engine(model, tok, multiprocess=True) as engine:
@@ -163,6 +168,7 @@ def test_multiprocess_mode_syncs_a_tied_model(tok, prompts):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_lora_merged_weights_are_synced(tok, prompts):
     pytest.importorskip("peft")
     from gspo.models.lora import apply_lora
@@ -218,6 +224,7 @@ def test_unsupported_combinations_are_refused_by_the_config():
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_top_p_refused_for_training_allowed_for_eval(tok, prompts):
     model = tied_model(len(tok))
     params = SamplingParams(max_new_tokens=4, top_p=0.8)
@@ -230,6 +237,7 @@ def test_top_p_refused_for_training_allowed_for_eval(tok, prompts):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_models_vllm_cannot_load_are_named(tok):
     from gspo.rollout.vllm_engine import VLLMEngine, check_loadable
 
@@ -250,6 +258,7 @@ def test_models_vllm_cannot_load_are_named(tok):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_prompt_longer_than_max_model_len_is_refused(tok, prompts):
     model = tied_model(len(tok))
     with (
@@ -260,6 +269,7 @@ def test_prompt_longer_than_max_model_len_is_refused(tok, prompts):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_starting_vllm_leaves_the_process_state_alone(tok):
     """vLLM's in-process CPU worker seeds the global RNGs and disables torch.set_num_threads;
     the engine undoes both, so the trainer's streams and thread count are its own."""

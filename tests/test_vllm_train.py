@@ -45,6 +45,7 @@ def _records(path: Path) -> list[dict]:
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_train_and_eval_with_vllm(tmp_path, monkeypatch):
     _random_rewards(monkeypatch)
     out = tmp_path / "run"
@@ -112,6 +113,7 @@ def test_vllm_learns_the_addition_demo_like_torch(tmp_path):
 
 
 @needs_vllm
+@pytest.mark.slow
 def test_train_lora_with_vllm_syncs_merged_weights(tmp_path, monkeypatch):
     pytest.importorskip("peft")
     _random_rewards(monkeypatch)
@@ -134,6 +136,7 @@ def _smollm2_missing() -> str | None:
 
 @needs_vllm
 @pytest.mark.skipif(_smollm2_missing() is not None, reason=_smollm2_missing() or "")
+@pytest.mark.slow
 def test_smollm2_chat_prompts_stop_tokens_and_sync():
     """SmolLM2-135M-Instruct (the dequantized HF copy, tied embeddings, vocab 49152) behind its
     chat template: the template's end-of-turn token ends rows, and the engine's log-probs match
@@ -185,6 +188,7 @@ a sync), 4x margin."""
 
 @needs_vllm
 @pytest.mark.parametrize("mode", ["keep", "restart"])
+@pytest.mark.slow
 def test_local_async_with_vllm_partial_rollouts(tmp_path, monkeypatch, mode):
     """max_staleness=1 with a local vLLM engine (once refused): the rollout thread owns the
     engine and generates in chunks of 4 tokens through the public engine protocol; new weights
