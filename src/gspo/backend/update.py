@@ -82,13 +82,12 @@ def update_policy(
     """
     model.train()
     acc = Accumulator() if acc is None else acc
-    steps = minibatches(cfg, batch)
     inputs = forward_inputs(cfg, model, batch.rollout)
     idle = zero_gradient_rows(cfg, model, batch.advantages)  # [N] rows that only need metrics
     acc.add_scalar(
         "advantage/zero_fraction", float(_zero_advantage(batch.advantages).float().mean())
     )
-    for k, minibatch in enumerate(steps):
+    for k, minibatch in enumerate(minibatches(cfg, batch)):
         micros = micro_batches(cfg, batch, minibatch, idle, inputs.whole_width, shard)
         if not any(micro.grad for micro in micros):
             _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
