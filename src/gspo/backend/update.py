@@ -144,19 +144,19 @@ def micro_batches(
     the gradient pass, and pads with zero-weight passes up to the largest share's count.
     """
     size = cfg.optim.micro_batch_size or batch.num_samples
-    metrics = cfg.optim.zero_advantage_metrics
+    idle_metrics = cfg.optim.zero_advantage_metrics
     if shard is not None:
         # Without their metrics, idle rows leave the pass as they do locally (every rank sees
         # the whole batch, so all drop the same rows and pad to the same count).
-        rows = minibatch if metrics else minibatch[~idle[minibatch].cpu()]
-        passes = rank_parts(rows, shard, size, pad=minibatch[:1])
+        own = minibatch if idle_metrics else minibatch[~idle[minibatch].cpu()]
+        passes = rank_parts(own, shard, size, pad=minibatch[:1])
     else:
         live, rest = minibatch[~idle[minibatch]], minibatch[idle[minibatch]]
-        if metrics and len(rest) < cfg.optim.zero_advantage_split * len(minibatch):
+        if idle_metrics and len(rest) < cfg.optim.zero_advantage_split * len(minibatch):
             live, rest = minibatch, minibatch[:0]
-        passes = [(p, True) for p in live.split(size) if len(p)]
-        if metrics:
-            passes += [(p, False) for p in rest.split(size) if len(p)]  # (empty split: [[]])
+        passes = [(rows, True) for rows in live.split(size) if len(rows)]
+        if idle_metrics:  # (an empty split is [[]])
+            passes += [(rows, False) for rows in rest.split(size) if len(rows)]
     # grad None: a zero-weight pass that keeps the ranks in step (it runs a backward too).
     return [
         micro_batch(
