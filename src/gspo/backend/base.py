@@ -1,8 +1,9 @@
 """The training-backend protocol: what the loop asks of whoever holds the trainable policy.
 
 A backend owns the policy's weights, its optimizer and LR schedule, the frozen reference model
-(KL), and their checkpoint. The loop hands it the step's :class:`~gspo.rollout.batch.RolloutBatch` and gets metrics back; it never
-touches the model itself. The local backend runs in this process; the FSDP2 backend shards the
+(KL), and their checkpoint. The loop hands it the step's
+:class:`~gspo.rollout.batch.RolloutBatch` and gets metrics back; it never touches the model
+itself. The local backend runs in this process; the FSDP2 backend shards the
 same update over N ranks (all-reduced sequence and token denominators, so the update equals
 one process's), placed by Ray.
 """
