@@ -12,6 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from update_support import update_batch
+
+from gspo.rollout.batch import RolloutBatch
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -87,7 +90,7 @@ def _fake_backend(log: _Recorder, monkeypatch):
 
 
 def _one_step(backend, engine) -> None:
-    backend.update(None, None, None, 0)
+    backend.update(RolloutBatch(None, None))  # the fake ranks read nothing
     backend.push_weights(engine)
 
 
@@ -165,7 +168,7 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4=")]
         for step in range(2):
             rollout = pool.generate(prompts, 4, params, torch.Generator().manual_seed(3 + step))
-            backend.update(rollout, rollout.logprobs, torch.linspace(-1, 1, 8), step)
+            backend.update(update_batch(rollout, rollout.logprobs, torch.linspace(-1, 1, 8), step))
             assert backend.asleep
             backend.push_weights(pool)
             assert not backend.asleep

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from update_support import update_batch
 
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
@@ -146,10 +147,7 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
             None,
             optimizer,
             scheduler,
-            rollout,
-            rollout.logprobs,
-            advantages,
-            step,
+            update_batch(rollout, rollout.logprobs, advantages, step),
         )
         assert metrics["grad_norm"] > 0  # the weights moved: a stale copy would show
         if sync:

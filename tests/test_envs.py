@@ -9,7 +9,7 @@ import pytest
 import torch
 from envs_support import TOK, ScriptedEngine
 
-from gspo.backend.update import _rows
+from gspo.backend.update import micro_batch
 from gspo.core.losses import policy_loss
 from gspo.envs import SingleTurnEnv, Step
 from gspo.envs.driver import Limits, episode_metrics, run_episodes
@@ -74,12 +74,12 @@ def _calc_rollout():
 
 @pytest.mark.parametrize("algo", ["gspo", "gspo_token", "grpo", "luspo"])
 def test_no_environment_token_gets_a_gradient(algo):
-    """The trainer's loss mask (``_rows(...).loss_mask``) leaves env tokens without gradient;
+    """The trainer's loss mask (``micro_batch(...).loss_mask``) leaves env tokens without gradient;
     fails if the attention mask (policy + env tokens) were used as the loss mask."""
     rollout = _calc_rollout()
     model = build_tiny_model(TOK.vocab_size, seed=0).double()
-    rows = _rows(rollout, torch.arange(rollout.num_samples), trim=True)
-    logprobs, _ = token_logprobs(model, *rows.tensors)
+    rows = micro_batch(rollout, torch.arange(rollout.num_samples), cut=True)
+    logprobs, _ = token_logprobs(model, *rows.tokens)
     logprobs.retain_grad()
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
     loss, _ = policy_loss(

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
+import gspo.models.forward_inputs as forward_module
 from gspo.compose.parts import limit_prompts
 from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build
@@ -37,13 +37,13 @@ def weights(model) -> dict[str, torch.Tensor]:
 
 def test_nan_logprobs_skip_updates_then_stop(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_module, "build_task", lambda cfg: varied_task())
-    real = update_module.token_logprobs
+    real = forward_module.token_logprobs
 
     def poisoned(*args, **kwargs):
         logprobs, entropy = real(*args, **kwargs)
         return logprobs * float("nan"), entropy
 
-    monkeypatch.setattr(update_module, "token_logprobs", poisoned)
+    monkeypatch.setattr(forward_module, "token_logprobs", poisoned)
     initial = {}
 
     real_build = trainer_module.build_policy
@@ -66,7 +66,7 @@ def test_nan_logprobs_skip_updates_then_stop(tmp_path, monkeypatch):
 def test_nan_weights_never_reach_the_model(tmp_path, monkeypatch):
     """One poisoned minibatch is skipped; the weights stay finite and training goes on."""
     monkeypatch.setattr(trainer_module, "build_task", lambda cfg: varied_task())
-    real = update_module.token_logprobs
+    real = forward_module.token_logprobs
     calls = {"n": 0}
 
     def sometimes(*args, **kwargs):
@@ -76,7 +76,7 @@ def test_nan_weights_never_reach_the_model(tmp_path, monkeypatch):
             logprobs = logprobs * float("inf")
         return logprobs, entropy
 
-    monkeypatch.setattr(update_module, "token_logprobs", sometimes)
+    monkeypatch.setattr(forward_module, "token_logprobs", sometimes)
     result = train(cfg_for(tmp_path, steps=2))
     steps = [r for r in result.history if "reward/mean" in r]
     assert steps[0]["faults/skipped_updates"] == 1 and steps[1]["faults/skipped_updates"] == 0
@@ -201,7 +201,7 @@ def test_hanging_reward_times_out_and_is_counted(tmp_path, monkeypatch):
 
 def poison_logprobs(monkeypatch, which=lambda n: True) -> None:
     """Make the training forward's log-probs non-finite on the calls ``which`` selects."""
-    real = update_module.token_logprobs
+    real = forward_module.token_logprobs
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -209,7 +209,7 @@ def poison_logprobs(monkeypatch, which=lambda n: True) -> None:
         calls["n"] += 1
         return (logprobs * float("nan") if which(calls["n"]) else logprobs), entropy
 
-    monkeypatch.setattr(update_module, "token_logprobs", poisoned)
+    monkeypatch.setattr(forward_module, "token_logprobs", poisoned)
 
 
 def test_bad_step_streak_survives_a_resume(tmp_path, monkeypatch):

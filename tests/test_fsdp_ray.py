@@ -7,12 +7,14 @@ import os
 
 import pytest
 import torch
+from update_support import update_batch
 
 import gspo.backend.update as update_module
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
 from gspo.config.combinations import split
 from gspo.core.losses import LOSSES
+from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import Rollout
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
@@ -76,7 +78,7 @@ def _batch(cfg: TrainConfig, model):
         prompt_index=torch.arange(n),
     )
     with torch.no_grad():
-        current, _ = update_module.token_logprobs(
+        current, _ = token_logprobs(
             model, prompt_ids, rollout.prompt_mask, completion_ids, completion_mask
         )  # [N, L]
     old = (
@@ -102,12 +104,12 @@ def test_two_ranks_equal_one_process(ray_session, algo):
     opt = torch.optim.AdamW(local.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, update_module.lr_lambda(cfg.warmup_steps))
     local_metrics = update_module.update_policy(
-        split(cfg), local, None, opt, sched, rollout, old, advantages, 0
+        split(cfg), local, None, opt, sched, update_batch(rollout, old, advantages)
     )
 
     backend = RayFSDPBackend(split(cfg), model, workers=2)
     try:
-        metrics = backend.update(rollout, old, advantages, 0)
+        metrics = backend.update(update_batch(rollout, old, advantages, 0))
         sharded = backend.full_state_dict()
     finally:
         backend.close()

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from update_support import update_batch
 
 from gspo.config import TrainConfig, build
 from gspo.config.combinations import split
@@ -88,9 +89,8 @@ def _update(weights, micro=0):
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     old = rollout.logprobs - 0.1 * rollout.completion_mask  # off-policy: ratios != 1
-    update_policy(
-        split(cfg), model, None, opt, sched, rollout, old, adv, 0, weights=weights(rollout)
-    )
+    batch = update_batch(rollout, old, adv, weights=weights(rollout))
+    update_policy(split(cfg), model, None, opt, sched, batch)
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from update_support import update_batch
 
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
@@ -124,7 +125,12 @@ def one_update(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     metrics = update_module.update_policy(
-        split(cfg), model, None, optimizer, scheduler, rollout, rollout.logprobs, advantages, 0
+        split(cfg),
+        model,
+        None,
+        optimizer,
+        scheduler,
+        update_batch(rollout, rollout.logprobs, advantages),
     )
     assert "moe/aux_loss" in metrics
     return {k: v.detach().clone() for k, v in model.named_parameters()}

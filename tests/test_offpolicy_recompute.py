@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from update_support import update_batch
 
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
@@ -64,7 +65,7 @@ def _update(cfg: Options, model, rollout: Rollout, advantages: torch.Tensor):
     """One step as the loop runs it: the backend's old log-probs, then its update."""
     backend = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
     old, mismatch = backend.old_logprobs(rollout)  # [N, L]
-    metrics = backend.update(rollout, old, advantages, 0)
+    metrics = backend.update(update_batch(rollout, old, advantages))
     return old, mismatch, metrics, backend.model.state_dict()
 
 

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from update_support import update_batch
 
 from gspo.backend.base import TrainingBackend
 from gspo.backend.local import LocalBackend
@@ -107,8 +108,8 @@ def test_ray_backend_equals_local(ray_session, kw, zero_rows):
         assert (pen_l is None) == (pen_r is None) and kl_r == pytest.approx(kl_l, rel=1e-12)
         if pen_l is not None:
             assert float((pen_l - pen_r).abs().max()) < 1e-12
-        m_l = local.update(rollout, old_l, advantages, 0)
-        m_r = ray_backend.update(rollout, old_l, advantages, 0)
+        m_l = local.update(update_batch(rollout, old_l, advantages, 0))
+        m_r = ray_backend.update(update_batch(rollout, old_l, advantages, 0))
         diff = _weights_diff(local.model.state_dict(), ray_backend.full_state_dict())
         print(f"{kw} zero rows {zero_rows}: weights 2 ranks vs local {diff:.1e}")
         assert diff < TOLERANCE
@@ -132,7 +133,7 @@ def test_non_finite_on_one_rank_skips_everywhere(ray_session):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     backend = RayFSDPBackend(split(cfg), model, workers=2)
     try:
-        metrics = backend.update(rollout, rollout.logprobs, advantages, 0)
+        metrics = backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         assert metrics["faults/skipped_updates"] == 1.0
         assert _weights_diff(before, backend.full_state_dict()) == 0.0  # no rank stepped
     finally:
@@ -148,11 +149,11 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
     rollout, advantages = _batch(model)
     first = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
     try:
-        first.update(rollout, rollout.logprobs, advantages, 0)
+        first.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         path = first.save_checkpoint(
             tmp_path, 1, tokenizer=tokenizer, config={}, keep=2, extra={"bad_streak": 0}
         )
-        m_unbroken = first.update(rollout, rollout.logprobs, advantages, 1)
+        m_unbroken = first.update(update_batch(rollout, rollout.logprobs, advantages, 1))
         unbroken = first.full_state_dict()
         lr_unbroken = first.lr()
         first.export(tmp_path / "final", tokenizer)
@@ -163,7 +164,7 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
     try:
         state = second.load_checkpoint(path)
         assert state["step"] == 1 and state["bad_streak"] == 0
-        m_resumed = second.update(rollout, rollout.logprobs, advantages, 1)
+        m_resumed = second.update(update_batch(rollout, rollout.logprobs, advantages, 1))
         assert _weights_diff(unbroken, second.full_state_dict()) == 0.0  # optimizer moments too
         assert m_resumed == m_unbroken and second.lr() == lr_unbroken  # the schedule too
     finally:
@@ -184,10 +185,10 @@ def test_activation_checkpointing_same_update_and_bf16_close(ray_session):
     model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model)
     local = LocalBackend(split(cfg), copy.deepcopy(model), torch.device("cpu"))
-    local.update(rollout, rollout.logprobs, advantages, 0)
+    local.update(update_batch(rollout, rollout.logprobs, advantages, 0))
     backend = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
     try:
-        backend.update(rollout, rollout.logprobs, advantages, 0)
+        backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         diff = _weights_diff(local.model.state_dict(), backend.full_state_dict())
     finally:
         backend.close()
@@ -201,10 +202,10 @@ def test_activation_checkpointing_same_update_and_bf16_close(ray_session):
     model.float()
     rollout.logprobs = rollout.logprobs.float()
     local = LocalBackend(split(cfg32), copy.deepcopy(model), torch.device("cpu"))
-    m_local = local.update(rollout, rollout.logprobs, advantages.float(), 0)
+    m_local = local.update(update_batch(rollout, rollout.logprobs, advantages.float(), 0))
     backend = RayFSDPBackend(split(cfg32), copy.deepcopy(model), workers=2)
     try:
-        m_bf16 = backend.update(rollout, rollout.logprobs, advantages.float(), 0)
+        m_bf16 = backend.update(update_batch(rollout, rollout.logprobs, advantages.float(), 0))
         state = backend.full_state_dict()
     finally:
         backend.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_ray_backend import _batch, _cfg
+from update_support import update_batch
 
 from gspo.compose.parts import build_policy_for
 from gspo.config.combinations import split
@@ -99,11 +100,11 @@ def test_killed_rank_named_and_nothing_left(tmp_path):
     started = _descendants(os.getpid())  # raylet, GCS, workers: all of this session
     assert set(pids) <= set(started)
     try:
-        backend.update(rollout, rollout.logprobs, advantages, 0)
+        backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         backend.save_checkpoint(tmp_path, 1, tokenizer=tokenizer, config={}, keep=2, extra={})
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(WorkerLostError, match=r"training rank 1 .*step_000001"):
-            backend.update(rollout, rollout.logprobs, advantages, 1)
+            backend.update(update_batch(rollout, rollout.logprobs, advantages, 1))
     finally:
         backend.close()
     assert not ray.is_initialized()

@@ -10,6 +10,7 @@ import os
 
 import pytest
 import torch
+from update_support import update_batch
 
 from gspo.backend.local import LocalBackend
 from gspo.compose.parts import build_policy_for
@@ -81,7 +82,7 @@ def _continues(backend, path, saved, unbroken, metrics, lr, batch, what: str) ->
     state = backend.load_checkpoint(path)
     assert state["step"] == 1
     assert _diff(saved, _weights(backend)) == 0.0, what
-    m = backend.update(batch[0], batch[0].logprobs, batch[1], 1)
+    m = backend.update(update_batch(batch[0], batch[0].logprobs, batch[1], 1))
     diff = _diff(unbroken, _weights(backend))
     print(f"{what}: weights vs unbroken {diff:.1e}")
     assert diff < WEIGHT_TOL, what  # Adam's moments were restored: a fresh Adam moves ~lr
@@ -93,10 +94,10 @@ def _continues(backend, path, saved, unbroken, metrics, lr, batch, what: str) ->
 
 def _run_two(backend, batch, out, tokenizer):
     """Update step 0, checkpoint, update step 1: (path, saved weights, final, metrics, lr)."""
-    backend.update(batch[0], batch[0].logprobs, batch[1], 0)
+    backend.update(update_batch(batch[0], batch[0].logprobs, batch[1], 0))
     path = backend.save_checkpoint(out, 1, tokenizer=tokenizer, config={}, keep=2, extra={})
     saved = {k: v.clone() for k, v in _weights(backend).items()}
-    metrics = backend.update(batch[0], batch[0].logprobs, batch[1], 1)
+    metrics = backend.update(update_batch(batch[0], batch[0].logprobs, batch[1], 1))
     return path, saved, _weights(backend), metrics, backend.lr()
 
 

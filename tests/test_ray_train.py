@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+from update_support import update_batch
 
 from gspo.config import TrainConfig, build
 from gspo.config.combinations import split
@@ -155,7 +156,7 @@ def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
         assert rollout.num_samples == 12
         assert rollout.prompt_index.tolist() == [i for i in range(3) for _ in range(4)]
         advantages = torch.linspace(-1, 1, 12, dtype=torch.float64)  # [N]
-        backend.update(rollout, rollout.logprobs, advantages, 0)
+        backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         backend.push_weights(pool)  # the gathered weights land in backend.model and the workers
         after = pool.generate(prompts, 4, params, torch.Generator().manual_seed(4))
         with torch.no_grad():
@@ -209,7 +210,7 @@ def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4=")]
         rollout = pool.generate(prompts, 4, params, torch.Generator().manual_seed(3))
         advantages = torch.linspace(-1, 1, 8)  # [N]
-        backend.update(rollout, rollout.logprobs, advantages, 0)
+        backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         backend.push_weights(pool)
         after = pool.generate(prompts, 4, params, torch.Generator().manual_seed(4))
         with torch.no_grad():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from update_support import update_batch
 
 from gspo.backend.checkpoint import write_checkpoint
 from gspo.backend.fsdp import FSDPRank
@@ -151,7 +152,7 @@ def test_a_sharded_checkpoint_reads_back_whole_on_other_rank_counts(tmp_path):
 
     def train_and_save(into: Path):
         def fn(rank: FSDPRank) -> dict:
-            rank.update(rollout, rollout.logprobs, advantages, 0)  # Adam moments != 0
+            rank.update(update_batch(rollout, rollout.logprobs, advantages))  # Adam moments != 0
             rank.save(str(into))
             return _rank_state(rank)
 
@@ -218,7 +219,7 @@ def test_a_local_checkpoint_reads_back_whole_on_two_ranks(tmp_path):
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     rollout, advantages = _batch(model)
     local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
-    local.update(rollout, rollout.logprobs, advantages, 0)
+    local.update(update_batch(rollout, rollout.logprobs, advantages))
     path = local.save_checkpoint(tmp_path / "local", 1, tokenizer=None, config={}, keep=2, extra={})
     want = {**_full_state(local.model, local.optimizer), "lr": local.lr()}
     converted = tmp_path / "converted"

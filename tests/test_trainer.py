@@ -22,6 +22,7 @@ from trainer_support import (
 
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
+import gspo.models.forward_inputs as forward_module
 from gspo.backend import checkpoint as ckpt
 from gspo.compose.parts import build_policy_for
 from gspo.compose.train import train
@@ -287,14 +288,14 @@ def test_config_rejects_groups_that_do_not_split(tmp_path):
 
 def test_group_minibatches_train_and_run_each_prompt_once(tmp_path, monkeypatch):
     seen: list[int] = []  # distinct prompts per training forward
-    inner = update_module.token_logprobs
+    inner = forward_module.token_logprobs
 
     def spy(model, *args, prompt_index=None, **kw):
         if torch.is_grad_enabled():
             seen.append(len(set(prompt_index.tolist())))
         return inner(model, *args, prompt_index=prompt_index, **kw)
 
-    monkeypatch.setattr(update_module, "token_logprobs", spy)
+    monkeypatch.setattr(forward_module, "token_logprobs", spy)
     cfg = make_cfg(tmp_path, minibatch_grouping="groups", steps=2, lr=1e-3, warmup_steps=0)
     result = train(cfg)
     per_minibatch = cfg.prompts_per_step // cfg.num_minibatches
@@ -322,25 +323,29 @@ def test_padding_trim_changes_nothing_but_the_work(tmp_path, monkeypatch, algo):
     monkeypatch.setattr(trainer_module, "build_task", lambda cfg: task)
     common.update(prompts_per_step=4, group_size=2)
     widths: list[tuple[int, int, int, int]] = []
-    inner_rows = update_module._rows
+    inner_micro = update_module.micro_batch
 
-    def spy(rollout, part, trim):
-        rows = inner_rows(rollout, part, trim)
+    def spy(rollout, rows, *, cut, **kw):
+        micro = inner_micro(rollout, rows, cut=cut, **kw)
         widths.append(
             (
-                *rows.prompt_ids.shape[1:],
-                *rows.completion_ids.shape[1:],
+                *micro.prompt_ids.shape[1:],
+                *micro.completion_ids.shape[1:],
                 *rollout.prompt_ids.shape[1:],
                 *rollout.completion_ids.shape[1:],
             )
         )
-        return rows
+        return micro
 
-    monkeypatch.setattr(update_module, "_rows", spy)
+    monkeypatch.setattr(update_module, "micro_batch", spy)
     trimmed = train(make_cfg(tmp_path / "trim", **common))
     # Some micro-batch was narrower than the rollout, in its prompts or its completions.
     assert any(p < full_p or c < full_c for p, c, full_p, full_c in widths)
-    monkeypatch.setattr(update_module, "_rows", lambda r, part, trim: inner_rows(r, part, False))
+    monkeypatch.setattr(
+        update_module,
+        "micro_batch",
+        lambda r, rows, *, cut, **kw: inner_micro(r, rows, cut=False, **kw),
+    )
     full = train(make_cfg(tmp_path / "full", **common))
     st, sf = trimmed.model.state_dict(), full.model.state_dict()
     for k in sf:

@@ -20,6 +20,7 @@ from trainer_support import (
 
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
+import gspo.models.forward_inputs as forward_module
 from gspo.compose.parts import build_policy_for
 from gspo.compose.train import train
 from gspo.config.combinations import split
@@ -62,13 +63,13 @@ def count_forwards(monkeypatch) -> tuple[list[int], list[int]]:
     """(rows per forward with grad, rows per no-grad forward) of the training pass, filled as
     the trainer runs."""
     grad_rows, nograd_rows = [], []
-    inner_logprobs = update_module.token_logprobs
+    inner_logprobs = forward_module.token_logprobs
 
     def spy(model, *args, prompt_index=None, **kw):
         (grad_rows if torch.is_grad_enabled() else nograd_rows).append(len(prompt_index))
         return inner_logprobs(model, *args, prompt_index=prompt_index, **kw)
 
-    monkeypatch.setattr(update_module, "token_logprobs", spy)
+    monkeypatch.setattr(forward_module, "token_logprobs", spy)
     return grad_rows, nograd_rows
 
 

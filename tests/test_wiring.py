@@ -20,6 +20,7 @@ from trainer_support import (
     even_task,
     train_records,
 )
+from update_support import update_batch
 from wiring_support import SOURCES, cli_cfg
 
 import gspo.backend.update as update_module
@@ -99,7 +100,12 @@ def one_update(cfg: TrainConfig, model, rollout, old, advantages, ref_model=None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     return update_module.update_policy(
-        split(cfg), model, ref_model, optimizer, scheduler, rollout, old, advantages, step=0
+        split(cfg),
+        model,
+        ref_model,
+        optimizer,
+        scheduler,
+        update_batch(rollout, old, advantages),
     )
 
 

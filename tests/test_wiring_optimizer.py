@@ -14,8 +14,8 @@ from trainer_support import (
 )
 from wiring_support import SOURCES, cli_cfg
 
-import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
+import gspo.models.forward_inputs as forward_module
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig
 
@@ -23,14 +23,14 @@ from gspo.config import TrainConfig
 def count_training_forwards(monkeypatch) -> list[torch.Tensor]:
     """prompt_index of every training forward with gradient (a pass-through spy)."""
     seen: list[torch.Tensor] = []
-    inner = update_module.token_logprobs
+    inner = forward_module.token_logprobs
 
     def spy(model, *args, prompt_index=None, **kw):
         if torch.is_grad_enabled():
             seen.append(prompt_index.clone())
         return inner(model, *args, prompt_index=prompt_index, **kw)
 
-    monkeypatch.setattr(update_module, "token_logprobs", spy)
+    monkeypatch.setattr(forward_module, "token_logprobs", spy)
     return seen
 
 

@@ -1,8 +1,9 @@
 """The training-backend protocol: what the loop asks of whoever holds the trainable policy.
 
 A backend owns the policy's weights, its optimizer and LR schedule, the frozen reference model
-(KL), and their checkpoint. The loop hands it a rollout batch and gets metrics back; it never
-touches the model itself. The local backend runs in this process; the FSDP2 backend shards the
+(KL), and their checkpoint. The loop hands it the step's
+:class:`~gspo.rollout.batch.RolloutBatch` and gets metrics back; it never touches the model
+itself. The local backend runs in this process; the FSDP2 backend shards the
 same update over N ranks (all-reduced sequence and token denominators, so the update equals
 one process's), placed by Ray.
 """
@@ -15,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from ..rollout.base import Rollout
+from ..rollout.batch import RolloutBatch
 
 
 @runtime_checkable
@@ -37,17 +39,11 @@ class TrainingBackend(Protocol):
         when the KL term is off or sits in the loss."""
         ...
 
-    def update(
-        self,
-        rollout: Rollout,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        step: int,
-        weights: torch.Tensor | None = None,
-    ) -> dict[str, float]:
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
         """``num_minibatches`` optimizer steps over the batch; the loss/clip/grad metrics.
 
-        ``advantages``: [N] or [N, L]; ``weights``: detached correction weights, [N] or [N, L].
+        Reads the batch's rollout, ``old_logprobs`` [N, L], ``advantages`` ([N] or [N, L]),
+        ``weights`` (detached correction weights, [N] or [N, L], or None) and ``step``.
         """
         ...
 

@@ -1,7 +1,8 @@
 """One FSDP2 training rank (a Ray actor): the trainer's own update, sharded over N ranks.
 
 Each rank builds the same policy from the driver's weights, wraps it with ``fully_shard`` and
-runs :func:`gspo.backend.update.update_policy` on its share of every minibatch (``shard=(rank, N)``).
+runs :func:`gspo.backend.update.update_policy` on its share of every minibatch
+(``shard=(rank, N)``).
 The sequence and token denominators are those of the whole minibatch, and FSDP2's gradient
 reduce-scatter sums (divide factor 1) instead of averaging, so the summed gradient equals one
 process's; ``clip_grad_norm_`` on DTensor gradients clips on the global norm. gloo on CPU,
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from ..models.logprobs import token_logprobs
 from ..models.policy import build_policy, set_threads
 from ..models.vision import is_vision_model
 from ..rollout.base import PIXELS, Rollout
+from ..rollout.batch import RolloutBatch
 from .accumulator import Accumulator
 from .options import reference_logprobs, reward_kl_penalty
 from .ray_refs import with_pixels
@@ -148,17 +151,12 @@ class FSDPRank:
     def kl_penalty(self, rollout: Rollout, old_logprobs: torch.Tensor):
         return reward_kl_penalty(self.cfg, self.ref_model, with_pixels(rollout), old_logprobs)
 
-    def update(self, rollout, old, advantages, step, weights=None) -> dict[str, Any]:
+    def update(self, batch: RolloutBatch) -> dict[str, Any]:
         """This rank's share of the update: its raw metric sums (merged by the driver) and
         the learning rate after it (one round trip)."""
         # The batch comes from the driver on CPU (its pixel inputs by reference); a GPU rank
         # works on its own device.
-        rollout, old, advantages = (
-            with_pixels(rollout).to(self.device),
-            old.to(self.device),
-            advantages.to(self.device),
-        )
-        weights = None if weights is None else weights.to(self.device)
+        batch = replace(batch, rollout=with_pixels(batch.rollout)).to(self.device)
         acc = Accumulator()
         update_policy(
             self.cfg,
@@ -166,11 +164,7 @@ class FSDPRank:
             self.ref_model,
             self.optimizer,
             self.scheduler,
-            rollout,
-            old,
-            advantages,
-            step,
-            weights,
+            batch,
             shard=(self.rank, self.world),
             acc=acc,
         )

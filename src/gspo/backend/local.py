@@ -17,6 +17,7 @@ from gspo.config.combinations import Options
 from ..models.model_io import save_model
 from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
+from ..rollout.batch import RolloutBatch
 from .checkpoint import restore, save_checkpoint
 from .options import reference_logprobs, reward_kl_penalty
 from .reshard import is_sharded, restore_sharded
@@ -47,25 +48,9 @@ class LocalBackend:
         """(β Σ_t KL_t per sequence [N], metrics) with ``kl_in_reward``; (None, {}) otherwise."""
         return reward_kl_penalty(self.cfg, self.ref_model, rollout, old_logprobs)
 
-    def update(
-        self,
-        rollout: Rollout,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        step: int,
-        weights: torch.Tensor | None = None,
-    ) -> dict[str, float]:
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
         return update_policy(
-            self.cfg,
-            self.model,
-            self.ref_model,
-            self.optimizer,
-            self.scheduler,
-            rollout,
-            old_logprobs,
-            advantages,
-            step,
-            weights=weights,
+            self.cfg, self.model, self.ref_model, self.optimizer, self.scheduler, batch
         )
 
     def push_weights(self, engine: Any) -> None:

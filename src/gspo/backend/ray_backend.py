@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..models.model_io import save_model
 from ..models.moe import is_moe
 from ..models.vision import save_processor
 from ..rollout.base import Rollout
+from ..rollout.batch import RolloutBatch
 from .checkpoint import (
     load_state,
     set_rng_state,
@@ -202,24 +204,25 @@ class RayFSDPBackend:
         batch = self.refs.by_reference(rollout)
         return self._rank0(lambda r: r.kl_penalty.remote(batch, old_logprobs), "the KL pass")
 
-    def update(
-        self,
-        rollout: Rollout,
-        old_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        step: int,
-        weights: torch.Tensor | None = None,
-    ) -> dict[str, float]:
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
         if self.sleeper is not None and not self.asleep:
             self.sleeper.sleep()  # free the shared GPU memory for the update
             self.asleep = True
-        # One object-store copy of the batch for all ranks (each takes its rows); its pixel
-        # inputs (image prompts) by reference, the copy the step's earlier passes read.
-        batch = self.refs.by_reference(rollout)
-        args = [self.ray.put(a) for a in (batch, old_logprobs, advantages, weights)]
-        states = self._all(
-            lambda r: r.update.remote(args[0], args[1], args[2], step, args[3]), "the update"
+        # One object-store copy of what the update reads, for all ranks (each takes its
+        # rows); its pixel inputs (image prompts) by reference, the copy the step's earlier
+        # passes read. The episodes' records and the metrics stay on the driver.
+        shipped = replace(
+            batch,
+            rollout=self.refs.by_reference(batch.rollout),
+            trajectories=[],
+            images=None,
+            metrics={},
+            mismatch={},
+            corrected={},
+            times={},
         )
+        ref = self.ray.put(shipped)
+        states = self._all(lambda r: r.update.remote(ref), "the update")
         self._lr = states[0]["lr"]
         return merge_rank_metrics([s["metrics"] for s in states])
 

@@ -1,7 +1,19 @@
-"""The local policy update of one batch: minibatches, micro-batches, old/ref log-probs.
+"""The policy update of one scored batch, read top to bottom as the loop reads
+(:mod:`gspo.orchestration.loop`):
 
-Moved verbatim from the training loop; ``LocalBackend`` in a later step wraps it behind
-:class:`gspo.backend.base.TrainingBackend`.
+    update_policy:  for each minibatch (:func:`minibatches`): one optimizer step
+        micro_batches   its forwards: gradient rows, idle rows' no-grad forwards, a rank's share
+        micro_batch_step    forward ─► loss ─► backward, metrics into the accumulator
+        optimizer_step      clip, step (skipped when non-finite), zero the gradients
+
+The batch is the loop's :class:`~gspo.rollout.batch.RolloutBatch`: rollout, old log-probs,
+advantages, correction weights and step. What a forward takes beyond a micro-batch's tokens
+(image inputs, MoE routing to replay and record, the load-balancing loss) is the model side's
+:class:`~gspo.models.forward_inputs.ForwardInputs`, so the update runs every model the same
+way. The local backend runs it in this process; each FSDP2 rank runs it on its share.
+
+One name per thing: ``batch`` the scored batch, ``minibatch`` the row indices [n_mb] of one
+optimizer step, ``micro`` one forward's :class:`MicroBatch`, ``rows`` row indices of the batch.
 """
 
 from __future__ import annotations
@@ -20,8 +32,9 @@ from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
 from gspo.models import moe
-from gspo.models.logprobs import token_logprobs
+from gspo.models.forward_inputs import ForwardInputs, independent_rows
 from gspo.rollout.base import PIXELS, Rollout, pixel_rows
+from gspo.rollout.batch import RolloutBatch
 
 from .accumulator import Accumulator
 from .shard import all_ranks_sum, rank_parts
@@ -52,157 +65,209 @@ def update_policy(
     ref_model,
     optimizer: torch.optim.Optimizer,
     scheduler,
-    rollout: Rollout,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    step: int,
-    weights: torch.Tensor | None = None,
+    batch: RolloutBatch,
+    *,
     shard: tuple[int, int] | None = None,
     acc: Accumulator | None = None,
 ) -> dict[str, float]:
-    """Split the rollout batch into ``num_minibatches`` minibatches (``minibatch_rows``), one
-    optimizer step each.
+    """``num_minibatches`` optimizer steps over ``batch`` (its old log-probs and advantages
+    filled in); the loss/clip/grad metrics.
 
     Inside a minibatch, micro-batches accumulate gradients; each gets the minibatch's global
-    sequence and token counts as denominators, so the gradient equals one pass over the minibatch.
-
-    ``shard=(rank, world)``: a data-parallel FSDP2 rank. Every rank must run the same number of
-    forwards and backwards (each is a collective), so a rank takes its rows ``mb[rank::world]``
-    all in the gradient pass (no idle-row split) and pads with zero-weight passes up to the
-    largest share's micro-batch count; the minibatch loss is all-reduced so that a non-finite
-    loss on any rank skips the update on all. ``acc``: where the metrics accumulate (a rank's
-    raw sums, merged over ranks by :func:`gspo.backend.shard.merge_rank_metrics`).
+    sequence and token counts as denominators, so the gradient equals one pass over the
+    minibatch. ``shard=(rank, world)``: a data-parallel FSDP2 rank (:func:`micro_batches`);
+    the minibatch loss is all-reduced so that a non-finite loss on any rank skips the update
+    on all. ``acc``: where the metrics accumulate (a rank's raw sums, merged over ranks by
+    :func:`gspo.backend.shard.merge_rank_metrics`).
     """
     model.train()
-    n = rollout.num_samples
-    gen = step_generator(cfg.run.seed, step, stream=1, device=torch.device("cpu"))
-    minibatches = minibatch_rows(
-        n, cfg.rollout.group_size, cfg.optim.num_minibatches, cfg.optim.minibatch_grouping, gen
-    )
-    micro = cfg.optim.micro_batch_size or n
-    # MoE routing records (replay, aux loss) are laid out over the rollout's full width.
-    trim = not moe.is_moe(model)
     acc = Accumulator() if acc is None else acc
-    constant = cfg.loss.loss_constant or float(cfg.rollout.max_new_tokens)
-    # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
-    replay = moe.replay_source(cfg.model.routing_replay, rollout, model)
-    idle = zero_gradient_rows(cfg, model, advantages)  # [N] rows that only need metrics
-    acc.add_scalar("advantage/zero_fraction", float(_zero_advantage(advantages).float().mean()))
-    for k, mb in enumerate(minibatches):
-        mask = rollout.policy_mask[mb]  # [n_mb, L] policy tokens only (multi-turn: no env)
-        n_seq = int((mask.sum(dim=1) > 0).sum())
-        n_tok = int(mask.sum())
-        mb_loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
-        if shard is not None:  # data-parallel rank (rank, world): its rows, global denominators
-            # Without their metrics, idle rows leave the pass as they do locally (every rank
-            # sees the whole batch, so all drop the same rows and pad to the same count).
-            rows = mb if cfg.optim.zero_advantage_metrics else mb[~idle[mb].cpu()]
-            parts = rank_parts(rows, shard, micro, pad=mb[:1])
-        else:
-            # Rows with a gradient first; the idle ones run a no-grad forward for their metrics
-            # (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way).
-            # A few idle rows stay in the gradient pass: a second forward costs more than they do.
-            live, rest = mb[~idle[mb]], mb[idle[mb]]
-            if cfg.optim.zero_advantage_metrics and len(
-                rest
-            ) < cfg.optim.zero_advantage_split * len(mb):
-                live, rest = mb, mb[:0]
-            parts = [(p, True) for p in live.split(micro) if len(p)]
-            if cfg.optim.zero_advantage_metrics:
-                parts += [(p, False) for p in rest.split(micro) if len(p)]  # (empty split: [[]])
-            if len(live) == 0:
-                _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
-        for part, needs_grad in parts:
-            padding = needs_grad is None  # a zero-weight pass that keeps the ranks in step
-            needs_grad = needs_grad is not False
-            rows = _rows(rollout, part, trim)  # this micro-batch's rows, padding columns cut
-            # MoE: replay/capture the routing of this forward (a no-op block for dense models).
-            with (
-                torch.set_grad_enabled(needs_grad),
-                moe.training_forward(model, replay, part, aux=True) as routes,
-            ):
-                logprobs, entropy = token_logprobs(
-                    model,
-                    *rows.tensors,
-                    temperature=cfg.rollout.temperature,
-                    with_entropy=True,
-                    prompt_index=rollout.prompt_index[part],  # a group's prompt runs once
-                    pixels=rollout.extras.get(PIXELS),  # image prompts: the rollout's own
-                    pixel_index=pixel_rows(rollout)[part],
-                )  # [n_micro, L'] each
-            ref = _ref_logprobs(
-                cfg, ref_model, rows, rollout.prompt_index[part], rollout.extras.get(PIXELS),
-                pixel_rows(rollout)[part],
-            )  # fmt: skip
-            # Off-policy sequence mask against the engine's log-probs (None unless enabled).
-            keep, opsm = sequence_weights(
-                cfg,
-                logprobs,
-                rollout.logprobs[part][:, rows.completion_cols],
-                advantages[part],
-                rows.loss_mask,
-            )
-            loss, metrics = policy_loss(
-                cfg.loss.algo,
-                logprobs,
-                old_logprobs[part][:, rows.completion_cols].to(logprobs.dtype),
-                _columns(advantages[part], rows.completion_cols).to(logprobs.dtype),
-                rows.loss_mask,
-                clip_low=cfg.loss.clip_low,
-                clip_high=cfg.loss.clip_high,
-                aggregation=cfg.loss.aggregation,
-                num_sequences=max(n_seq, 1),
-                num_tokens=max(n_tok, 1),
-                constant=constant,
-                ref_logprobs=ref,
-                kl_coef=loss_kl_coef(cfg),
-                kl_estimator=cfg.loss.kl_estimator,
-                weights=_product(keep, _part_weights(weights, part, rows.completion_cols)),
-                options=loss_options(cfg),
-            )
-            metrics.update(opsm)
-            aux, moe_metrics = moe.micro_batch_terms(
-                model,
-                routes,
-                rollout,
-                part,
-                aux_coef=cfg.model.router_aux_loss_coef,
-                weight=len(part) / len(mb),
-            )
-            if aux is not None:
-                loss = loss + aux  # load-balancing loss (router_aux_loss_coef > 0)
-            metrics.update(moe_metrics)
-            if padding:
-                (loss * 0.0).backward()
-                continue
-            if needs_grad:
-                loss.backward()
-            m = rows.loss_mask  # [n_micro, L']
-            tokens = int(m.sum())
-            metrics["entropy"] = float((entropy.detach() * m).sum()) / max(tokens, 1)
-            mb_loss += float(loss.detach())
-            acc.add(metrics, tokens, int(m.any(dim=1).sum()), off_policy=k > 0)
-        if shard is not None:  # the whole minibatch's loss: the same skip decision on every rank
-            mb_loss = all_ranks_sum(mb_loss)
-        acc.add_scalar("loss", mb_loss)  # mean over minibatches
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
-        )
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm, as a plain tensor
-            grad_norm = grad_norm.full_tensor()
-        if math.isfinite(float(grad_norm)) and math.isfinite(mb_loss):
-            acc.add_scalar("grad_norm", float(grad_norm))
-            optimizer.step()
-            scheduler.step()  # the schedule counts updates made, so a skip does not advance it
-            skipped = 0.0
-        else:
-            # A non-finite loss or gradient would poison the weights and Adam's moments for
-            # good: drop this update and count it.
-            skipped = 1.0
-        acc.add_scalar("faults/skipped_updates", skipped, reduce="sum")
-        optimizer.zero_grad(set_to_none=True)
+    inputs = forward_inputs(cfg, model, batch.rollout)
+    idle = zero_gradient_rows(cfg, model, batch.advantages)  # [N] rows that only need metrics
+    acc.add_scalar(
+        "advantage/zero_fraction", float(_zero_advantage(batch.advantages).float().mean())
+    )
+    for k, minibatch in enumerate(minibatches(cfg, batch)):
+        micros = micro_batches(cfg, batch, minibatch, idle, inputs.whole_width, shard)
+        if not any(micro.grad for micro in micros):
+            _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
+        counts = _Counts.of(batch.rollout, minibatch)
+        loss = 0.0  # micro-batch losses are parts of the minibatch loss: they add up
+        for micro in micros:
+            loss += micro_batch_step(cfg, model, ref_model, inputs, batch, micro, counts, acc, k)
+        optimizer_step(cfg, model, optimizer, scheduler, loss, acc, shard)
     model.eval()
     return acc.result()
+
+
+def minibatches(cfg: Options, batch: RolloutBatch) -> list[torch.Tensor]:
+    """Row indices of each minibatch (:func:`minibatch_rows`), drawn from the step's generator."""
+    gen = step_generator(cfg.run.seed, batch.step, stream=1, device=torch.device("cpu"))
+    return minibatch_rows(
+        batch.num_samples,
+        cfg.rollout.group_size,
+        cfg.optim.num_minibatches,
+        cfg.optim.minibatch_grouping,
+        gen,
+    )
+
+
+def forward_inputs(cfg: Options, model, rollout: Rollout) -> ForwardInputs:
+    """What the batch's forwards take beyond its tokens: image inputs, MoE routing."""
+    return ForwardInputs.of(
+        model,
+        rollout,
+        pixels=rollout.extras.get(PIXELS),
+        pixel_index=pixel_rows(rollout),
+        routing_replay=cfg.model.routing_replay,
+        aux_coef=cfg.model.router_aux_loss_coef,
+        temperature=cfg.rollout.temperature,
+    )
+
+
+def micro_batches(
+    cfg: Options,
+    batch: RolloutBatch,
+    minibatch: torch.Tensor,
+    idle: torch.Tensor,
+    whole_width: bool,
+    shard: tuple[int, int] | None,
+) -> list[MicroBatch]:
+    """The forwards of one minibatch, in order.
+
+    Locally: rows with a gradient first; the idle ones run a no-grad forward for their metrics
+    (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way). A few
+    idle rows stay in the gradient pass: a second forward costs more than they do.
+
+    A data-parallel rank (``shard=(rank, world)``) must run as many forwards and backwards as
+    every other (each is a collective): it takes its rows ``minibatch[rank::world]``, all in
+    the gradient pass, and pads with zero-weight passes up to the largest share's count.
+    """
+    size = cfg.optim.micro_batch_size or batch.num_samples
+    idle_metrics = cfg.optim.zero_advantage_metrics
+    if shard is not None:
+        # Without their metrics, idle rows leave the pass as they do locally (every rank sees
+        # the whole batch, so all drop the same rows and pad to the same count).
+        own = minibatch if idle_metrics else minibatch[~idle[minibatch].cpu()]
+        passes = rank_parts(own, shard, size, pad=minibatch[:1])
+    else:
+        live, rest = minibatch[~idle[minibatch]], minibatch[idle[minibatch]]
+        if idle_metrics and len(rest) < cfg.optim.zero_advantage_split * len(minibatch):
+            live, rest = minibatch, minibatch[:0]
+        passes = [(rows, True) for rows in live.split(size) if len(rows)]
+        if idle_metrics:  # (an empty split is [[]])
+            passes += [(rows, False) for rows in rest.split(size) if len(rows)]
+    # grad None: a zero-weight pass that keeps the ranks in step (it runs a backward too).
+    return [
+        micro_batch(
+            batch.rollout, rows, cut=not whole_width, grad=grad is not False, padding=grad is None
+        )
+        for rows, grad in passes
+    ]
+
+
+def micro_batch_step(
+    cfg: Options,
+    model,
+    ref_model,
+    inputs: ForwardInputs,
+    batch: RolloutBatch,
+    micro: MicroBatch,
+    counts: _Counts,
+    acc: Accumulator,
+    k: int,
+) -> float:
+    """Forward ─► loss ─► backward of one micro-batch of minibatch ``k`` (the first is
+    on-policy); its metrics into ``acc``; its part of the minibatch loss."""
+    share = len(micro.rows) / counts.rows
+    forward = inputs.forward(model, micro.tokens, micro.rows, grad=micro.grad, share=share)
+    ref = inputs.reference(ref_model, micro.tokens, micro.rows)
+    loss, metrics = micro_batch_loss(cfg, batch, micro, forward.logprobs, ref, counts)
+    loss = forward.loss(loss)  # MoE: plus the load-balancing loss (router_aux_loss_coef > 0)
+    metrics.update(forward.metrics)
+    if micro.padding:
+        (loss * 0.0).backward()
+        return 0.0
+    if micro.grad:
+        loss.backward()
+    mask = micro.loss_mask  # [n, L']
+    tokens = int(mask.sum())
+    metrics["entropy"] = float((forward.entropy.detach() * mask).sum()) / max(tokens, 1)
+    acc.add(metrics, tokens, int(mask.any(dim=1).sum()), off_policy=k > 0)
+    return float(loss.detach())
+
+
+def micro_batch_loss(
+    cfg: Options, batch: RolloutBatch, micro: MicroBatch, logprobs, ref, counts: _Counts
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy loss of one micro-batch (the registry's objective) and its metrics, with the
+    minibatch's denominators."""
+    cols = micro.columns
+    advantages = batch.advantages[micro.rows]  # [n] or [n, L]
+    # Off-policy sequence mask against the engine's log-probs (None unless enabled).
+    keep, opsm = sequence_weights(
+        cfg, logprobs, batch.rollout.logprobs[micro.rows][:, cols], advantages, micro.loss_mask
+    )
+    loss, metrics = policy_loss(
+        cfg.loss.algo,
+        logprobs,
+        batch.old_logprobs[micro.rows][:, cols].to(logprobs.dtype),
+        _columns(advantages, cols).to(logprobs.dtype),
+        micro.loss_mask,
+        clip_low=cfg.loss.clip_low,
+        clip_high=cfg.loss.clip_high,
+        aggregation=cfg.loss.aggregation,
+        num_sequences=max(counts.sequences, 1),
+        num_tokens=max(counts.tokens, 1),
+        constant=cfg.loss.loss_constant or float(cfg.rollout.max_new_tokens),
+        ref_logprobs=ref,
+        kl_coef=loss_kl_coef(cfg),
+        kl_estimator=cfg.loss.kl_estimator,
+        weights=_product(keep, _part_weights(batch.weights, micro.rows, cols)),
+        options=loss_options(cfg),
+    )
+    metrics.update(opsm)
+    return loss, metrics
+
+
+def optimizer_step(
+    cfg: Options, model, optimizer, scheduler, loss: float, acc: Accumulator, shard
+) -> None:
+    """One optimizer step on the accumulated gradients of a minibatch whose loss is ``loss``;
+    skipped (and counted) when the loss or the gradient norm is not finite."""
+    if shard is not None:  # the whole minibatch's loss: the same skip decision on every rank
+        loss = all_ranks_sum(loss)
+    acc.add_scalar("loss", loss)  # mean over minibatches
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        model.parameters(), cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else math.inf
+    )
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm, as a plain tensor
+        grad_norm = grad_norm.full_tensor()
+    if math.isfinite(float(grad_norm)) and math.isfinite(loss):
+        acc.add_scalar("grad_norm", float(grad_norm))
+        optimizer.step()
+        scheduler.step()  # the schedule counts updates made, so a skip does not advance it
+        skipped = 0.0
+    else:
+        # A non-finite loss or gradient would poison the weights and Adam's moments for
+        # good: drop this update and count it.
+        skipped = 1.0
+    acc.add_scalar("faults/skipped_updates", skipped, reduce="sum")
+    optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class _Counts:
+    """A minibatch's denominators: its rows, and the sequences and tokens of its policy mask."""
+
+    rows: int
+    sequences: int
+    tokens: int
+
+    @classmethod
+    def of(cls, rollout: Rollout, minibatch: torch.Tensor) -> _Counts:
+        mask = rollout.policy_mask[minibatch]  # [n_mb, L] policy tokens only (multi-turn: no env)
+        return cls(len(minibatch), int((mask.sum(dim=1) > 0).sum()), int(mask.sum()))
 
 
 def zero_gradient_rows(cfg: Options, model, advantages: torch.Tensor) -> torch.Tensor:
@@ -214,7 +279,7 @@ def zero_gradient_rows(cfg: Options, model, advantages: torch.Tensor) -> torch.T
     penalty (its gradient reaches every row) or for MoE models (the load-balancing loss and the
     routing records span the whole forward), where every row keeps its backward.
     """
-    if cfg.loss.kl_coef != 0.0 or moe.is_moe(model):
+    if cfg.loss.kl_coef != 0.0 or not independent_rows(model):
         return torch.zeros(advantages.shape[0], dtype=torch.bool, device=advantages.device)  # [N]
     return _zero_advantage(advantages)  # [N]
 
@@ -286,65 +351,57 @@ def minibatch_rows(
 
 
 @dataclass
-class _Rows:
-    """One micro-batch's slice of a rollout, without the columns that are padding in all of its
-    rows: prompts are left-padded to the rollout's longest prompt and completions right-padded
-    to its longest completion, and a micro-batch only needs its own widths (padding columns
-    change no value, only cost FLOPs)."""
+class MicroBatch:
+    """One forward's rows of the batch, without the columns that are padding in all of them:
+    prompts are left-padded to the batch's longest prompt and completions right-padded to its
+    longest, and a micro-batch only needs its own widths (padding columns change no value,
+    only cost FLOPs)."""
 
+    rows: torch.Tensor  # [n] which rows of the batch
     prompt_ids: torch.Tensor  # [n, P']
     prompt_mask: torch.Tensor  # [n, P']
     completion_ids: torch.Tensor  # [n, L']
     completion_mask: torch.Tensor  # [n, L']
-    completion_cols: slice  # which of the rollout's L columns L' is
+    columns: slice  # which of the batch's L completion columns L' is
     loss_mask: torch.Tensor  # [n, L'] policy tokens (completion_mask but for env tokens)
+    grad: bool = True  # False: a no-grad forward, for the metrics of idle rows
+    padding: bool = False  # a zero-weight pass that keeps the FSDP2 ranks in step
 
     @property
-    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def tokens(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
 
 
-def _rows(rollout: Rollout, part: torch.Tensor, trim: bool) -> _Rows:
-    prompt_mask = rollout.prompt_mask[part]  # [n, P]
-    completion_mask = rollout.completion_mask[part]  # [n, L]
+def micro_batch(
+    rollout: Rollout, rows: torch.Tensor, *, cut: bool, grad: bool = True, padding: bool = False
+) -> MicroBatch:
+    """Rows ``rows`` of ``rollout``, the padding columns cut when ``cut``."""
+    prompt_mask = rollout.prompt_mask[rows]  # [n, P]
+    completion_mask = rollout.completion_mask[rows]  # [n, L]
     p_cols, c_cols = slice(None), slice(None)
-    if trim:
+    if cut:
         p_used = prompt_mask.any(dim=0).nonzero()  # [P', 1]
         c_used = completion_mask.any(dim=0).nonzero()  # [L', 1]
         # At least one column each: token_logprobs needs a prompt token, and an all-empty
         # micro-batch keeps one (masked) completion column.
         p_cols = slice(int(p_used[0]) if len(p_used) else prompt_mask.shape[1] - 1, None)
         c_cols = slice(0, int(c_used[-1]) + 1 if len(c_used) else 1)
-    return _Rows(
-        prompt_ids=rollout.prompt_ids[part][:, p_cols],
+    return MicroBatch(
+        rows=rows,
+        prompt_ids=rollout.prompt_ids[rows][:, p_cols],
         prompt_mask=prompt_mask[:, p_cols],
-        completion_ids=rollout.completion_ids[part][:, c_cols],
+        completion_ids=rollout.completion_ids[rows][:, c_cols],
         completion_mask=completion_mask[:, c_cols],
-        completion_cols=c_cols,
-        loss_mask=rollout.policy_mask[part][:, c_cols],
+        columns=c_cols,
+        loss_mask=rollout.policy_mask[rows][:, c_cols],
+        grad=grad,
+        padding=padding,
     )
 
 
 def _columns(advantages: torch.Tensor, cols: slice) -> torch.Tensor:
     """Per-token advantages [n, L] cut to a micro-batch's columns; [n] ones stay as they are."""
     return advantages[:, cols] if advantages.dim() == 2 else advantages
-
-
-def _ref_logprobs(
-    cfg: Options, ref_model, rows: _Rows, prompt_index: torch.Tensor, pixels=None, pixel_index=None
-):
-    if ref_model is None:
-        return None
-    with torch.no_grad():
-        ref, _ = token_logprobs(
-            ref_model,
-            *rows.tensors,
-            temperature=cfg.rollout.temperature,
-            prompt_index=prompt_index,
-            pixels=pixels,
-            pixel_index=pixel_index,
-        )
-    return ref
 
 
 def _frozen_copy(model):

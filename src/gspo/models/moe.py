@@ -188,35 +188,40 @@ def training_forward(model: nn.Module, replay: Routing | None, part: torch.Tenso
 def micro_batch_terms(
     model: nn.Module,
     rec: RoutingCapture | None,
-    rollout,
-    part: torch.Tensor,
+    old: Routing | None,
+    prompt_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    rows: torch.Tensor,
     *,
     aux_coef: float,
     weight: float,
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """The aux-loss term to add to a micro-batch loss, and its ``moe/*`` metrics.
 
-    ``weight`` is the micro-batch's share of its minibatch's sequences, so that micro-batch aux
-    losses add up to about the minibatch's (exactly with one micro-batch: HF's aux loss is a
-    product of token means and does not split exactly). ``moe/routing_change_loss`` is the
-    routing the loss's forward used vs the pre-update policy's: 0 under replay by construction.
+    ``rec``: the micro-batch forward's routing; ``old``: the pre-update policy's
+    (:func:`old_routing`) over the whole batch; ``prompt_mask`` [n, P] and ``completion_mask``
+    [n, L]: the masks of its batch rows ``rows`` [n], at the batch's full width (as the
+    routing records are). ``weight`` is the micro-batch's share of its minibatch's sequences,
+    so that micro-batch aux losses add up to about the minibatch's (exactly with one
+    micro-batch: HF's aux loss is a product of token means and does not split exactly).
+    ``moe/routing_change_loss`` is the routing the loss's forward used vs the pre-update
+    policy's: 0 under replay by construction.
     """
     if rec is None:
         return None, {}
     metrics: dict[str, float] = {}
     term = None
     if rec.keep_logits:
-        mask = torch.cat([rollout.prompt_mask[part], rollout.completion_mask[part]], dim=1)
+        mask = torch.cat([prompt_mask, completion_mask], dim=1)  # [n, P+L]
         value = aux_loss(model, rec, mask)
         metrics["moe/aux_loss"] = float(value.detach())
         if aux_coef > 0:
             term = aux_coef * weight * value
-    old = old_routing(rollout)
     if old is not None:
-        length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
-        used = rec.routing(len(part), length)
-        pos = scored_positions(rollout.prompt_ids.shape[1], rollout.completion_mask[part])
-        metrics["moe/routing_change_loss"] = routing_change(old.rows(part), used, pos)["change"]
+        length = prompt_mask.shape[1] + completion_mask.shape[1]
+        used = rec.routing(len(rows), length)
+        pos = scored_positions(prompt_mask.shape[1], completion_mask)
+        metrics["moe/routing_change_loss"] = routing_change(old.rows(rows), used, pos)["change"]
     return term, metrics
 
 

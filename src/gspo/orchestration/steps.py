@@ -139,13 +139,8 @@ def advantages(parts: Parts, batch: RolloutBatch) -> None:
 def update(parts: Parts, state: StepState, batch: RolloutBatch) -> dict[str, float]:
     """4. num_minibatches optimizer steps over the batch (the backend: local or FSDP2 ranks)."""
     t0 = time.perf_counter()
-    metrics = parts.backend.update(
-        batch.rollout,
-        batch.old_logprobs,
-        batch.advantages,
-        state.step,
-        weights=batch.weights,
-    )
+    batch.step = state.step  # seeds the update's minibatch shuffle
+    metrics = parts.backend.update(batch)
     batch.times["update"] = time.perf_counter() - t0
     return metrics
 

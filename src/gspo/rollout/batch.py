@@ -4,7 +4,7 @@ A step's rows (N = prompts x group size, group after group) start as the engine'
 episode driver's :class:`~gspo.rollout.base.Rollout`; the environment scores them (rewards,
 per-turn advantages for ``credit='turn'``), dynamic sampling and the async buffer keep some of
 their rows (:meth:`RolloutBatch.select`), and the trainer adds the old log-probs, the mismatch
-weights and the group advantages before the update reads them. Single- and multi-turn
+weights, the group advantages and the step before the update reads them. Single- and multi-turn
 episodes, synchronous and async, all hand this one object along.
 """
 
@@ -38,6 +38,9 @@ class RolloutBatch:
     """Per-row image inputs of vision-language prompts; None (text only) for now."""
     old_logprobs: torch.Tensor | None = None  # [N, L] the update's old policy
     weights: torch.Tensor | None = None  # [N, L] or [N] mismatch-correction weights
+    step: int = 0
+    """The RL step whose update trains these rows (seeds its minibatch shuffle); the loop sets
+    it before the update."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Reward-side metrics in logging order (dynamic sampling, task reward, async, episodes, KL)."""
     mismatch: dict[str, float] = field(default_factory=dict)
