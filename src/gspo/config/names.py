@@ -223,7 +223,7 @@ INTEGRATIONS: dict[str, tuple[str, str, bool]] = {
 }
 """Outside packages' tasks, named ``PREFIX:NAME`` (``--task textarena:GuessTheNumber-v0``): the
 prefix's (package import name, gspo extra that installs it, whether its tasks run in their own
-environment). gspo.envs.integrations holds them (tests/test_integrations.py keeps the two equal).
+environment). gspo.envs.integrations registers them (gspo.envs.registered checks the two agree).
 Such a name is not a ``module:builder`` reference."""
 
 
