@@ -280,3 +280,28 @@ def test_smoke_preset_is_small_and_quiet():
     cfg = build(TrainConfig, preset="smoke")
     assert cfg.progress is False and cfg.eval_every == 0 and cfg.checkpoint_every == 0
     assert cfg.prompts_per_step * cfg.group_size <= 16 and cfg.hidden_size <= 32
+
+
+def test_the_episode_limits_are_declared_once_and_eval_and_sft_take_them():
+    import ast
+    from pathlib import Path
+
+    import gspo.config as config
+    from gspo.config.eval_config import EvalConfig
+    from gspo.config.train import EPISODE_LIMITS
+
+    declared = [
+        node.target.id
+        for path in Path(config.__file__).parent.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value
+    ]  # with a value: an option class's bare annotation only names a flat field it owns
+    assert {name: declared.count(name) for name in EPISODE_LIMITS} == dict.fromkeys(
+        EPISODE_LIMITS, 1
+    )
+    train = {f.name: (f.default, f.metadata["doc"]) for f in fields(TrainConfig)}
+    for cls in (EvalConfig, SFTConfig):
+        taken = {f.name: (f.default, f.metadata["doc"]) for f in fields(cls)}
+        assert {name: taken[name] for name in EPISODE_LIMITS} == {
+            name: train[name] for name in EPISODE_LIMITS
+        }

@@ -85,17 +85,6 @@ def test_options_import_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_the_config_s_copies_of_the_envs_registries_are_equal_to_them():
-    from gspo.config import names
-    from gspo.envs import base, rewards, tasks
-    from gspo.envs.tasks.files import ANSWER_FORMATS
-
-    assert tuple(tasks.TASKS) == names.BUILTIN_TASKS
-    assert tuple(rewards.REWARDS) == names.BUILTIN_REWARDS
-    assert tuple(base.ENVIRONMENTS) == names.ENVIRONMENT_TASKS
-    assert names.ANSWER_FORMATS == ANSWER_FORMATS
-
-
 def test_a_task_registered_at_run_time_is_a_valid_name():
     from gspo.envs import tasks
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gspo.backend import ray_connect
+from gspo.compose.resume import follow_layout, resume_config
 from gspo.config import ConfigError, TrainConfig, to_dict
-from gspo.config.resume import follow_layout, resume_config
 
 
 def _raylet(gcs: str, temp: Path) -> list[str]:

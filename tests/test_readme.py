@@ -1,6 +1,6 @@
 """The README and the pages under docs/ agree with the code: task and reward names with the
 registries (and ``gspo train --help``), the fields ``--resume`` lets change with
-``config/resume.py``, metric names with what the code logs (both ways: every documented name is
+``compose/resume.py``, metric names with what the code logs (both ways: every documented name is
 one the code writes, and every name a short run logs is documented), every ``gspo ...`` command
 with the parser's subcommands and flags, and every relative link with a file and heading. They
 drifted apart before (README names like ``turn_reward_mean`` without their ``episode/`` prefix, a
@@ -65,7 +65,7 @@ def test_train_help_names_every_task_and_reward():
 
 
 def test_readme_resume_fields_are_resume_py():
-    from gspo.config.resume import RESUME_FIELDS, SAFE_ON_RESUME
+    from gspo.compose.resume import RESUME_FIELDS, SAFE_ON_RESUME
     from gspo.interface.cli import _parser
 
     start = DOCS.index("Flags given with it may change only what does not make a different run")

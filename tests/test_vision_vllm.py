@@ -170,10 +170,6 @@ def test_a_sync_resets_the_vision_encoder_cache(served, monkeypatch):
 
 
 def test_small_head_size_is_refused_before_torch():
-    from gspo.config.names import VLLM_CPU_HEAD_SIZES
-    from gspo.rollout.vllm_model import CPU_HEAD_SIZES
-
-    assert VLLM_CPU_HEAD_SIZES == CPU_HEAD_SIZES
     run = dict(model="tiny-vl", task="shapes", rollout_engine="vllm")
     with pytest.raises(ConfigError, match="--num-heads 2 --num-kv-heads 1"):
         build(TrainConfig, overrides=run)

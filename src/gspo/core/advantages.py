@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-SCALES = ("std", "sample_std", "none")
+from gspo.config.names import ADVANTAGE_SCALES as SCALES
 
 
 def group_advantages(

@@ -1,6 +1,6 @@
 """Where a run's checkpoints are: ``<output_dir>/checkpoints/step_000050/``, complete ones
 being those with a ``state.json`` (:mod:`gspo.backend.checkpoint` writes them). Paths only,
-no torch: the ``--resume`` checks (``gspo.config.resume``) and the CLI read them before torch
+no torch: the ``--resume`` checks (``gspo.compose.resume``) and the CLI read them before torch
 is imported."""
 
 from __future__ import annotations

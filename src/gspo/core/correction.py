@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from gspo.config.fields import CORRECTIONS as MODES
+from gspo.config.names import MISMATCH_LEVELS as LEVELS
 from gspo.core.loss_terms import LOG_RATIO_CLAMP, masked_log_ratio
-
-LEVELS = ("token", "sequence", "geometric")
-MODES = ("truncate", "mask")
 
 
 def mismatch_weights(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")
+from gspo.config.names import KL_ESTIMATORS
 
 CLAMP = 20.0
 """Log-ratios are clamped to ±CLAMP before exp (as ``gspo.core.losses.LOG_RATIO_CLAMP``)."""

@@ -2,7 +2,8 @@
 they share.
 
 The term functions register here from ``gspo.core.objectives`` (GRPO, GSPO, LUSPO, GSPO-token)
-and ``gspo.core.losses_family`` (CISPO, SAPO, GMPO); ``gspo.core.losses`` loads both and
+and ``gspo.core.losses_family`` (CISPO, SAPO, GMPO), each with the defaults
+``gspo.config.names.BUILTIN_LOSSES`` declares for it (:func:`builtin_loss`); ``gspo.core.losses`` loads both and
 aggregates their terms. Read the registry through ``gspo.core.losses`` (``get_loss``,
 ``LOSSES``): that module is the one that loads the built-in terms. Kept apart from it so that the
 term modules and the loss need not import each other.
@@ -10,17 +11,18 @@ term modules and the loss need not import each other.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from gspo.config.names import AGGREGATIONS, BUILTIN_LOSSES
+
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, so a ratio is at most
 e^20 ≈ 4.9e8: large enough never to bind for sane runs, small enough that exp never overflows into
 inf and 0·inf never turns a gradient into NaN."""
-
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant")
 
 
 @dataclass
@@ -112,6 +114,17 @@ def register_loss(
         return fn
 
     return decorator
+
+
+def builtin_loss(name: str) -> Callable[[TermFn], TermFn]:
+    """Register a built-in term function with its entry in ``gspo.config.names.BUILTIN_LOSSES``
+    (clip defaults, aggregations, formula, paper), declared there once for the torch-free
+    config checks and ``gspo algos``."""
+    if name not in BUILTIN_LOSSES:
+        raise RuntimeError(f"built-in loss {name!r} is not declared in gspo.config.names")
+    info = dataclasses.asdict(BUILTIN_LOSSES[name])
+    del info["name"]
+    return register_loss(name, **{**info, "options": dict(info["options"])})
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from gspo.core import objectives as _objectives  # noqa: F401
 from gspo.core import losses_family as _losses_family  # noqa: F401
 
 # isort: on
+from gspo.config.names import BUILTIN_LOSSES, declared
 from gspo.core.kl import KL_ESTIMATORS, kl_estimate
 from gspo.core.loss_terms import (
     AGGREGATIONS,
@@ -49,6 +50,10 @@ from gspo.core.loss_terms import (
     LossTerms,
     masked_log_ratio,
 )
+
+# Each loss gspo.config.names declares has registered its term function by now (builtin_loss
+# refuses one it does not declare), so the torch-free table and this registry cannot differ.
+declared(BUILTIN_LOSSES, {n: s for n, s in LOSSES.items() if n in BUILTIN_LOSSES}, "policy losses")
 
 
 def get_loss(name: str) -> LossSpec:

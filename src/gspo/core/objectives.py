@@ -12,25 +12,14 @@ import torch
 from gspo.core.loss_terms import (
     LOG_RATIO_CLAMP,
     LossTerms,
+    builtin_loss,
     clipped_surrogate,
     masked_log_ratio,
-    register_loss,
     sequence_log_ratio,
 )
 
 
-@register_loss(
-    "grpo",
-    clip_low=0.2,
-    clip_high=0.28,
-    aggregations=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
-    token_advantages=True,
-    token_clip=True,
-    formula="min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
-    source="DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
-    "c: Ye et al. arXiv 1912.09729)",
-    options={"dual_clip": None},
-)
+@builtin_loss("grpo")
 def grpo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -88,16 +77,7 @@ def _gspo_sequence_terms(
     )
 
 
-@register_loss(
-    "gspo",
-    clip_low=3e-4,
-    clip_high=4e-4,
-    aggregations=("seq_mean_token_mean",),
-    token_advantages=False,
-    sequence_advantages=True,
-    formula="(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
-    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
-)
+@builtin_loss("gspo")
 def gspo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -114,16 +94,7 @@ def gspo_terms(
     return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 
 
-@register_loss(
-    "luspo",
-    clip_low=2e-3,
-    clip_high=2.5e-3,
-    aggregations=("seq_mean_token_sum",),
-    token_advantages=False,
-    sequence_advantages=True,
-    formula="(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
-    source="LUSPO arXiv 2602.05261",
-)
+@builtin_loss("luspo")
 def luspo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -140,15 +111,7 @@ def luspo_terms(
     return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 
 
-@register_loss(
-    "gspo_token",
-    clip_low=3e-4,
-    clip_high=4e-4,
-    aggregations=("seq_mean_token_mean",),
-    token_advantages=True,
-    formula="(1/G) Σ_i (1/|y_i|) Σ_t min(s_it A_it, clip(s_it) A_it), s_it = sg[s_i] π/sg[π]",
-    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 13-17)",
-)
+@builtin_loss("gspo_token")
 def gspo_token_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from gspo.config.names import CREDITS
 from gspo.core.advantages import SCALES, group_advantages
 from gspo.core.losses import get_loss
-
-CREDITS = ("episode", "turn")
 
 
 def credit_problem(algo: str, credit: str) -> str | None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from gspo.config.names import BUILTIN_REWARDS, declared
 from gspo.config.plugins import is_ref, resolve
 from gspo.sandbox import code_reward, with_timeout
 
@@ -273,15 +274,20 @@ def reward_workers(reward_fn: RewardFn, requested: int = 0) -> int:
 
 from gspo.envs.countdown import countdown_reward  # noqa: E402  (re-exported)
 
-REWARDS: dict[str, RewardFn] = {
-    "exact_match": exact_match,
-    "numeric": numeric_match,
-    "math_verify": math_verify_match,
-    "format": format_reward,
-    "countdown": countdown_reward,
-    "code": code_reward,
-}
-"""Rewards selectable by name (e.g. for tasks built from user data files)."""
+REWARDS: dict[str, RewardFn] = declared(
+    BUILTIN_REWARDS,
+    {
+        "exact_match": exact_match,
+        "numeric": numeric_match,
+        "math_verify": math_verify_match,
+        "format": format_reward,
+        "countdown": countdown_reward,
+        "code": code_reward,
+    },
+    "rewards",
+)
+"""Rewards selectable by name (e.g. for tasks built from user data files); the built-ins are
+those ``gspo.config.names.BUILTIN_REWARDS`` declares."""
 
 
 def register_reward(name: str):

@@ -14,15 +14,15 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from gspo.config import PRESETS, ConfigError, EvalConfig, SFTConfig, TrainConfig, build, field_docs
-from gspo.config.fields import SharedFields
-from gspo.config.resume import (
+from gspo.compose.resume import (
     RESUME_FIELDS,
     RunFinished,
     requested_values,
     resume_config,
     sft_resume_config,
 )
+from gspo.config import PRESETS, ConfigError, EvalConfig, SFTConfig, TrainConfig, build, field_docs
+from gspo.config.fields import SharedFields
 from gspo.interface import algos
 
 from .cli_parsers import (

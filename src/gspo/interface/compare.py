@@ -26,10 +26,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from gspo.compose.resume import requested_values
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build, coerce, to_dict
 from gspo.config.names import did_you_mean, losses
 from gspo.config.plugins import load_plugins
-from gspo.config.resume import requested_values
 from gspo.interface.logs import quiet_transformers
 
 NOT_SHARED_WITH_SFT = frozenset(

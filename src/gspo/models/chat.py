@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gspo.config.names import CHAT_MODES
+
 from .vision import encode_vision_prompts
 
 __all__ = [
@@ -23,10 +25,6 @@ __all__ = [
     "prompt_format",
     "template_end_id",
 ]
-
-CHAT_MODES = ("auto", "none", "always")
-"""``auto``: use the tokenizer's chat template when it has one; ``none``: raw prompts;
-``always``: require a chat template (an error if the tokenizer has none)."""
 
 _PROBE = "\x00gspo-end-probe\x00"
 """An assistant message no template alters, to find what a template writes after a turn."""

@@ -44,6 +44,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gspo.config.names import ROUTING_REPLAY
+
 from .logprobs import token_logprobs
 from .moe_metrics import _load_balancing_fn, aux_loss, load_stats, routing_change, scored_positions
 from .moe_routing import (
@@ -84,11 +86,6 @@ __all__ = [
     "step_metrics",
     "training_forward",
 ]
-
-ROUTING_REPLAY = ("none", "old", "engine")
-"""``routing_replay`` values: none (also None: off); old = R2 (the recompute pass of the pre-update policy);
-engine = R3 (the rollout engine's own routing during generation)."""
-
 
 # --------------------------------------------------------------------------------------------
 # Models

