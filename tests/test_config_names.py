@@ -21,6 +21,7 @@ def test_declared_builds_a_registry_in_the_declared_order():
     assert "['b']" in text and "implemented but not declared there: ['c']" in text
 
 
+@pytest.mark.slow  # each case imports torch and a registry in a fresh interpreter
 @pytest.mark.parametrize(
     "change, module, message",
     [
