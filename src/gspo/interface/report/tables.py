@@ -123,8 +123,15 @@ def paired_table(
     return "\n".join(lines)
 
 
-VERDICT_COLUMNS = ("held-out acc. (end)", "reward (end)")
-"""Columns the report states a verdict on (gspo.core.comparison)."""
+VERDICT_COLUMNS = (
+    "held-out acc. (end)",
+    "reward (end)",
+    "reward (whole run)",
+    "response length (start)",
+    "response length (end)",
+)
+"""Columns the report states a verdict on (gspo.core.comparison): accuracy and reward, and the
+response length early and late in the run (the length claims are about its trend)."""
 
 
 def verdict_lines(summary: Summary, reference: str) -> list[str]:
