@@ -144,8 +144,23 @@ def advantages_for(gen, rows: int, group: int):
     return adv.flatten()  # [N]
 
 
+def scored(rollout, old_logprobs, advantages, step: int):
+    """The batch ``TrainingBackend.update`` takes: the rollout with its old log-probs [N, L],
+    advantages [N] and the step (the rewards are not read by the update)."""
+    import torch
+
+    from gspo.rollout.batch import RolloutBatch
+
+    rewards = torch.zeros(rollout.num_samples, dtype=torch.float64)  # [N]
+    return RolloutBatch(
+        rollout, rewards, advantages=advantages, old_logprobs=old_logprobs, step=step
+    )
+
+
 def trainer_phase(args, backend, shape, device, peak, res, deadline) -> None:
-    """gspo's update on synthetic full-length batches; tokens/s and MFU as prime-rl counts."""
+    """gspo's update on synthetic full-length batches; tokens/s and MFU as prime-rl counts.
+    The old log-probs are the policy's own (a recompute pass, outside the timed update), so the
+    ratios start at 1 and the loss and clip values mean what they mean in a run."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
@@ -154,22 +169,25 @@ def trainer_phase(args, backend, shape, device, peak, res, deadline) -> None:
     prompt_len = args.train_len // 4
     comp_len = args.train_len - prompt_len
     rows = args.train_seqs
-    stamps, tokens = [], []
+    update_s, tokens = [], []  # per step: seconds of the update alone, tokens processed
     for step in range(args.train_steps + 1):  # step 0: warm-up, outside the timed window
         rollout = synthetic_rollout(gen, rows, prompt_len, comp_len, shape["vocab_size"] - 1)
-        old = rollout.logprobs.to(device)  # [N, L]
+        rollout = rollout.to(device)
         adv = torch.randn(rows, generator=gen).to(device)  # [N]
-        backend.update(rollout.to(device), old, adv, step)
+        old, _ = backend.old_logprobs(rollout)  # [N, L] the policy's own, before the update
         sync(device)
-        stamps.append(time.perf_counter())
+        t0 = time.perf_counter()  # the recompute pass is not the update's time
+        res["trainer_loss"] = backend.update(scored(rollout, old, adv, step)).get("loss")
+        sync(device)
+        update_s.append(time.perf_counter() - t0)
         tokens.append(rows * args.train_len)
-        if time.perf_counter() > deadline and len(stamps) >= 3:
+        if time.perf_counter() > deadline and len(update_s) >= 3:
             break
-    if len(stamps) < 2:
+    if len(update_s) < 2:
         return
-    tps = sum(tokens[1:]) / (stamps[-1] - stamps[0])
+    tps = sum(tokens[1:]) / sum(update_s[1:])
     res["trainer_tokens_per_s"] = tps
-    res["trainer_steps_timed"] = len(stamps) - 1
+    res["trainer_steps_timed"] = len(update_s) - 1
     res["trainer_tokens_per_step"] = rows * args.train_len
     hd_prime = shape["hidden_size"] // shape["num_attention_heads"]
     if peak:
@@ -195,7 +213,7 @@ def e2e_phase(args, backend, engine, shape, device, res, deadline) -> None:
         t1 = time.perf_counter()
         r = rollout.to(device)
         adv = advantages_for(gen, rollout.num_samples, args.group).to(device)  # [N]
-        backend.update(r, r.logprobs, adv, step)
+        backend.update(scored(r, r.logprobs, adv, step))
         sync(device)
         t2 = time.perf_counter()
         backend.push_weights(engine)

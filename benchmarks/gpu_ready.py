@@ -14,9 +14,11 @@ Phases, in order (each gets a budget; a phase whose budget no longer fits in wha
    :func:`gspo.models.logprobs.token_logprobs`; mean/max |Δ log-prob| and the spread of the
    per-token importance ratio exp(Δ) and of GSPO's sequence ratio exp(mean Δ).
 3. ``trainer``: gspo's update (:class:`~gspo.backend.local.LocalBackend`, GSPO loss, AdamW) on
-   synthetic batches of ``--train-seqs`` sequences of ``--train-len`` tokens; tokens/s as
-   prime-rl's ``PerfCounter`` counts it (every processed token, prompt included, over the wall
-   time of whole steps after the first) and MFU (formula below).
+   synthetic batches of ``--train-seqs`` sequences of ``--train-len`` tokens, with the policy's
+   own old log-probs (a recompute pass before each update, not timed: the ratios start at 1, so
+   the loss and clip fractions are a run's); tokens/s as prime-rl's ``PerfCounter`` counts it
+   (every processed token, prompt included, over the wall time of the updates after the first)
+   and MFU (formula below).
 4. ``e2e``: whole RL steps: generate with vLLM, update, sync the weights into vLLM; tokens
    (prompt + completion, every sample) per second of step wall time.
 
