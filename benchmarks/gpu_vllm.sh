@@ -93,6 +93,7 @@ from gspo.config import TrainConfig, build
 from gspo.models.logprobs import token_logprobs
 from gspo.orchestration.ray_parts import build_ray_parts
 from gspo.rollout.base import SamplingParams
+from gspo.rollout.batch import RolloutBatch
 cfg = build(TrainConfig, overrides=dict(
     model="smollm2-135m-instruct", device="cuda", dtype="float32", output_dir=f"{sys.argv[1]}/sleep-check",
     backend="ray", trainer_workers=1, rollout_workers=1, placement="colocated",
@@ -109,7 +110,9 @@ try:
     for step in range(2):
         rollout = pool.generate(prompts, 4, params, torch.Generator().manual_seed(step))
         adv = torch.randn(rollout.num_samples)  # [N]
-        backend.update(rollout, rollout.logprobs, adv, step)  # sleep, then the update
+        batch = RolloutBatch(rollout, torch.zeros(rollout.num_samples, dtype=torch.float64),
+                             advantages=adv, old_logprobs=rollout.logprobs, step=step)
+        backend.update(batch)  # sleep, then the update
         print(f"step {step}: free GPU memory while vLLM sleeps: {gib():.2f} GiB")
         t0 = time.perf_counter()
         backend.push_weights(pool)  # gather, wake, sync
