@@ -78,7 +78,8 @@ def _model(size: str):
 def measure(size: str, reps: int, prompts: int, group: int, new_tokens: int) -> dict[str, Any]:
     """Rollout and training FLOP rates of one model size."""
     from gspo.models.logprobs import token_logprobs
-    from gspo.rollout import SamplingParams, TorchEngine
+    from gspo.rollout import SamplingParams
+    from gspo.rollout.torch_engine import TorchEngine
 
     model, tok = _model(size)
     params = sum(p.numel() for p in model.parameters())

@@ -83,7 +83,8 @@ def one(args: argparse.Namespace) -> dict:
     """One (model, engine) measurement, in this process."""
     import torch
 
-    from gspo.rollout import SamplingParams, TorchEngine
+    from gspo.rollout import SamplingParams
+    from gspo.rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)
     model, tok = _load(args.model, args.device)

@@ -43,7 +43,8 @@ def measure(args) -> list[dict]:
     from gspo.models.char_tokenizer import build_char_tokenizer
     from gspo.models.logprobs import token_logprobs
     from gspo.models.tiny_model import build_tiny_model
-    from gspo.rollout import SamplingParams, TorchEngine
+    from gspo.rollout import SamplingParams
+    from gspo.rollout.torch_engine import TorchEngine
 
     torch.manual_seed(args.seed)
     tokenizer = build_char_tokenizer()

@@ -8,7 +8,7 @@ import torch
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
-from gspo.rollout import TorchEngine
+from gspo.rollout.torch_engine import TorchEngine
 
 TEMPERATURE = 0.7
 TOLERANCE = 1e-10

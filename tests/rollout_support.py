@@ -11,7 +11,8 @@ import torch
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
-from gspo.rollout import Rollout, TorchEngine
+from gspo.rollout import Rollout
+from gspo.rollout.torch_engine import TorchEngine
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99=", "ab cd"]
 

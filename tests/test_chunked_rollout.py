@@ -10,9 +10,10 @@ import torch
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
-from gspo.rollout import SamplingParams, TorchEngine
+from gspo.rollout import SamplingParams
 from gspo.rollout.base import NO_VERSION
 from gspo.rollout.chunked import ChunkedGeneration
+from gspo.rollout.torch_engine import TorchEngine
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99="]
 N = 3

@@ -31,7 +31,8 @@ from gspo.envs.tasks.base import Example, Task
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
-from gspo.rollout import Rollout, RolloutEngine, SamplingParams, TorchEngine
+from gspo.rollout import Rollout, RolloutEngine, SamplingParams
+from gspo.rollout.torch_engine import TorchEngine
 
 TEMPERATURE = 0.7
 STEPS = 3

@@ -11,7 +11,8 @@ from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.fast_forward import completion_logits, supports
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
-from gspo.rollout import SamplingParams, TorchEngine
+from gspo.rollout import SamplingParams
+from gspo.rollout.torch_engine import TorchEngine
 
 PROMPTS = ["12+3=", "7=", "100-99=", "ab cd"]
 

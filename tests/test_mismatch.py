@@ -73,7 +73,8 @@ def _update(weights, micro=0):
     """One update_policy call on a fixed rollout with non-zero advantages; the new weights."""
     from gspo.backend.update import update_policy
     from gspo.compose.parts import build_policy_for
-    from gspo.rollout import SamplingParams, TorchEngine
+    from gspo.rollout import SamplingParams
+    from gspo.rollout.torch_engine import TorchEngine
 
     cfg = build(
         TrainConfig,

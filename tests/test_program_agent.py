@@ -171,7 +171,8 @@ def test_a_cut_agent_program_is_killed_and_earns_its_cut_reward(tmp_path):
     from gspo.envs.trajectory import PlainEncoder
     from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
     from gspo.models.tiny_model import build_tiny_model
-    from gspo.rollout import SamplingParams, TorchEngine
+    from gspo.rollout import SamplingParams
+    from gspo.rollout.torch_engine import TorchEngine
 
     (tmp_path / "stubborn.py").write_text(STUBBORN)
     env = ProgramAgentEnv(["python", str(tmp_path / "stubborn.py")], cut_reward=-0.5,

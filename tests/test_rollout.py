@@ -1,4 +1,4 @@
-"""Tests for gspo.rollout.TorchEngine: layout, log-prob convention, stopping, sampling controls,
+"""Tests for gspo.rollout.torch_engine.TorchEngine: layout, log-prob convention, stopping, sampling controls,
 weight sharing and copies."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sampling controls of gspo.rollout.TorchEngine: greedy decoding is deterministic and matches
+"""Sampling controls of gspo.rollout.torch_engine.TorchEngine: greedy decoding is deterministic and matches
 a manual argmax, the same seed gives the same samples, a tiny top_p equals greedy, and the
 inverse-CDF sampler and sample_next follow the softmax (hand-computed, tail mass, top_p support
 and log-probs).
