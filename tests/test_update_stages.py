@@ -42,6 +42,8 @@ def test_the_stages_have_no_moe_or_image_branch():
 
 def test_every_backend_update_takes_the_batch():
     for owner in (TrainingBackend, LocalBackend, FSDPRank):
-        params = list(inspect.signature(owner.update).parameters)
+        # Once a Ray actor of the class has been made in this process (an earlier Ray test),
+        # Ray's tracing wraps its methods with a keyword-only `_ray_trace_ctx`: not the protocol.
+        params = [p for p in inspect.signature(owner.update).parameters if p != "_ray_trace_ctx"]
         assert params == ["self", "batch"], owner
     assert "step" in {f.name for f in RolloutBatch.__dataclass_fields__.values()}
