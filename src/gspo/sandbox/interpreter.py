@@ -99,16 +99,7 @@ def interpreter_info(python: str) -> dict[str, list[str]]:
                 _cache[python] = namespace["result"]  # type: ignore[assignment]
             else:
                 # Without -S: a venv's sys.prefix is set by the site module.
-                out = subprocess.run(
-                    [python, "-I", "-c", _QUERY + "print(json.dumps(result))"],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                    check=False,
-                )
-                if out.returncode != 0:
-                    raise OSError(f"cannot query interpreter {python}: {out.stderr[-500:]}")
-                _cache[python] = json.loads(out.stdout)
+                _cache[python] = _ask(python, ["-I"], _QUERY + "print(json.dumps(result))")
         return _cache[python]
 
 
@@ -117,17 +108,18 @@ def interpreter_libraries(python: str) -> list[str]:
     once per path, then cached)."""
     with _lock:
         if python not in _libraries:
-            out = subprocess.run(
-                [python, "-I", "-S", "-c", _LIBRARIES_QUERY],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            if out.returncode != 0:
-                raise OSError(f"cannot query interpreter {python}: {out.stderr[-500:]}")
-            _libraries[python] = json.loads(out.stdout)
+            _libraries[python] = _ask(python, ["-I", "-S"], _LIBRARIES_QUERY)
         return _libraries[python]
+
+
+def _ask(python: str, flags: list[str], code: str):
+    """The JSON that ``code`` prints when ``python`` runs it with ``flags``."""
+    out = subprocess.run(
+        [python, *flags, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    if out.returncode != 0:
+        raise OSError(f"cannot query interpreter {python}: {out.stderr[-500:]}")
+    return json.loads(out.stdout)
 
 
 def _under(path: str, dirs: list[str] | tuple[str, ...]) -> bool:
