@@ -247,7 +247,6 @@ def build_model(shape: dict, device):
 def build_backend(args, model, device):
     from gspo.backend.local import LocalBackend
     from gspo.config import TrainConfig, build
-    from gspo.config.combinations import split
 
     cfg = build(
         TrainConfig,
@@ -260,4 +259,4 @@ def build_backend(args, model, device):
             micro_batch_size=args.micro_batch,
         ),
     )
-    return LocalBackend(split(cfg), model, device)
+    return LocalBackend(cfg, model, device)

@@ -42,7 +42,6 @@ import json, sys, tempfile, time
 t0 = time.perf_counter()
 import torch
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 from gspo.compose.parts import build_policy_for
 from gspo.backend.ray_cluster import start_ray, stop_ray
 from gspo.orchestration.ray_parts import build_ray_parts
@@ -56,7 +55,7 @@ t = {"import": time.perf_counter() - t0}
 a = time.perf_counter()
 ray = start_ray(None, num_cpus=n + m)
 b = time.perf_counter()
-backend, engine = build_ray_parts(split(cfg), model, tok, tempfile.mkdtemp())
+backend, engine = build_ray_parts(cfg, model, tok, tempfile.mkdtemp())
 c = time.perf_counter()
 t.update({"ray.init": b - a, "actors": c - b, "ready": c - a})
 def rss_gb(pid):

@@ -98,7 +98,10 @@ def run_setup(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     def med(values: list[float]) -> float:
         return statistics.median(values[keep])
 
-    tokens = [r["response_length/mean"] * cfg.prompts_per_step * cfg.group_size for r in records]
+    tokens = [
+        r["response_length/mean"] * cfg.rollout.prompts_per_step * cfg.rollout.group_size
+        for r in records
+    ]
     sync = [r["time/weight_sync_s"] for r in records]
     return {
         "setup": name,

@@ -83,7 +83,7 @@ def run_one(spec: dict) -> dict:
         result = train(cfg)
         wall = time.perf_counter() - t0
     steps = [r for r in result.history if "time/train_s" in r][1:]  # drop the warm-up step
-    n_samples = cfg.prompts_per_step * cfg.group_size
+    n_samples = cfg.rollout.prompts_per_step * cfg.rollout.group_size
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in steps)
@@ -92,8 +92,8 @@ def run_one(spec: dict) -> dict:
     tokens = [r["response_length/mean"] * n_samples for r in steps]
     return {
         **spec,
-        "task": cfg.task,
-        "max_new_tokens": cfg.max_new_tokens,
+        "task": cfg.task.task,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
         "samples_per_step": n_samples,
         "params": sum(p.numel() for p in result.model.parameters()),
         "measured_steps": len(steps),

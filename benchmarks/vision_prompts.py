@@ -32,7 +32,6 @@ from _results import OUT_HELP, dated_result
 from torch.profiler import ProfilerActivity, profile
 
 import gspo.models.vision as vision
-from gspo.config.options import ModelOptions
 from gspo.config.train import TrainConfig
 from gspo.envs.tasks import make_task
 from gspo.models.chat import encode_examples
@@ -132,7 +131,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help=OUT_HELP)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    opts = ModelOptions.of(TrainConfig(model="tiny-vl"))
+    opts = TrainConfig.of(model="tiny-vl").model
     model, tok = build_policy(opts, torch.device("cpu"), seed=0)
     fmt = build_prompt_format(opts, tok, model)
     images = make_task("shapes", n_train=args.prompts, n_test=1, seed=0).train[: args.prompts]

@@ -56,7 +56,7 @@ def main() -> None:
                           batch_size=64, n_test=0, progress=False, **SHAPE))  # fmt: skip
     results: dict[str, dict] = {}
     for k in args.ks:
-        cfg = TrainConfig(
+        cfg = TrainConfig.of(
             output_dir=str(out / f"k{k}"), model=str(sft), task="calculator", algo="gspo_token",
             credit="turn", steps=args.rl_steps, prompts_per_step=16, group_size=8, lr=3e-4,
             warmup_steps=2, num_minibatches=2, eval_every=0, checkpoint_every=0,

@@ -90,14 +90,14 @@ def main() -> None:
         run_sft(SFTConfig(output_dir=str(out / name), task=task, steps=args.sft_steps,
                           batch_size=64, n_train=5000, progress=False, max_new_tokens=12,
                           **{**common, "n_test": 0}))  # fmt: skip
-    base = TrainConfig(output_dir=str(out / "unused"), task=args.task, **episode, **common)
+    base = TrainConfig.of(output_dir=str(out / "unused"), task=args.task, **episode, **common)
     if setting["no_tool"]:
         rows["no-tool SFT"] = no_tool_eval(out / "sft_no_tool", base)
     rows["SFT"] = tool_eval(out / "sft_tool", base)
     print(f"SFT done in {time.perf_counter() - t0:.0f} s", flush=True)
     curves: dict[str, list[float]] = {}
     for algo, credit in RL_ARMS:
-        cfg = TrainConfig(
+        cfg = TrainConfig.of(
             output_dir=str(out / f"rl_{algo}"), model=str(out / "sft_tool"),
             task=args.task, algo=algo, credit=credit, steps=args.rl_steps,
             prompts_per_step=16, group_size=8, lr=args.rl_lr, warmup_steps=2,

@@ -216,7 +216,7 @@ def _cfg(tmp_path, **kw) -> TrainConfig:
         credit="turn", max_staleness=1, max_turns=3, lr=1e-3, warmup_steps=0,
     )  # fmt: skip
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.of(**base)
 
 
 @pytest.fixture

@@ -20,15 +20,14 @@ if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
 from gspo.config import TrainConfig
-from gspo.config.combinations import Options, split
 from gspo.rollout.engines import colocated_sleep
 
 pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
 
 
-def _cfg(**kw) -> Options:
+def _cfg(**kw) -> TrainConfig:
     values = dict(backend="ray", placement="colocated", rollout_engine="vllm", device="cuda")
-    return split(TrainConfig(**{**values, **kw}))
+    return TrainConfig.of(**{**values, **kw})
 
 
 @pytest.mark.parametrize(
@@ -158,9 +157,9 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
         vllm_cpu_kv_cache_gib=1 / 16,
     )
     cfg = build(TrainConfig, preset="smoke", overrides=values)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
-    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
+    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
     try:
         assert backend.sleeper is None  # CPU: not attached by the config
         backend.sleeper = pool  # forced on, as on CUDA

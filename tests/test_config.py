@@ -17,6 +17,7 @@ from gspo.config import (
     from_dict,
     to_dict,
 )
+from gspo.config.fields import flat_fields
 from gspo.core.losses import LOSSES
 
 # --- unknown keys ------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def test_unknown_aggregation_for_gspo_is_named_with_the_valid_ones():
     assert "top_p must be in (0, 1], got 0" in message
     # The same aggregation is fine for GRPO (DAPO's token mean).
     cfg = build(TrainConfig, overrides={"algo": "grpo", "aggregation": "token_mean"})
-    assert (cfg.algo, cfg.aggregation) == ("grpo", "token_mean")
+    assert (cfg.loss.algo, cfg.loss.aggregation) == ("grpo", "token_mean")
 
 
 @pytest.mark.parametrize(
@@ -159,12 +160,12 @@ def test_string_coercion():
             "engine_dtype": "bfloat16",
         },
     )
-    assert cfg.steps == 3 and isinstance(cfg.steps, int)
-    assert cfg.difficulty is None and cfg.clip_high is None
-    assert cfg.progress is False and cfg.tensorboard is False
-    assert cfg.lr == 1e-3 and isinstance(cfg.lr, float)
-    assert cfg.stop_after == 2
-    assert cfg.engine_dtype == "bfloat16"
+    assert cfg.run.steps == 3 and isinstance(cfg.run.steps, int)
+    assert cfg.task.difficulty is None and cfg.loss.clip_high is None
+    assert cfg.run.progress is False and cfg.run.tensorboard is False
+    assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)
+    assert cfg.run.stop_after == 2
+    assert cfg.engine.engine_dtype == "bfloat16"
     assert coerce(TrainConfig, "wandb", "true") is True
     assert coerce(TrainConfig, "wandb", "1") is True
     assert coerce(TrainConfig, "difficulty", "4") == 4
@@ -201,8 +202,8 @@ def test_yaml_values_are_coerced_too(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("steps: '7'\nlr: 1e-4\ndifficulty: null\nprogress: 'off'\n")
     cfg = build(TrainConfig, file=path)
-    assert cfg.steps == 7 and cfg.lr == 1e-4 and cfg.difficulty is None
-    assert cfg.progress is False
+    assert cfg.run.steps == 7 and cfg.optim.lr == 1e-4 and cfg.task.difficulty is None
+    assert cfg.run.progress is False
 
 
 # --- precedence --------------------------------------------------------------------------------
@@ -216,12 +217,18 @@ def test_precedence_defaults_preset_file_overrides(tmp_path):
     filed = build(TrainConfig, preset="smoke", file=path)
     final = build(TrainConfig, preset="smoke", file=path, overrides={"steps": "9"})
 
-    assert default.steps == 200 and default.hidden_size == 64 and default.group_size == 8
-    assert preset.steps == 2 and preset.hidden_size == 32 and preset.group_size == 4
-    assert filed.steps == 7 and filed.group_size == 2 and filed.hidden_size == 32
-    assert final.steps == 9 and final.group_size == 2 and final.hidden_size == 32
+    assert (
+        default.run.steps == 200
+        and default.model.hidden_size == 64
+        and default.rollout.group_size == 8
+    )
+    assert (
+        preset.run.steps == 2 and preset.model.hidden_size == 32 and preset.rollout.group_size == 4
+    )
+    assert filed.run.steps == 7 and filed.rollout.group_size == 2 and filed.model.hidden_size == 32
+    assert final.run.steps == 9 and final.rollout.group_size == 2 and final.model.hidden_size == 32
     # Untouched fields keep their defaults all the way through.
-    assert final.seed == default.seed == 0
+    assert final.run.seed == default.run.seed == 0
 
 
 def test_validation_runs_on_the_merged_config(tmp_path):
@@ -229,7 +236,7 @@ def test_validation_runs_on_the_merged_config(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("prompts_per_step: 3\ngroup_size: 4\nnum_minibatches: 3\n")
     cfg = build(TrainConfig, preset="smoke", file=path)
-    assert cfg.prompts_per_step * cfg.group_size % cfg.num_minibatches == 0
+    assert cfg.rollout.prompts_per_step * cfg.rollout.group_size % cfg.optim.num_minibatches == 0
 
 
 def test_round_trip_through_dict():
@@ -243,12 +250,12 @@ def test_round_trip_through_dict():
 
 def test_presets_exist_and_validate():
     assert {"demo", "smoke", "gspo-paper", "grpo-paper", "luspo-paper"} <= set(PRESETS)
-    train_keys = {f.name for f in fields(TrainConfig)}
+    train_keys = set(flat_fields(TrainConfig))
     for name, values in PRESETS.items():
         assert set(values) <= train_keys, name
-        cfg = build(TrainConfig, preset=name)
+        cfg = to_dict(build(TrainConfig, preset=name))
         for key, value in values.items():
-            assert getattr(cfg, key) == value, (name, key)
+            assert cfg[key] == value, (name, key)
         build(SFTConfig, preset=name)  # RL-only keys are dropped for SFT
 
 
@@ -262,11 +269,11 @@ def test_presets_exist_and_validate():
 )
 def test_paper_presets_have_paper_clip_values(preset, algo, low, high):
     cfg = build(TrainConfig, preset=preset)
-    assert (cfg.algo, cfg.clip_low, cfg.clip_high) == (algo, low, high)
-    assert cfg.num_minibatches == 4 and cfg.kl_coef == 0.0
+    assert (cfg.loss.algo, cfg.loss.clip_low, cfg.loss.clip_high) == (algo, low, high)
+    assert cfg.optim.num_minibatches == 4 and cfg.loss.kl_coef == 0.0
     # A preset can be combined with a smaller run without losing its clip values.
     small = build(TrainConfig, preset=preset, overrides={"steps": 5})
-    assert (small.clip_low, small.clip_high) == (low, high)
+    assert (small.loss.clip_low, small.loss.clip_high) == (low, high)
 
 
 def test_loss_registry_defaults_match_the_papers():
@@ -278,8 +285,10 @@ def test_loss_registry_defaults_match_the_papers():
 
 def test_smoke_preset_is_small_and_quiet():
     cfg = build(TrainConfig, preset="smoke")
-    assert cfg.progress is False and cfg.eval_every == 0 and cfg.checkpoint_every == 0
-    assert cfg.prompts_per_step * cfg.group_size <= 16 and cfg.hidden_size <= 32
+    assert cfg.run.progress is False and cfg.run.eval_every == 0 and cfg.run.checkpoint_every == 0
+    assert (
+        cfg.rollout.prompts_per_step * cfg.rollout.group_size <= 16 and cfg.model.hidden_size <= 32
+    )
 
 
 def test_the_episode_limits_are_declared_once_and_eval_and_sft_take_them():
@@ -295,11 +304,11 @@ def test_the_episode_limits_are_declared_once_and_eval_and_sft_take_them():
         for path in Path(config.__file__).parent.glob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value
-    ]  # with a value: an option class's bare annotation only names a flat field it owns
+    ]
     assert {name: declared.count(name) for name in EPISODE_LIMITS} == dict.fromkeys(
         EPISODE_LIMITS, 1
     )
-    train = {f.name: (f.default, f.metadata["doc"]) for f in fields(TrainConfig)}
+    train = {n: (f.default, f.metadata["doc"]) for n, f in flat_fields(TrainConfig).items()}
     for cls in (EvalConfig, SFTConfig):
         taken = {f.name: (f.default, f.metadata["doc"]) for f in fields(cls)}
         assert {name: taken[name] for name in EPISODE_LIMITS} == {

@@ -70,7 +70,9 @@ def test_a_loss_registered_at_run_time_is_a_valid_algo(monkeypatch):
 
     monkeypatch.setitem(LOSSES, "test_light_names", LOSSES["gspo"])
     assert "test_light_names" in losses()
-    assert build(TrainConfig, overrides=dict(algo="test_light_names")).algo == "test_light_names"
+    assert (
+        build(TrainConfig, overrides=dict(algo="test_light_names")).loss.algo == "test_light_names"
+    )
 
 
 @pytest.mark.parametrize(

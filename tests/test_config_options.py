@@ -1,6 +1,7 @@
-"""Each component's options (gspo.config.options): cut once from the flat TrainConfig, each field
-with the flat field's default and doc, each class listing its own problems; every refused
-combination across components in gspo.config.combinations."""
+"""Each component's options (gspo.config.options): the parts TrainConfig is composed of, each
+field declared once there (flat flags and config keys are generated from them), each class
+listing its own problems; every refused combination across components in
+gspo.config.combinations."""
 
 import subprocess
 import sys
@@ -9,31 +10,40 @@ from dataclasses import fields
 import pytest
 
 from gspo.compose.train import train
-from gspo.config import ConfigError, TrainConfig, build, field_docs
-from gspo.config.combinations import combination_problems, split
+from gspo.config import ConfigError, TrainConfig, build, field_docs, to_dict
+from gspo.config.combinations import combination_problems
+from gspo.config.fields import flat_fields
 from gspo.config.options import ModelOptions, RewardOptions
 from gspo.config.options_train import AsyncOptions, BackendOptions, RolloutOptions
 
 
 def test_every_flat_field_is_in_exactly_one_component():
     owners: dict[str, list[str]] = {}
-    for part in split(TrainConfig()).parts():
+    for part in TrainConfig().parts():
         for f in fields(part):
             owners.setdefault(f.name, []).append(type(part).__name__)
-    flat = [f.name for f in fields(TrainConfig)]
-    assert sorted(owners) == sorted(flat)
+    assert sorted(owners) == sorted(flat_fields(TrainConfig))
     assert {name: o for name, o in owners.items() if len(o) > 1} == {}
+    assert len(flat_fields(TrainConfig)) == 124
 
 
-def test_split_keeps_values_and_the_flat_docs_and_defaults():
-    cfg = TrainConfig(lora_rank=4, reward_workers=3, max_staleness=1, top_p=0.5)
-    o = split(cfg)
-    for part in o.parts():
+def test_flat_and_nested_values_make_the_same_config_with_the_parts_docs():
+    cfg = TrainConfig.of(lora_rank=4, reward_workers=3, max_staleness=1, top_p=0.5)
+    nested = TrainConfig.of(
+        model={"lora_rank": 4},
+        reward={"reward_workers": 3},
+        asynchronous={"max_staleness": 1},
+        rollout={"top_p": 0.5},
+    )
+    assert cfg == nested
+    assert (cfg.model.lora_rank, cfg.reward.reward_workers, cfg.rollout.top_p) == (4, 3, 0.5)
+    flat = to_dict(cfg)
+    assert TrainConfig.of(**flat) == cfg and len(flat) == 124
+    for part in cfg.parts():
         docs = field_docs(type(part))
         for f in fields(part):
-            assert getattr(part, f.name) == getattr(cfg, f.name)
             assert docs[f.name] == field_docs(TrainConfig)[f.name] != ""
-    assert ModelOptions() == split(TrainConfig()).model  # defaults are the flat defaults
+    assert ModelOptions() == TrainConfig().model
 
 
 def test_each_component_lists_its_own_problems():
@@ -50,14 +60,14 @@ def test_each_component_lists_its_own_problems():
     assert AsyncOptions(max_staleness=-1).problems() == [
         "max_staleness must be an integer >= 0, got -1"
     ]
-    assert all(not part.problems() for part in split(TrainConfig()).parts())
+    assert all(not part.problems() for part in TrainConfig().parts())
 
 
 def test_combinations_are_refused_in_one_place_all_together():
-    cfg = TrainConfig(
+    cfg = TrainConfig.of(
         backend="ray", rollout_workers=0, max_staleness=1, lora_rank=4, dynamic_sampling=True
     )
-    assert combination_problems(split(cfg)) == [
+    assert combination_problems(cfg) == [
         "backend='ray' does not support LoRA (lora_rank > 0) yet",
         "max_staleness >= 1 does not support dynamic_sampling yet",
         "max_staleness >= 1 with backend='ray' needs rollout_workers >= 1 (the workers "
@@ -71,7 +81,7 @@ def test_combinations_are_refused_in_one_place_all_together():
 
 def test_a_config_made_in_python_is_refused_before_any_work(tmp_path):
     # No __post_init__ checks any more: the composition root refuses the same problems.
-    cfg = TrainConfig(backend="local", rollout_workers=2, output_dir=str(tmp_path / "run"))
+    cfg = TrainConfig.of(backend="local", rollout_workers=2, output_dir=str(tmp_path / "run"))
     with pytest.raises(ConfigError, match="rollout_workers=2 needs backend='ray'"):
         train(cfg)
     assert not (tmp_path / "run").exists()
@@ -90,7 +100,7 @@ def test_a_task_registered_at_run_time_is_a_valid_name():
 
     tasks.TASKS["my_task"] = tasks.TASKS["addition"]
     try:
-        assert build(TrainConfig, overrides={"task": "my_task"}).task == "my_task"
+        assert build(TrainConfig, overrides={"task": "my_task"}).task.task == "my_task"
     finally:
         del tasks.TASKS["my_task"]
 
@@ -104,10 +114,10 @@ def test_multi_turn_refusals_come_from_the_one_place_at_build_and_at_run_time():
     assert "overlong_buffer applies to single-turn tasks only" in str(built.value)
     assert "kl_in_reward applies to single-turn tasks only" in str(built.value)
     # A single-turn task with the same values has no multi-turn problem.
-    opts = split(TrainConfig(task="addition", overlong_buffer=4))
+    opts = TrainConfig.of(task="addition", overlong_buffer=4)
     assert not any("single-turn tasks only" in p for p in combination_problems(opts))
     # The run's own check (for an environment the config cannot know) says the same.
     from gspo.envs.episodes import check_multi_turn
 
     with pytest.raises(ValueError, match="overlong_buffer applies to single-turn tasks only"):
-        check_multi_turn(split(TrainConfig(task="calculator", overlong_buffer=4)))
+        check_multi_turn(TrainConfig.of(task="calculator", overlong_buffer=4))

@@ -129,7 +129,7 @@ def test_held_out_file_of_malformed_rows_only_stops_the_run(tmp_path):
 
 def test_procedural_task_repeats_are_reported_not_dropped():
     # 1-digit addition has 100 problems, fewer in its train split: 300 draws must repeat.
-    task = build_task(TrainConfig(task="addition", difficulty=1, n_train=300, n_test=5))
+    task = build_task(TrainConfig.of(task="addition", difficulty=1, n_train=300, n_test=5))
     assert task.data_checks["data/duplicates"] > 0
     assert task.data_checks["data/train_test_overlap"] == 0  # the splits never share a problem
     assert len(task.train) == 300  # the default is report-only: training draws as before
@@ -144,7 +144,7 @@ def prepare(cfg: TrainConfig, task: Task, context: int = 64, multi_turn: bool = 
 
 def test_truncate_keeps_long_held_out_prompts_cut_to_the_limit(capsys):
     # The reported bug: under truncate every long held-out row was skipped (test_problems 0).
-    cfg = TrainConfig(max_new_tokens=8, long_prompts="truncate")
+    cfg = TrainConfig.of(max_new_tokens=8, long_prompts="truncate")
     task = task_of(["1+1="], ["x" * 100 + "1+1=", "2+2="])
     _, _, test_set, data = prepare(cfg, task)
     assert data["data/test_problems"] == 2 and data["data/test_prompts_truncated"] == 1
@@ -155,11 +155,11 @@ def test_truncate_keeps_long_held_out_prompts_cut_to_the_limit(capsys):
 
 
 def test_held_out_set_left_empty_by_the_limit_stops_the_run():
-    cfg = TrainConfig(max_new_tokens=8, long_prompts="skip")
+    cfg = TrainConfig.of(max_new_tokens=8, long_prompts="skip")
     task = task_of(["1+1="], ["x" * 100])
     with pytest.raises(EmptyHeldOutError, match="all 1 held-out prompts are over"):
         prepare(cfg, task)
-    cfg = TrainConfig(max_new_tokens=8, long_prompts="skip", eval_every=0)  # no evaluation
+    cfg = TrainConfig.of(max_new_tokens=8, long_prompts="skip", eval_every=0)  # no evaluation
     assert prepare(cfg, task)[3]["data/test_prompts_skipped"] == 1
 
 
@@ -167,7 +167,7 @@ def test_multi_turn_prompts_leave_room_for_max_total_tokens():
     assert run_prompt_limit(0, 8, 40, False, model_of(64))[0] == 56
     limit, named = run_prompt_limit(0, 8, 40, True, model_of(64))
     assert limit == 24 and "max_total_tokens=40" in named
-    cfg = TrainConfig(max_new_tokens=8, max_total_tokens=40)
+    cfg = TrainConfig.of(max_new_tokens=8, max_total_tokens=40)
     task = task_of(["y" * 30], ["1+1="])
     prepare(cfg, task)  # one turn: 31 tokens + 8 fit in 64
     with pytest.raises(ValueError, match=r"training problem 0 has a 31-token prompt.*max_total"):
@@ -253,7 +253,7 @@ def test_gspo_train_dedupe_emptying_the_held_out_set_exits_2(tmp_path, capsys):
 
 
 def test_truncated_training_prompts_are_said_in_their_own_line(capsys):
-    cfg = TrainConfig(max_new_tokens=8, long_prompts="truncate")
+    cfg = TrainConfig.of(max_new_tokens=8, long_prompts="truncate")
     task = task_of(["x" * 100 + "1+1=", "2+2="], ["3+3="])
     _, _, _, data = prepare(cfg, task)
     assert data["data/prompts_truncated"] == 1

@@ -173,7 +173,7 @@ def test_dynamic_sampling_bound_hit_end_to_end(tmp_path, monkeypatch):
     assert sum("dynamic sampling, step" in str(w.message) for w in caught) == 3
     for r in train_records(result):
         assert r["data/oversample_rounds"] == 2.0
-        assert r["data/groups_filtered"] == 3 * cfg.prompts_per_step
+        assert r["data/groups_filtered"] == 3 * cfg.rollout.prompts_per_step
         assert r["advantage/zero_fraction"] == 1.0
 
 

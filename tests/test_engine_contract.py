@@ -25,7 +25,6 @@ from update_support import update_batch
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 from gspo.core.advantages import group_advantages
 from gspo.envs.tasks.base import Example, Task
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
@@ -112,16 +111,16 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
     tok = build_char_tokenizer()
     model = build_tiny_model(len(tok), hidden_size=32, num_layers=1, seed=3).double()
     engine = factory(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     # Prompts of different lengths: left padding, attention masks and positions all matter.
     examples = [Example(prompt="7=", answer=""), Example(prompt="123+456=", answer="")]
     prompts = [tok(e.prompt)["input_ids"] for e in examples]
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=TEMPERATURE)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=TEMPERATURE)
     gaps = []
     for step in range(STEPS):
         rollout = engine.generate(
-            prompts, cfg.group_size, params, torch.Generator().manual_seed(step)
+            prompts, cfg.rollout.group_size, params, torch.Generator().manual_seed(step)
         )
         gaps.append(max_disagreement(model, rollout))
         assert rollout.prompt_ids.dtype == rollout.completion_ids.dtype == torch.long
@@ -141,9 +140,9 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
             ],
             dtype=torch.float64,
         )
-        advantages = group_advantages(rewards, cfg.group_size)
+        advantages = group_advantages(rewards, cfg.rollout.group_size)
         metrics = update_module.update_policy(
-            split(cfg),
+            cfg,
             model,
             None,
             optimizer,

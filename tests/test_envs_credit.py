@@ -53,7 +53,7 @@ def _cfg(tmp_path, **kw):
         device="cpu", threads=1, max_total_tokens=40, num_minibatches=1,
     )  # fmt: skip
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.of(**base)
 
 
 def test_trainer_runs_a_multi_turn_task(tmp_path):

@@ -14,8 +14,6 @@ from gspo.compose.parts import build_task
 from gspo.compose.sft import run_sft
 from gspo.compose.train import train
 from gspo.config import SFTConfig, TrainConfig
-from gspo.config.combinations import split
-from gspo.config.options import ModelOptions
 from gspo.envs import env_for
 from gspo.envs.calculator import final_answer_reward
 from gspo.envs.episodes import Episodes
@@ -37,8 +35,8 @@ def _engine(path):
 def _tool_accuracy(path, cfg: TrainConfig) -> tuple[float, float, dict]:
     model, tok, engine = _engine(path)
     task = build_task(cfg)
-    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
-    opts = split(cfg)
+    fmt = build_prompt_format(cfg.model, tok, model)
+    opts = cfg
     episodes = Episodes(opts, env_for(task, opts.task, fmt.chat), tok, fmt)
     out = evaluate(engine, tok, task.test, task.reward, max_new_tokens=cfg.max_new_tokens,
                    samples=0, prompt_format=fmt, env=episodes.eval_env,
@@ -52,7 +50,7 @@ def test_rl_with_the_calculator_beats_sft_and_the_no_tool_baseline(tmp_path):
     for name, task in (("tool", "calculator"), ("no_tool", "multiply")):
         run_sft(SFTConfig(output_dir=str(tmp_path / name), task=task, steps=150, batch_size=64,
                           n_test=0, progress=False, **SHAPE))  # fmt: skip
-    cfg = TrainConfig(
+    cfg = TrainConfig.of(
         output_dir=str(tmp_path / "rl"), model=str(tmp_path / "tool"), task="calculator",
         algo="gspo_token", credit="turn", steps=25, prompts_per_step=16, group_size=8, lr=3e-4,
         warmup_steps=2, num_minibatches=2, eval_every=0, checkpoint_every=0, progress=False,

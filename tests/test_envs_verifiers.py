@@ -92,7 +92,7 @@ def test_train_a_verifiers_env(tmp_path):
     from gspo.config import TrainConfig
 
     register_verifiers("vf_hint", load_multi_turn)
-    result = train(TrainConfig(
+    result = train(TrainConfig.of(
         output_dir=str(tmp_path / "run"), task="vf_hint", steps=1, prompts_per_step=2,
         group_size=2, max_new_tokens=4, n_train=12, n_test=3, eval_every=1, progress=False,
         device="cpu", threads=1, max_total_tokens=40, num_minibatches=1,

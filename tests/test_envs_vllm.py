@@ -67,7 +67,7 @@ def test_train_a_multi_turn_task_with_vllm(tmp_path):
     from gspo.compose.train import train
     from gspo.config import TrainConfig
 
-    cfg = TrainConfig(
+    cfg = TrainConfig.of(
         output_dir=str(tmp_path / "run"), task="calculator", steps=2, prompts_per_step=2,
         group_size=2, max_new_tokens=12, n_train=8, n_test=4, eval_every=2, progress=False,
         device="cpu", threads=1, max_total_tokens=40, num_minibatches=1, hidden_size=64,

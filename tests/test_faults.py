@@ -60,7 +60,7 @@ def test_nan_logprobs_skip_updates_then_stop(tmp_path, monkeypatch):
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "reward/mean" in r]
     assert len(steps) == 2
-    assert all(r["faults/skipped_updates"] == cfg.num_minibatches for r in steps)
+    assert all(r["faults/skipped_updates"] == cfg.optim.num_minibatches for r in steps)
 
 
 def test_nan_weights_never_reach_the_model(tmp_path, monkeypatch):
@@ -233,5 +233,5 @@ def test_skipped_update_does_not_step_the_scheduler(tmp_path, monkeypatch, recwa
     step = next(r for r in result.history if "reward/mean" in r)
     assert step["faults/skipped_updates"] == 1
     # Warm-up counts updates made: one of the two minibatches updated, so lr = lr x 2/10.
-    assert step["lr"] == pytest.approx(cfg.lr * 2 / 10)
+    assert step["lr"] == pytest.approx(cfg.optim.lr * 2 / 10)
     assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]

@@ -12,7 +12,6 @@ from update_support import update_batch
 import gspo.backend.update as update_module
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 from gspo.core.losses import LOSSES
 from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import Rollout
@@ -101,13 +100,15 @@ def test_two_ranks_equal_one_process(ray_session, algo):
     before = {k: v.clone() for k, v in model.state_dict().items()}
 
     local = copy.deepcopy(model)
-    opt = torch.optim.AdamW(local.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, update_module.lr_lambda(cfg.warmup_steps))
+    opt = torch.optim.AdamW(
+        local.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, update_module.lr_lambda(cfg.optim.warmup_steps))
     local_metrics = update_module.update_policy(
-        split(cfg), local, None, opt, sched, update_batch(rollout, old, advantages)
+        cfg, local, None, opt, sched, update_batch(rollout, old, advantages)
     )
 
-    backend = RayFSDPBackend(split(cfg), model, workers=2)
+    backend = RayFSDPBackend(cfg, model, workers=2)
     try:
         metrics = backend.update(update_batch(rollout, old, advantages, 0))
         sharded = backend.full_state_dict()

@@ -23,7 +23,6 @@ import gspo.compose.train as trainer_module
 import gspo.orchestration.steps as steps_module
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
-from gspo.config.options import ModelOptions
 from gspo.core.losses import LOSSES
 from gspo.envs.tasks.base import Example, Task
 from gspo.models.policy import build_prompt_format
@@ -66,7 +65,7 @@ def direction_cfg(out: Path, algo: str) -> TrainConfig:
 
 def p_rewarded(model, tokenizer, cfg: TrainConfig) -> torch.Tensor:
     """[n_prompts] P(first completion token is rewarded | prompt) at temperature 1."""
-    fmt = build_prompt_format(ModelOptions.of(cfg), tokenizer, model)
+    fmt = build_prompt_format(cfg.model, tokenizer, model)
     char_ids = {chr(c): tokenizer.convert_tokens_to_ids(chr(c)) for c in range(32, 127)}
     out = []
     with torch.no_grad():

@@ -46,7 +46,9 @@ SMALL = dict(
 
 def _library_records(tmp_path: Path, case: dict) -> list[dict]:
     out = tmp_path / "lib"
-    cfg = TrainConfig(**{**SMALL, **case}, output_dir=str(out), checkpoint_every=0, progress=False)
+    cfg = TrainConfig.of(
+        **{**SMALL, **case}, output_dir=str(out), checkpoint_every=0, progress=False
+    )
     train(cfg)
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]

@@ -9,7 +9,6 @@ import torch
 from update_support import update_batch
 
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 from gspo.config.options_train import LossOptions
 from gspo.core.mismatch import correction_weights, mismatch_stats
 
@@ -87,11 +86,11 @@ def _update(weights, micro=0):
     params = SamplingParams(max_new_tokens=4)
     rollout = engine.generate(prompts, 4, params, torch.Generator().manual_seed(0))
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])  # [N]
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     old = rollout.logprobs - 0.1 * rollout.completion_mask  # off-policy: ratios != 1
     batch = update_batch(rollout, old, adv, weights=weights(rollout))
-    update_policy(split(cfg), model, None, opt, sched, batch)
+    update_policy(cfg, model, None, opt, sched, batch)
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 

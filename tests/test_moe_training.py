@@ -17,7 +17,6 @@ import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
 from gspo.compose.parts import build_policy_for
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build
-from gspo.config.combinations import split
 from gspo.envs.tasks.base import Example, Task
 from gspo.models import moe
 from gspo.rollout.base import SamplingParams
@@ -125,7 +124,7 @@ def one_update(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     metrics = update_module.update_policy(
-        split(cfg),
+        cfg,
         model,
         None,
         optimizer,

@@ -14,7 +14,6 @@ from update_support import update_batch
 
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import Options, split
 from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy
 from gspo.rollout.base import Rollout
@@ -28,13 +27,13 @@ DROPPED = [0, 5]
 DELTA = 0.5
 
 
-def _cfg(**kw) -> Options:
+def _cfg(**kw) -> TrainConfig:
     values = dict(
         device="cpu", dtype="float64", lr=1e-3, warmup_steps=0, num_minibatches=1,
         micro_batch_size=2, old_logprobs="recompute", off_policy_mask=True,
         off_policy_mask_delta=DELTA,
     )  # fmt: skip
-    return split(build(TrainConfig, preset="smoke", overrides={**values, **kw}))
+    return build(TrainConfig, preset="smoke", overrides={**values, **kw})
 
 
 def _rollout(model) -> Rollout:
@@ -61,7 +60,7 @@ def _rollout(model) -> Rollout:
     )
 
 
-def _update(cfg: Options, model, rollout: Rollout, advantages: torch.Tensor):
+def _update(cfg: TrainConfig, model, rollout: Rollout, advantages: torch.Tensor):
     """One step as the loop runs it: the backend's old log-probs, then its update."""
     backend = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
     old, mismatch = backend.old_logprobs(rollout)  # [N, L]

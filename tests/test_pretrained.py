@@ -28,7 +28,6 @@ from transformers import (
 
 from gspo.compose.parts import build_policy_for
 from gspo.config import SFTConfig, TrainConfig, build
-from gspo.config.options import ModelOptions
 from gspo.envs.tasks import make_task
 from gspo.models import pretrained
 from gspo.models.char_tokenizer import build_char_tokenizer
@@ -204,7 +203,7 @@ def test_stop_on_end_token_when_pad_equals_eos(checkpoint, chat_tok):
     path, _ = checkpoint
     cfg = build(TrainConfig, overrides={"model": str(path), "device": "cpu"})
     model, tok = build_policy_for(cfg, torch.device("cpu"))
-    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
+    fmt = build_prompt_format(cfg.model, tok, model)
     prompts = fmt.encode(["Mia has 12 apples.", "Ken has 3 cards. He finds 4 more."])
     free = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id).generate(
         prompts, 1, SamplingParams(max_new_tokens=6, temperature=0.0)
@@ -391,7 +390,7 @@ def test_smollm2_from_the_package():
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
-    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
+    fmt = build_prompt_format(cfg.model, tok, model)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert fmt.chat and fmt.end_token_id == im_end and im_end in fmt.stop_token_ids
     assert fmt.render("Hi").endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")

@@ -10,7 +10,6 @@ import pytest
 from tqdm import tqdm
 
 from gspo.config import TrainConfig
-from gspo.config.combinations import split
 from gspo.orchestration.logging import eta_s, progress_bar
 from gspo.orchestration.loop import _progress
 from gspo.orchestration.phases import Phase, PhasedBar, phased_eta
@@ -42,7 +41,7 @@ def test_the_bars_show_the_average_rate_eta(make):
     if make == "sft":
         bar = progress_bar(800, desc="sft", file=io.StringIO())
     else:
-        cfg = split(TrainConfig(progress=True, algo="gspo", steps=800))
+        cfg = TrainConfig.of(progress=True, algo="gspo", steps=800)
         bar = _progress(cfg, 0, 800)
         bar.fp = io.StringIO()
     for _ in range(5):

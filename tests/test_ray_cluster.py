@@ -116,12 +116,12 @@ class _Cluster:
 def test_unplaceable_resources_are_refused_in_one_line():
     pytest.importorskip("ray")  # placement_options imports ray.util
     from gspo.config import build
-    from gspo.config.combinations import split
+    from gspo.config.train import TrainConfig
     from gspo.orchestration.ray_parts import placement_options
 
     cfg = build(TrainConfig, overrides=dict(backend="ray", trainer_workers=2, rollout_workers=1))
     with pytest.raises(ConfigError) as err:
-        placement_options(_Cluster(), split(cfg))
+        placement_options(_Cluster(), cfg)
     message = str(err.value)
     assert "\n" not in message
     assert "2 training ranks x 1 CPU + 1 rollout worker x 1 CPU = 3 CPU" in message
@@ -130,7 +130,7 @@ def test_unplaceable_resources_are_refused_in_one_line():
 
 def _saved_ray_run(tmp_path: Path) -> Path:
     """A run folder whose latest checkpoint was written by 2 Ray ranks + 1 rollout worker."""
-    cfg = TrainConfig(
+    cfg = TrainConfig.of(
         output_dir=str(tmp_path / "run"),
         backend="ray",
         trainer_workers=2,
@@ -148,8 +148,12 @@ def test_a_ray_run_resumes_locally_with_backend_local_alone(tmp_path):
     run = _saved_ray_run(tmp_path)
     printed: list[str] = []
     cfg = resume_config(run, {"backend": "local"}, echo=printed.append)
-    assert (cfg.backend, cfg.trainer_workers, cfg.rollout_workers) == ("local", 1, 0)
-    assert cfg.reward_placement == "auto"
+    assert (cfg.backend.backend, cfg.backend.trainer_workers, cfg.backend.rollout_workers) == (
+        "local",
+        1,
+        0,
+    )
+    assert cfg.backend.reward_placement == "auto"
     assert "  changed on resume: rollout_workers 1 -> 0" in printed
     # Flags given explicitly still win (and a real change of sampling streams is refused).
     with pytest.raises(ConfigError, match="rollout_workers: 1 -> 2"):

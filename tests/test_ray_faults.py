@@ -21,7 +21,6 @@ from test_ray_backend import _batch, _cfg
 from update_support import update_batch
 
 from gspo.compose.parts import build_policy_for
-from gspo.config.combinations import split
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -92,9 +91,7 @@ def test_killed_rank_named_and_nothing_left(tmp_path):
     model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     rollout, advantages = _batch(model)
     temp_dir = tempfile.mkdtemp(prefix="gspo-ray-t-")  # this test's own Ray session
-    backend = RayFSDPBackend(
-        split(cfg), model, workers=2, output_dir=str(tmp_path), temp_dir=temp_dir
-    )
+    backend = RayFSDPBackend(cfg, model, workers=2, output_dir=str(tmp_path), temp_dir=temp_dir)
     assert _session_processes(temp_dir)  # the scan sees the session's processes
     pids = list(backend.pids)
     started = _descendants(os.getpid())  # raylet, GCS, workers: all of this session
@@ -124,7 +121,7 @@ def test_killed_rollout_worker_named_and_nothing_left(tmp_path):
     torch.manual_seed(0)
     model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
     temp_dir = tempfile.mkdtemp(prefix="gspo-ray-t-")
-    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path, temp_dir=temp_dir)
+    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path, temp_dir=temp_dir)
     started = _descendants(os.getpid())
     try:
         assert set(pool.pids + backend.pids) <= set(started)

@@ -15,7 +15,6 @@ from update_support import update_batch
 from gspo.backend.local import LocalBackend
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import Rollout
 
@@ -110,10 +109,10 @@ def test_resume_with_other_rank_counts_and_backends(ray_session, tmp_path):
     batch = _batch(model)
 
     def ray(n: int) -> RayFSDPBackend:
-        return RayFSDPBackend(split(cfg), copy.deepcopy(model), workers=n)
+        return RayFSDPBackend(cfg, copy.deepcopy(model), workers=n)
 
     def local() -> LocalBackend:
-        return LocalBackend(split(cfg), copy.deepcopy(model), torch.device("cpu"))
+        return LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
 
     two = ray(2)
     try:

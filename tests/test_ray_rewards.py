@@ -12,7 +12,6 @@ import time
 import pytest
 
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.config.combinations import split
 from gspo.envs.rewards import code_reward, score, zero_failed
 from gspo.orchestration.ray_rewards import RayScorer, chunk_bounds, use_ray_tasks
 
@@ -102,16 +101,16 @@ def test_unpicklable_reward_is_refused_when_built(ray_session):
 
 def test_reward_placement_config():
     cfg = build(TrainConfig, preset="smoke", overrides={"backend": "ray"})
-    assert not use_ray_tasks(split(cfg), lambda c, e: 0.0)  # auto: cheap rewards stay in the driver
-    assert use_ray_tasks(split(cfg), code_reward)  # auto: sandboxed rewards go to Ray tasks
+    assert not use_ray_tasks(cfg, lambda c, e: 0.0)  # auto: cheap rewards stay in the driver
+    assert use_ray_tasks(cfg, code_reward)  # auto: sandboxed rewards go to Ray tasks
     forced = build(
         TrainConfig, preset="smoke", overrides={"backend": "ray", "reward_placement": "ray"}
     )
-    assert use_ray_tasks(split(forced), lambda c, e: 0.0)
+    assert use_ray_tasks(forced, lambda c, e: 0.0)
     off = build(
         TrainConfig, preset="smoke", overrides={"backend": "ray", "reward_placement": "driver"}
     )
-    assert not use_ray_tasks(split(off), code_reward)
+    assert not use_ray_tasks(off, code_reward)
     with pytest.raises(ConfigError, match="reward_placement='ray' needs backend='ray'"):
         build(TrainConfig, preset="smoke", overrides={"reward_placement": "ray"})
     with pytest.raises(ConfigError, match="reward_placement must be one of"):

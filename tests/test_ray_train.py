@@ -14,7 +14,6 @@ import torch
 from update_support import update_batch
 
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -145,9 +144,9 @@ def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
         rollout_workers=2,
         placement="colocated",  # rank i and worker i share bundle i
     )
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
-    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
+    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
     try:
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4="), tokenizer.encode("7+7=")]
@@ -202,9 +201,9 @@ def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
         rollout_engine="vllm",
         vllm_cpu_kv_cache_gib=1 / 16,
     )
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     model, tokenizer = build_policy_for(cfg, torch.device("cpu"))
-    backend, pool = build_ray_parts(split(cfg), model, tokenizer, tmp_path)
+    backend, pool = build_ray_parts(cfg, model, tokenizer, tmp_path)
     try:
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4=")]

@@ -21,7 +21,6 @@ from gspo.backend.checkpoint import write_checkpoint
 from gspo.backend.fsdp import FSDPRank
 from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import Options, split
 from gspo.models.policy import build_policy
 from gspo.rollout.base import Rollout
 
@@ -39,10 +38,10 @@ if not hasattr(torch._C._distributed_c10d, "_set_thread_isolation_mode"):
 JOIN_TIMEOUT_S = 600  # a rank stuck in a collective (its peer died) fails the test, not hangs it
 
 
-def _cfg() -> Options:
+def _cfg() -> TrainConfig:
     # threads left at 0: FSDPRank would set torch's thread count for the whole test process.
     values = dict(micro_batch_size=1, device="cpu", lr=1e-3, dtype="float64")
-    return split(build(TrainConfig, preset="smoke", overrides=values))
+    return build(TrainConfig, preset="smoke", overrides=values)
 
 
 def _batch(model, n: int = 6) -> tuple[Rollout, torch.Tensor]:

@@ -13,7 +13,6 @@ import pytest
 
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
-from gspo.config.combinations import split
 from gspo.core.checkpoint_paths import checkpoint_root, latest_checkpoint, list_checkpoints
 from gspo.interface.cli import main
 from gspo.orchestration.logging import read_metrics
@@ -111,7 +110,7 @@ def test_resumed_run_reads_as_one_run_from_step_1(tmp_path, capsys):
 
 def test_progress_bar_counts_the_global_step():
     cfg = build(TrainConfig, overrides=dict(steps=10, progress=True))
-    bar = _progress(split(cfg), 4, 10)
+    bar = _progress(cfg, 4, 10)
     try:
         assert (bar.n, bar.total) == (4, 10)
     finally:

@@ -12,7 +12,6 @@ import pytest
 
 from gspo.compose.ray_check import check_backend_available
 from gspo.config import ConfigError, TrainConfig, build
-from gspo.config.combinations import split
 
 
 @pytest.mark.parametrize(
@@ -38,8 +37,12 @@ def test_bad_scale_fields(overrides, message):
 
 def test_ray_fields_build():
     cfg = build(TrainConfig, overrides=dict(backend="ray", trainer_workers=2, rollout_workers=1))
-    assert (cfg.backend, cfg.trainer_workers, cfg.rollout_workers) == ("ray", 2, 1)
-    check_backend_available(split(build(TrainConfig)).backend)  # local: nothing to check
+    assert (cfg.backend.backend, cfg.backend.trainer_workers, cfg.backend.rollout_workers) == (
+        "ray",
+        2,
+        1,
+    )
+    check_backend_available(build(TrainConfig).backend)  # local: nothing to check
 
 
 # Reaching a cluster needs Ray itself; without it the check stops at "Ray is not installed"
@@ -58,11 +61,11 @@ def test_unreachable_cluster_is_a_config_error():
         port = s.getsockname()[1]
     cfg = build(TrainConfig, overrides=dict(backend="ray", ray_address=f"ray://127.0.0.1:{port}"))
     with pytest.raises(ConfigError, match=f"nothing answers at 127.0.0.1:{port}"):
-        check_backend_available(split(cfg).backend, timeout_s=1.0)
+        check_backend_available(cfg.backend, timeout_s=1.0)
 
 
 def test_ray_missing_is_a_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     cfg = build(TrainConfig, overrides=dict(backend="ray"))
     with pytest.raises(ConfigError, match=r"needs Ray, which is not installed: pip install"):
-        check_backend_available(split(cfg).backend)
+        check_backend_available(cfg.backend)

@@ -165,9 +165,9 @@ def test_missing_pillow_is_one_line_naming_the_extra(monkeypatch) -> None:
     from gspo.config.train import TrainConfig
 
     monkeypatch.setattr(machine, "installed", lambda module: module != "PIL")
-    problems = machine.machine_problems(TrainConfig(task="shapes"))
+    problems = machine.machine_problems(TrainConfig.of(task="shapes"))
     assert problems == [
         "task='shapes' needs Pillow (it draws the task's images), which is not installed: "
         "pip install 'gspo[vision]'"
     ]
-    assert machine.machine_problems(TrainConfig(task="scratchpad")) == []
+    assert machine.machine_problems(TrainConfig.of(task="scratchpad")) == []

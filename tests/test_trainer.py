@@ -85,7 +85,7 @@ def test_each_algo_trains_and_logs_design_metrics(tmp_path, algo):
         assert r["grad_norm"] > 0
         assert r["ratio/min"] <= r["ratio/mean"] <= r["ratio/max"]
         assert 0 <= r["clip/fraction"] <= 1 and 0 <= r["clip/seq_fraction"] <= 1
-        assert r["response_length/max"] <= cfg.max_new_tokens
+        assert r["response_length/max"] <= cfg.rollout.max_new_tokens
     assert (tmp_path / "final" / "model.safetensors").is_file()
 
 
@@ -298,8 +298,8 @@ def test_group_minibatches_train_and_run_each_prompt_once(tmp_path, monkeypatch)
     monkeypatch.setattr(forward_module, "token_logprobs", spy)
     cfg = make_cfg(tmp_path, minibatch_grouping="groups", steps=2, lr=1e-3, warmup_steps=0)
     result = train(cfg)
-    per_minibatch = cfg.prompts_per_step // cfg.num_minibatches
-    assert seen == [per_minibatch] * (2 * cfg.num_minibatches)
+    per_minibatch = cfg.rollout.prompts_per_step // cfg.optim.num_minibatches
+    assert seen == [per_minibatch] * (2 * cfg.optim.num_minibatches)
     before = initial_state(cfg)
     assert not states_equal(before, result.model.state_dict())
     assert all(math.isfinite(r["loss"]) for r in train_records(result.history))

@@ -23,7 +23,6 @@ import gspo.compose.train as trainer_module
 import gspo.models.forward_inputs as forward_module
 from gspo.compose.parts import build_policy_for
 from gspo.compose.train import train
-from gspo.config.combinations import split
 from gspo.envs.tasks.base import Example, Task
 
 # --------------------------------------------------------------------------------------------
@@ -124,11 +123,11 @@ def test_zero_gradient_rows_only_without_kl(tmp_path):
     model, _ = build_policy_for(cfg, torch.device("cpu"))
     adv = torch.tensor([0.0, 1.0, -0.0, -1.0], dtype=torch.float64)  # [N]
     want = torch.tensor([True, False, True, False])
-    assert torch.equal(update_module.zero_gradient_rows(split(cfg), model, adv), want)
+    assert torch.equal(update_module.zero_gradient_rows(cfg, model, adv), want)
     per_token = torch.tensor([[0.0, 0.0], [0.0, 2.0], [0.0, 0.0], [1.0, 0.0]])  # [N, T]
-    assert torch.equal(update_module.zero_gradient_rows(split(cfg), model, per_token), want)
+    assert torch.equal(update_module.zero_gradient_rows(cfg, model, per_token), want)
     with_kl = make_cfg(tmp_path, kl_coef=0.1)  # the KL term has a gradient in every row
-    assert not update_module.zero_gradient_rows(split(with_kl), model, adv).any()
+    assert not update_module.zero_gradient_rows(with_kl, model, adv).any()
 
 
 @pytest.mark.parametrize("grouping", ["shuffled", "groups"])

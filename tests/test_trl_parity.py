@@ -145,10 +145,10 @@ def _train_trl(cfg: TrainConfig, recorded: list[dict], monkeypatch, *, schedule:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    model, tokenizer = build_policy(cfg, torch.device("cpu"), seed=cfg.seed)
+    model, tokenizer = build_policy(cfg, torch.device("cpu"), seed=cfg.run.seed)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     task = build_task(cfg)
-    order = [prompt_indices(len(task.train), s, PROMPTS, cfg.seed) for s in range(STEPS)]
+    order = [prompt_indices(len(task.train), s, PROMPTS, cfg.run.seed) for s in range(STEPS)]
     rows = [task.train[i] for idx in order for i in idx]  # TRL reads the prompts in gspo's order
     dataset = Dataset.from_dict({"prompt": [e.prompt for e in rows]})
     calls = {"generate": 0, "shuffle": 0}
@@ -173,7 +173,7 @@ def _train_trl(cfg: TrainConfig, recorded: list[dict], monkeypatch, *, schedule:
 
     def gspo_shuffle(batch: dict) -> dict:
         """TRL's shuffle before its minibatch split, with gspo's permutation of that step."""
-        gen = step_generator(cfg.seed, calls["shuffle"], stream=1, device=torch.device("cpu"))
+        gen = step_generator(cfg.run.seed, calls["shuffle"], stream=1, device=torch.device("cpu"))
         calls["shuffle"] += 1
         perm = torch.cat(minibatch_rows(ROWS, GROUP, MINIBATCHES, "shuffled", gen))  # [N]
 
@@ -186,9 +186,9 @@ def _train_trl(cfg: TrainConfig, recorded: list[dict], monkeypatch, *, schedule:
 
     model.generate = replay_generate
     monkeypatch.setattr(grpo_module, "shuffle_sequence_dict", gspo_shuffle)
-    low, high = CLIPS[cfg.algo]
+    low, high = CLIPS[cfg.loss.algo]
     args = GRPOConfig(
-        output_dir=str(cfg.output_dir) + "-trl",
+        output_dir=str(cfg.run.output_dir) + "-trl",
         use_cpu=True,
         bf16=False,
         fp16=False,
@@ -202,7 +202,7 @@ def _train_trl(cfg: TrainConfig, recorded: list[dict], monkeypatch, *, schedule:
         temperature=1.0,
         top_p=1.0,
         top_k=0,
-        learning_rate=cfg.lr,
+        learning_rate=cfg.optim.lr,
         lr_scheduler_type="constant_with_warmup",
         warmup_steps=WARMUP,
         optim="adamw_torch",
@@ -214,21 +214,21 @@ def _train_trl(cfg: TrainConfig, recorded: list[dict], monkeypatch, *, schedule:
         beta=0.0,
         epsilon=low,
         epsilon_high=high,
-        importance_sampling_level="sequence" if cfg.algo == "gspo" else "token",
+        importance_sampling_level="sequence" if cfg.loss.algo == "gspo" else "token",
         loss_type="grpo",  # per sequence: mean over its tokens, then mean over sequences
         scale_rewards="group",
         shuffle_dataset=False,
         save_strategy="no",
         logging_steps=10_000,
         disable_tqdm=True,
-        seed=cfg.seed,
+        seed=cfg.run.seed,
         dataloader_num_workers=0,
         log_completions=False,
     )
     optimizers: tuple = (None, None)  # TRL's own: transformers' constant_with_warmup, i / W
     if schedule == "gspo":
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0
+            model.parameters(), lr=cfg.optim.lr, betas=(0.9, 0.999), weight_decay=0.0
         )
         optimizers = (optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(WARMUP)))
     trainer = GRPOTrainer(

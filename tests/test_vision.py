@@ -21,7 +21,7 @@ from gspo.rollout.torch_engine import TorchEngine
 
 
 def _opts(**kw) -> ModelOptions:
-    return ModelOptions.of(TrainConfig(**{"model": "tiny-vl", **kw}))
+    return TrainConfig.of(**{"model": "tiny-vl", **kw}).model
 
 
 def _png(size, colour) -> bytes:
@@ -197,9 +197,9 @@ def test_rounds_join_pixels_at_their_prompt_offsets(vl64):
     ],
 )
 def test_image_runs_refused_before_torch(overrides, problem):
-    from gspo.config.combinations import split, vision_combinations
+    from gspo.config.combinations import vision_combinations
 
-    got = vision_combinations(split(TrainConfig(**{"model": "tiny-vl", **overrides})))
+    got = vision_combinations(TrainConfig.of(**{"model": "tiny-vl", **overrides}))
     if problem is None:
         assert got == []
     else:

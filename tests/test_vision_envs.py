@@ -13,7 +13,6 @@ pytest.importorskip("PIL")
 
 from transformers.models.idefics3.modeling_idefics3 import Idefics3Model
 
-from gspo.config.options import ModelOptions
 from gspo.config.train import TrainConfig
 from gspo.envs.base import Step
 from gspo.envs.driver import Limits, run_episodes
@@ -34,7 +33,7 @@ def _digest(t: torch.Tensor) -> str:
 
 @pytest.fixture(scope="module")
 def vl64():
-    opts = ModelOptions.of(TrainConfig(model="tiny-vl", dtype="float64"))
+    opts = TrainConfig.of(model="tiny-vl", dtype="float64").model
     model, tok = build_policy(opts, torch.device("cpu"), seed=0)
     return model, tok, build_prompt_format(opts, tok, model)
 
@@ -185,9 +184,9 @@ HEAD32 = {"num_heads": 2, "num_kv_heads": 1}  # tiny-vl at a head size vLLM's CP
     ],
 )
 def test_async_and_multi_turn_images_are_accepted(overrides, problem):
-    from gspo.config.combinations import split, vision_combinations
+    from gspo.config.combinations import vision_combinations
 
-    opts = split(TrainConfig(model="tiny-vl", task="shapes", **overrides))
+    opts = TrainConfig.of(model="tiny-vl", task="shapes", **overrides)
     got = vision_combinations(opts, multi_turn="env" in overrides)
     assert got == [] if problem is None else (len(got) == 1 and problem in got[0])
 

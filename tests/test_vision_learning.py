@@ -27,7 +27,6 @@ pytest.importorskip("PIL")
 
 from gspo.compose.sft import run_sft
 from gspo.config import SFTConfig, build
-from gspo.config.options import ModelOptions
 from gspo.envs.rewards import exact_match
 from gspo.envs.tasks import shapes
 from gspo.envs.tasks.base import Example, Task
@@ -101,9 +100,7 @@ def _shuffled_score(cfg, task: Task) -> float:
     """Greedy accuracy of the saved model on the held-out prompts, each with an image of
     another colour (the images of the next held-out problem of a different colour)."""
     model, tok = load_model(cfg.output_dir), load_tokenizer(cfg.output_dir)
-    fmt = build_prompt_format(
-        ModelOptions.of(dataclasses.replace(cfg, model=cfg.output_dir)), tok, model
-    )
+    fmt = build_prompt_format(dataclasses.replace(cfg.model, model=cfg.run.output_dir), tok, model)
     test, swapped = task.test, []
     for i, e in enumerate(test):
         after = test[i + 1 :] + test[:i]

@@ -24,7 +24,7 @@ from gspo.rollout.torch_engine import TorchEngine
 
 
 def _opts(**kw) -> ModelOptions:
-    return ModelOptions.of(TrainConfig(**{"model": "tiny-qwen-vl", **kw}))
+    return TrainConfig.of(**{"model": "tiny-qwen-vl", **kw}).model
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +209,8 @@ def test_two_step_train_on_shapes(tmp_path):
     ],
 )
 def test_tiny_qwen_vl_refusals_before_torch(overrides, problem):
-    from gspo.config.combinations import split, vision_combinations
+    from gspo.config.combinations import vision_combinations
 
-    opts = split(TrainConfig(**{"model": "tiny-qwen-vl", **overrides}))
+    opts = TrainConfig.of(**{"model": "tiny-qwen-vl", **overrides})
     got = vision_combinations(opts, multi_turn="env" in overrides)
     assert got == [] if problem is None else (len(got) == 1 and problem in got[0])

@@ -10,7 +10,6 @@ pytest.importorskip("PIL")
 from PIL import Image
 
 import gspo.models.vision as vision
-from gspo.config.options import ModelOptions
 from gspo.config.train import TrainConfig
 from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
@@ -34,7 +33,7 @@ def _images():
 
 @pytest.fixture(scope="module")
 def rollout():
-    opts = ModelOptions.of(TrainConfig(model="tiny-vl", dtype="float64"))
+    opts = TrainConfig.of(model="tiny-vl", dtype="float64").model
     model, tok = build_policy(opts, torch.device("cpu"), seed=0)
     fmt = build_prompt_format(opts, tok, model)
     ids, pixels = fmt.encode_images(PROMPTS, _images())

@@ -30,9 +30,7 @@ COMMON = ["--device", "cpu", "--threads", "1", "--progress", "false"]
 
 
 def _opts(**kw) -> ModelOptions:
-    return ModelOptions.of(
-        TrainConfig(**{"model": "tiny-vl", "num_heads": 2, "num_kv_heads": 1, **kw})
-    )
+    return TrainConfig.of(**{"model": "tiny-vl", "num_heads": 2, "num_kv_heads": 1, **kw}).model
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import pytest
 from cold_start import ADDITION_D128
 from vllm_support import needs_vllm
 
-from gspo.config.options import ModelOptions
 from gspo.interface.cli import main
 
 # Head size 64 / 2 = 32: the smallest vLLM's CPU attention runs (the default tiny model has 16).
@@ -152,7 +151,7 @@ def test_smollm2_chat_prompts_stop_tokens_and_sync():
 
     cfg = build(TrainConfig, overrides={"model": "smollm2-135m-instruct", "device": "cpu"})
     model, tok = build_policy_for(cfg, torch.device("cpu"))
-    fmt = build_prompt_format(ModelOptions.of(cfg), tok, model)
+    fmt = build_prompt_format(cfg.model, tok, model)
     assert fmt.chat and fmt.stop_token_ids
     prompts = fmt.encode(["What is 2 + 3? Answer with a number.", "Say hi."])
     params = SamplingParams(max_new_tokens=24, temperature=0.7, stop_token_ids=fmt.stop_token_ids)

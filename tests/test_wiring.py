@@ -29,7 +29,6 @@ import gspo.models.moe as moe_module
 import gspo.orchestration.steps as steps_module
 from gspo.compose.parts import build_policy_for
 from gspo.config import ConfigError, TrainConfig
-from gspo.config.combinations import split
 from gspo.core.losses import LOSSES, policy_loss
 from gspo.envs.rewards import overlong_penalty
 from gspo.envs.tasks.base import Task
@@ -64,7 +63,7 @@ def expected_clip_shares(
 
 def hand_set_batch(cfg: TrainConfig, model, lengths=None):
     """A rollout of 10 rows (5 tokens each, or ``lengths``), its advantages and old log-probs
-    that put each row's ratio at POS/NEG_RATIOS under ``model`` at ``cfg.temperature``."""
+    that put each row's ratio at POS/NEG_RATIOS under ``model`` at ``cfg.rollout.temperature``."""
     g = torch.Generator().manual_seed(5)
     n, p, length = 10, 3, 5
     prompt_ids = torch.randint(3, 98, (n, p), generator=g)  # [N, P]
@@ -87,7 +86,7 @@ def hand_set_batch(cfg: TrainConfig, model, lengths=None):
             rollout.prompt_mask,
             completion_ids,
             completion_mask,
-            temperature=cfg.temperature,
+            temperature=cfg.rollout.temperature,
         )  # [N, L]
     log_r = torch.tensor(POS_RATIOS + NEG_RATIOS, dtype=torch.float64).log()  # [N]
     old = (current - log_r[:, None]) * completion_mask  # [N, L]
@@ -100,7 +99,7 @@ def one_update(cfg: TrainConfig, model, rollout, old, advantages, ref_model=None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1.0)
     return update_module.update_policy(
-        split(cfg),
+        cfg,
         model,
         ref_model,
         optimizer,
@@ -120,7 +119,7 @@ def test_clip_range_reaches_the_loss(tmp_path, algo, source):
             cli_cfg(tmp_path, source, **flags)
         return
     cfg = cli_cfg(tmp_path, source, **flags, dtype="float64", num_minibatches=1)
-    assert (cfg.clip_low, cfg.clip_high) == (clip_low, clip_high)
+    assert (cfg.loss.clip_low, cfg.loss.clip_high) == (clip_low, clip_high)
     model, _ = build_policy_for(cfg, torch.device("cpu"))
     rollout, old, advantages, _ = hand_set_batch(cfg, model)
     metrics = one_update(cfg, model, rollout, old, advantages)
@@ -144,14 +143,14 @@ def test_clip_range_reaches_the_loss(tmp_path, algo, source):
 
 def expected_loss(cfg: TrainConfig, current, old, advantages, mask, **kw) -> float:
     loss, _ = policy_loss(
-        cfg.algo,
+        cfg.loss.algo,
         current,
         old,
         advantages,
         mask,
-        clip_low=cfg.clip_low,
-        clip_high=cfg.clip_high,
-        constant=cfg.loss_constant or float(cfg.max_new_tokens),
+        clip_low=cfg.loss.clip_low,
+        clip_high=cfg.loss.clip_high,
+        constant=cfg.loss.loss_constant or float(cfg.rollout.max_new_tokens),
         **kw,
     )
     return float(loss)
@@ -199,7 +198,7 @@ def test_kl_coefficient_reaches_the_loss(tmp_path, source):
     rollout, old, advantages, current = hand_set_batch(cfg, model)
     mask = rollout.completion_mask
     with torch.no_grad():
-        ref_lp, _ = token_logprobs(ref, *_tensors(rollout), temperature=cfg.temperature)
+        ref_lp, _ = token_logprobs(ref, *_tensors(rollout), temperature=cfg.rollout.temperature)
     metrics = one_update(cfg, model, rollout, old, advantages, ref_model=ref)
     want = expected_loss(cfg, current, old, advantages, mask, ref_logprobs=ref_lp, kl_coef=kl_coef)
     assert metrics["loss"] == pytest.approx(want, rel=1e-10)

@@ -95,10 +95,10 @@ def test_minibatch_grouping_reaches_the_split(tmp_path, monkeypatch, source):
 
 def _same_but_shuffled(cfg: TrainConfig) -> dict:
     return {
-        "prompts_per_step": cfg.prompts_per_step,
-        "group_size": cfg.group_size,
-        "num_minibatches": cfg.num_minibatches,
-        "steps": cfg.steps,
+        "prompts_per_step": cfg.rollout.prompts_per_step,
+        "group_size": cfg.rollout.group_size,
+        "num_minibatches": cfg.optim.num_minibatches,
+        "steps": cfg.run.steps,
         "zero_advantage_split": 1.0,
     }
 
@@ -149,4 +149,4 @@ def test_micro_batch_size_reaches_the_forward(tmp_path, monkeypatch, source):
     cfg = cli_cfg(tmp_path, source, micro_batch_size=3, zero_advantage_split=1.0)
     forwards = count_training_forwards(monkeypatch)
     trainer_module.train(cfg)
-    assert [len(f) for f in forwards] == [3, 1] * (cfg.steps * cfg.num_minibatches)
+    assert [len(f) for f in forwards] == [3, 1] * (cfg.run.steps * cfg.optim.num_minibatches)

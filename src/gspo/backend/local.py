@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..models.model_io import save_model
 from ..models.moe import step_metrics as moe_step_metrics
@@ -27,7 +27,7 @@ from .update import _frozen_copy, _old_logprobs, build_optimizer, update_policy
 class LocalBackend:
     """:class:`~gspo.backend.base.TrainingBackend` for one process (CPU or one GPU)."""
 
-    def __init__(self, cfg: Options, model: torch.nn.Module, device: torch.device) -> None:
+    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, device: torch.device) -> None:
         self.cfg, self.model, self.device = cfg, model, device
         # Copied from the freshly built policy, before any restore: a resumed run keeps the
         # reference weights an unbroken run would use.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 from gspo.core.kl import sequence_kl_penalty
 from gspo.core.losses import get_loss
 from gspo.core.offpolicy import mask_metrics, off_policy_sequence_mask
@@ -15,7 +15,7 @@ from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import PIXEL_INDEX, PIXELS
 
 
-def loss_options(cfg: Options) -> dict[str, float | None]:
+def loss_options(cfg: TrainConfig) -> dict[str, float | None]:
     """The ``options`` of ``policy_loss`` for ``cfg.loss.algo`` (only those the loss declares)."""
     values = {
         "dual_clip": cfg.loss.dual_clip,
@@ -25,12 +25,12 @@ def loss_options(cfg: Options) -> dict[str, float | None]:
     return {k: values[k] for k, _ in get_loss(cfg.loss.algo).options if k in values}
 
 
-def loss_kl_coef(cfg: Options) -> float:
+def loss_kl_coef(cfg: TrainConfig) -> float:
     """β of the KL term in the loss: 0 when the penalty sits in the reward instead."""
     return 0.0 if cfg.loss.kl_in_reward else cfg.loss.kl_coef
 
 
-def reference_logprobs(cfg: Options, ref_model, rollout) -> torch.Tensor | None:
+def reference_logprobs(cfg: TrainConfig, ref_model, rollout) -> torch.Tensor | None:
     """[N, L] log-probs of the frozen reference on the rollout's tokens (None: no reference)."""
     if ref_model is None:
         return None
@@ -55,7 +55,7 @@ def rollout_logprobs(model, rollout, temperature: float) -> torch.Tensor:
     return logprobs  # [N, L]
 
 
-def reward_kl_penalty(cfg: Options, ref_model, rollout, old_logprobs: torch.Tensor):
+def reward_kl_penalty(cfg: TrainConfig, ref_model, rollout, old_logprobs: torch.Tensor):
     """(β Σ_t KL_t per sequence [N] float64, metrics) for ``kl_in_reward``; (None, {}) otherwise.
 
     The estimate is of the sampling policy against the reference on the rollout's own tokens,
@@ -72,7 +72,7 @@ def reward_kl_penalty(cfg: Options, ref_model, rollout, old_logprobs: torch.Tens
 
 
 def sequence_weights(
-    cfg: Options,
+    cfg: TrainConfig,
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,

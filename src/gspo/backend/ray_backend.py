@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..core.checkpoint_paths import latest_checkpoint
 from ..core.mismatch import mismatch_stats
@@ -42,7 +42,7 @@ class WorkerLostError(RuntimeError):
     """A training rank or rollout worker died; the message names it and the last checkpoint."""
 
 
-def refuse_unsupported(cfg: Options, model: torch.nn.Module) -> None:
+def refuse_unsupported(cfg: TrainConfig, model: torch.nn.Module) -> None:
     """What the FSDP2 ranks cannot do yet, refused before any work."""
     if is_moe(model) or cfg.model.routing_replay not in (None, "none"):
         raise ValueError(
@@ -122,7 +122,7 @@ class RayFSDPBackend:
 
     def __init__(
         self,
-        cfg: Options,
+        cfg: TrainConfig,
         model: torch.nn.Module,
         workers: int,
         address: str | None = None,

@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from .checkpoint import load_state, set_rng_state
 
@@ -57,7 +57,7 @@ def restore_sharded(path: Path, *, model, optimizer, scheduler) -> dict[str, Any
     return load_state(path)
 
 
-def local_to_dcp(path: Path, model: torch.nn.Module, cfg: Options, into: Path) -> None:
+def local_to_dcp(path: Path, model: torch.nn.Module, cfg: TrainConfig, into: Path) -> None:
     """Write a local checkpoint's weights and optimizer state under ``into/dcp`` (and its
     schedule as ``into/scheduler.pt``), the layout :meth:`FSDPRank.load` reads. ``model``: a
     plain policy of the run's architecture (its weights are replaced by the checkpoint's)."""

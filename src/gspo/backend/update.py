@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from gspo.backend.options import loss_kl_coef, loss_options, rollout_logprobs, sequence_weights
-from gspo.config.combinations import Options
 from gspo.config.fields import MINIBATCH_GROUPINGS
 from gspo.config.options_train import OptimOptions
+from gspo.config.train import TrainConfig
 from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
@@ -60,7 +60,7 @@ def build_optimizer(optim: OptimOptions, model: torch.nn.Module, *, fused: bool 
 
 
 def update_policy(
-    cfg: Options,
+    cfg: TrainConfig,
     model,
     ref_model,
     optimizer: torch.optim.Optimizer,
@@ -100,7 +100,7 @@ def update_policy(
     return acc.result()
 
 
-def minibatches(cfg: Options, batch: RolloutBatch) -> list[torch.Tensor]:
+def minibatches(cfg: TrainConfig, batch: RolloutBatch) -> list[torch.Tensor]:
     """Row indices of each minibatch (:func:`minibatch_rows`), drawn from the step's generator."""
     gen = step_generator(cfg.run.seed, batch.step, stream=1, device=torch.device("cpu"))
     return minibatch_rows(
@@ -112,7 +112,7 @@ def minibatches(cfg: Options, batch: RolloutBatch) -> list[torch.Tensor]:
     )
 
 
-def forward_inputs(cfg: Options, model, rollout: Rollout) -> ForwardInputs:
+def forward_inputs(cfg: TrainConfig, model, rollout: Rollout) -> ForwardInputs:
     """What the batch's forwards take beyond its tokens: image inputs, MoE routing."""
     return ForwardInputs.of(
         model,
@@ -126,7 +126,7 @@ def forward_inputs(cfg: Options, model, rollout: Rollout) -> ForwardInputs:
 
 
 def micro_batches(
-    cfg: Options,
+    cfg: TrainConfig,
     batch: RolloutBatch,
     minibatch: torch.Tensor,
     idle: torch.Tensor,
@@ -167,7 +167,7 @@ def micro_batches(
 
 
 def micro_batch_step(
-    cfg: Options,
+    cfg: TrainConfig,
     model,
     ref_model,
     inputs: ForwardInputs,
@@ -198,7 +198,7 @@ def micro_batch_step(
 
 
 def micro_batch_loss(
-    cfg: Options, batch: RolloutBatch, micro: MicroBatch, logprobs, ref, counts: _Counts
+    cfg: TrainConfig, batch: RolloutBatch, micro: MicroBatch, logprobs, ref, counts: _Counts
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of one micro-batch (the registry's objective) and its metrics, with the
     minibatch's denominators."""
@@ -231,7 +231,7 @@ def micro_batch_loss(
 
 
 def optimizer_step(
-    cfg: Options, model, optimizer, scheduler, loss: float, acc: Accumulator, shard
+    cfg: TrainConfig, model, optimizer, scheduler, loss: float, acc: Accumulator, shard
 ) -> None:
     """One optimizer step on the accumulated gradients of a minibatch whose loss is ``loss``;
     skipped (and counted) when the loss or the gradient norm is not finite."""
@@ -270,7 +270,7 @@ class _Counts:
         return cls(len(minibatch), int((mask.sum(dim=1) > 0).sum()), int(mask.sum()))
 
 
-def zero_gradient_rows(cfg: Options, model, advantages: torch.Tensor) -> torch.Tensor:
+def zero_gradient_rows(cfg: TrainConfig, model, advantages: torch.Tensor) -> torch.Tensor:
     """[N] bool: rows whose loss term and gradient are exactly 0, so they need no backward.
 
     A row whose advantage is 0 at every token adds 0 * ratio to the objective (clipped or not),
@@ -295,7 +295,9 @@ def _zero_grads(model) -> None:
             p.grad = torch.zeros_like(p)
 
 
-def _old_logprobs(cfg: Options, model, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+def _old_logprobs(
+    cfg: TrainConfig, model, rollout: Rollout
+) -> tuple[torch.Tensor, dict[str, float]]:
     if cfg.rollout.old_logprobs == "engine":
         return rollout.logprobs, {}
     # MoE: the same pass records the pre-update policy's routing (what R2 replays).

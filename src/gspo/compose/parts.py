@@ -15,7 +15,9 @@ from ..sandbox import with_code_limits
 
 
 def build_policy_for(cfg: TrainConfig | SFTConfig | EvalConfig, device):
-    """(model, tokenizer) of a flat config: its model options, initialized from its seed."""
+    """(model, tokenizer) of a config: its model options, initialized from its seed."""
+    if isinstance(cfg, TrainConfig):
+        return build_policy(cfg.model, device, seed=cfg.run.seed)
     return build_policy(ModelOptions.of(cfg), device, seed=cfg.seed)
 
 
@@ -25,31 +27,34 @@ def refuse_mrope_paths(cfg: TrainConfig, model) -> None:
     training forward only. Its type is known only once it is loaded."""
     from dataclasses import replace
 
-    from ..config.combinations import combination_problems, split
+    from ..config.combinations import combination_problems
     from ..models.vision_qwen import uses_mrope
 
     if not uses_mrope(model):
         return
-    as_tiny = combination_problems(split(replace(cfg, model="tiny-qwen-vl")))
+    as_tiny = combination_problems(replace(cfg, model=replace(cfg.model, model="tiny-qwen-vl")))
     for line in as_tiny:
         if line.startswith("model 'tiny-qwen-vl' runs on"):
-            name = f"model {cfg.model!r} (Qwen2.5-VL)"
+            name = f"model {cfg.model.model!r} (Qwen2.5-VL)"
             raise ValueError(line.replace("model 'tiny-qwen-vl'", name, 1))
 
 
 def build_task(cfg: TrainConfig | SFTConfig) -> Task:
     """A built-in synthetic task, or a task made of the user's data files, with the run's
     code-reward limits (``code_*`` fields) on a reward that runs the sandbox."""
-    demo_key = cfg.demo_key if isinstance(cfg, SFTConfig) else None
-    opts = TaskOptions.of(cfg)
-    task = _build_task(opts, cfg.reward, cfg.seed, demo_key)
+    if isinstance(cfg, SFTConfig):
+        opts, reward, seed, demo_key = TaskOptions.of(cfg), cfg.reward, cfg.seed, cfg.demo_key
+        evaluates = cfg.n_test > 0
+    else:
+        opts, reward, seed, demo_key = cfg.task, cfg.reward.reward, cfg.run.seed, None
+        evaluates = cfg.run.eval_every > 0
+    task = _build_task(opts, reward, seed, demo_key)
     # Duplicates counted (data/duplicates...) and, with dedupe, dropped; a run that evaluates
     # (train: eval_every > 0, SFT: n_test > 0) stops here if its held-out set ends up empty.
-    evaluates = cfg.eval_every > 0 if isinstance(cfg, TrainConfig) else cfg.n_test > 0
     checked = check_duplicates(task, dedupe=opts.dedupe)
     task = check_held_out(task, checked, opts.test_file, evaluates)
     if isinstance(cfg, TrainConfig):  # (SFT has no rewards to limit)
-        limits = RewardOptions.of(cfg)
+        limits = cfg.reward
         task.reward = with_code_limits(
             task.reward,
             test_timeout_s=limits.code_test_timeout_s,

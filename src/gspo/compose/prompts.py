@@ -92,9 +92,9 @@ def held_out_prompts(
 def _rows(cfg: TrainConfig, task, split: str) -> str:
     """How a refusal names a row of ``split``: the data file's row where the problems are the
     file's rows one for one (nothing skipped or deduplicated), else the problem's index."""
-    path = cfg.train_file if split == "train" else cfg.test_file
-    dropped = task.skipped_rows or (cfg.dedupe and any(task.data_checks.values()))
-    if cfg.task == "file" and path is not None and not dropped:
+    path = cfg.task.train_file if split == "train" else cfg.task.test_file
+    dropped = task.skipped_rows or (cfg.task.dedupe and any(task.data_checks.values()))
+    if cfg.task.task == "file" and path is not None and not dropped:
         return f"{path} row"
     return "training problem" if split == "train" else "held-out problem"
 
@@ -107,23 +107,27 @@ def prepare_prompts(cfg: TrainConfig, task, fmt, tokenizer, model, multi_turn: b
     encoded, _ = encode_examples(fmt, task.train)
     # A prompt and what follows it must fit the model's context (max_prompt_tokens 0: all of it).
     limit, named = run_prompt_limit(
-        cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.max_total_tokens, multi_turn, model
+        cfg.task.max_prompt_tokens,
+        cfg.rollout.max_new_tokens,
+        cfg.task.max_total_tokens,
+        multi_turn,
+        model,
     )
     kept, replaced, n_truncated, n_skipped = limit_prompts(
-        encoded, limit, cfg.long_prompts, limit=named, what=_rows(cfg, task, "train")
+        encoded, limit, cfg.task.long_prompts, limit=named, what=_rows(cfg, task, "train")
     )
     if not kept:
         raise ValueError(f"no training problem has a prompt within {named}")
     train_set = [task.train[i] for i in kept]
     prompt_cache = [replaced.get(i, encoded[i]) for i in kept]
     test_set, test_truncated, test_skipped = held_out_prompts(
-        task.test, fmt, limit, named, cfg.long_prompts, _rows(cfg, task, "test")
+        task.test, fmt, limit, named, cfg.task.long_prompts, _rows(cfg, task, "test")
     )
-    if task.test and not test_set and cfg.eval_every > 0:
-        way_out = "truncate" if cfg.long_prompts == "skip" else "a shorter chat template"
+    if task.test and not test_set and cfg.run.eval_every > 0:
+        way_out = "truncate" if cfg.task.long_prompts == "skip" else "a shorter chat template"
         raise EmptyHeldOutError(
             f"the held-out set is empty: all {len(task.test)} held-out prompts are over {named} "
-            f"and long_prompts={cfg.long_prompts!r} leaves them out (use shorter held-out "
+            f"and long_prompts={cfg.task.long_prompts!r} leaves them out (use shorter held-out "
             f"prompts, a larger limit or {way_out}; eval_every 0 runs without evaluation)"
         )
     if n_truncated or n_skipped:  # (the held-out split's line below: one line per split)

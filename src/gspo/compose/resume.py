@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo.config import PRESETS, ConfigError, SFTConfig, TrainConfig, build, coerce, load_file
+from gspo.config.fields import flat_fields, flatten, to_dict
 from gspo.config.train import SFT_SAFE_ON_RESUME
 from gspo.core.checkpoint_paths import checkpoint_root, latest_checkpoint
 
@@ -92,10 +93,10 @@ def requested_values(
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-        names = TrainConfig.__dataclass_fields__
+        names = flat_fields(TrainConfig)
         values.update({k: v for k, v in PRESETS[preset].items() if k in names})
     if file is not None:
-        values.update(load_file(file))
+        values.update(flatten(TrainConfig, load_file(file)))
     values.update(overrides)
     return values
 
@@ -111,16 +112,17 @@ def saved_config(output_dir: str | Path) -> tuple[dict[str, Any], int, Path]:
     if found is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {checkpoint_root(output_dir)}")
     state = json.loads((found / "state.json").read_text())
-    return dict(state["config"]), int(state["step"]), found
+    # Flat, as checkpoints are written; a nested one (keys by part) is read as well.
+    return flatten(TrainConfig, dict(state["config"])), int(state["step"]), found
 
 
 def _differences(saved: dict[str, Any], requested: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{field: (saved value, requested value)} for requested values that differ from saved."""
-    defaults = TrainConfig()
+    defaults = to_dict(TrainConfig())
     out: dict[str, tuple[Any, Any]] = {}
     for key, value in requested.items():
         new = coerce(TrainConfig, key, value)
-        old = saved.get(key, getattr(defaults, key))
+        old = saved.get(key, defaults[key])
         if isinstance(old, list):  # a list field (plugins) read back from JSON: a tuple
             old = tuple(old)
         if key == "output_dir":
@@ -165,23 +167,23 @@ def resume_config(
     # The folder holding the checkpoint is the run's folder, wherever it was first written.
     values = {**saved, **changes, "output_dir": str(output_dir)}
     cfg = build(TrainConfig, overrides=values)
-    if cfg.steps < step:
+    if cfg.run.steps < step:
         raise ConfigError(
-            f"--resume: the checkpoint in {output_dir} is at step {step}, past steps={cfg.steps}"
+            f"--resume: the checkpoint in {output_dir} is at step {step}, past steps={cfg.run.steps}"
             f" (pass --steps N with N > {step} to train further)"
         )
-    if step == cfg.steps and (Path(output_dir) / "final").is_dir():
+    if step == cfg.run.steps and (Path(output_dir) / "final").is_dir():
         raise RunFinished(
-            f"the run in {output_dir} is already finished (step {step} of {cfg.steps}, model in "
+            f"the run in {output_dir} is already finished (step {step} of {cfg.run.steps}, model in "
             f"{Path(output_dir) / 'final'}); nothing to do (pass --steps N with N > {step} to "
             "train further)"
         )
     echo(
-        f"resuming {output_dir} at step {step} of {cfg.steps} (checkpoint {found.name}): "
-        f"{cfg.algo} on {cfg.task}, model {cfg.model}, seed {cfg.seed}"
+        f"resuming {output_dir} at step {step} of {cfg.run.steps} (checkpoint {found.name}): "
+        f"{cfg.loss.algo} on {cfg.task.task}, model {cfg.model.model}, seed {cfg.run.seed}"
     )
     for key, new in changes.items():
-        old = saved.get(key, getattr(TrainConfig(), key))
+        old = saved.get(key, to_dict(TrainConfig())[key])
         echo(f"  changed on resume: {key} {old!r} -> {new!r}")
     return cfg
 

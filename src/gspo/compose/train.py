@@ -16,7 +16,7 @@ from pathlib import Path
 from ..backend.checkpoint import clean_stale, discard_run
 from ..backend.local import LocalBackend
 from ..config import ConfigError, TrainConfig, to_dict
-from ..config.combinations import Options, early_problems, split
+from ..config.combinations import early_problems
 from ..config.names import declared
 from ..config.scale import BACKENDS as SCALE_BACKENDS
 from ..envs import env_for
@@ -60,22 +60,21 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     removes an earlier run's checkpoints and final model from ``output_dir``, so that two runs
     never mix there (``gspo train`` refuses such a folder unless ``--overwrite`` moved it
     aside). ``stop_after``: the global step to stop at, with a checkpoint."""
-    opts = split(cfg)  # the one split of the flat config into each component's options
-    early = early_problems(opts)  # what construction refused before (a config made in Python)
+    early = early_problems(cfg)  # what construction refused before (a config made in Python)
     if early:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(early))
-    check_engine_available(opts.engine)  # e.g. vLLM missing: say so before any work
-    check_backend_available(opts.backend)  # backend='ray': Ray installed, ray_address reachable
-    set_threads(cfg.threads)
-    out = Path(cfg.output_dir)
+    check_engine_available(cfg.engine)  # e.g. vLLM missing: say so before any work
+    check_backend_available(cfg.backend)  # backend='ray': Ray installed, ray_address reachable
+    set_threads(cfg.run.threads)
+    out = Path(cfg.run.output_dir)
     found = None
-    last = cfg.steps if cfg.stop_after is None else min(cfg.steps, cfg.stop_after)
+    last = cfg.run.steps if cfg.run.stop_after is None else min(cfg.run.steps, cfg.run.stop_after)
     if resume:  # before any work: the checkpoint must belong to this run (gspo.compose.resume)
         saved, step, found = saved_config(out)
         check_changes(saved, to_dict(cfg), str(found))
-        if cfg.stop_after is not None and cfg.stop_after <= step:
+        if cfg.run.stop_after is not None and cfg.run.stop_after <= step:
             raise ConfigError(
-                f"stop_after={cfg.stop_after} is not past the checkpoint's step {step} in "
+                f"stop_after={cfg.run.stop_after} is not past the checkpoint's step {step} in "
                 f"{out}: stop_after is the global step to stop at (pass --stop-after N > {step}, "
                 "or leave it out)"
             )
@@ -85,7 +84,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     if not resume:  # a new run never shares the folder with an earlier run's checkpoints
         discard_run(out)
     try:
-        parts = build_parts(cfg, out, opts)
+        parts = build_parts(cfg, out)
     except BaseException:
         # A run refused while it was being built (bad data, a model that does not load) leaves
         # the folder as it found it: nothing there may mark it as holding a run, or the retry
@@ -96,16 +95,16 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
     # The run's config at its root, so `gspo report` can group runs by algo and seed: written
     # once the run passed its checks (it marks the folder as holding a run).
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
-    state = StepState(seed=cfg.seed)
+    state = StepState(seed=cfg.run.seed)
     try:
         if found is not None:
-            state = StepState.from_checkpoint(parts.backend.load_checkpoint(found), cfg.seed)
+            state = StepState.from_checkpoint(parts.backend.load_checkpoint(found), cfg.run.seed)
             parts.backend.push_weights(parts.engine)
         logger = MetricsLogger(
             out,
             resume_step=state.step,
-            tensorboard=cfg.tensorboard,
-            wandb=cfg.wandb,
+            tensorboard=cfg.run.tensorboard,
+            wandb=cfg.run.wandb,
             config=to_dict(cfg),
         )
         # A resumed run's records up to its checkpoint (the logger dropped later ones): with
@@ -122,7 +121,7 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> RunResult:
         parts.backend.close()
 
 
-def _local_parts(cfg: Options, model, tokenizer, device, out, workers, rewards):
+def _local_parts(cfg: TrainConfig, model, tokenizer, device, out, workers, rewards):
     """One process: the local backend, and the torch engine (sharing the model unless
     ``engine_dtype``) or vLLM (its own copy, synced every step); rewards scored in-process."""
     engine = policy_engine(cfg, model, tokenizer)
@@ -131,7 +130,7 @@ def _local_parts(cfg: Options, model, tokenizer, device, out, workers, rewards):
     return LocalBackend(cfg, model, device), engine, None
 
 
-def _ray_parts(cfg: Options, model, tokenizer, device, out, workers, rewards):
+def _ray_parts(cfg: TrainConfig, model, tokenizer, device, out, workers, rewards):
     """FSDP2 ranks (+ rollout workers) as Ray actors; rewards in Ray tasks where they pay."""
     tasks = workers if use_ray_tasks(cfg, rewards[0]) else 0
     backend, engine = build_ray_parts(cfg, model, tokenizer, out, reward_cpus=tasks)
@@ -139,51 +138,50 @@ def _ray_parts(cfg: Options, model, tokenizer, device, out, workers, rewards):
 
 
 BACKENDS = declared(SCALE_BACKENDS, {"local": _local_parts, "ray": _ray_parts}, "backends")
-"""Training backends by ``backend`` name: ``build(opts, model, tokenizer, device, out,
+"""Training backends by ``backend`` name: ``build(cfg, model, tokenizer, device, out,
 reward_workers, (train_reward, task_reward)) -> (backend, engine, scorer or None)`` (a scorer
 scores the episodes' rewards elsewhere than in this process), the names
 ``gspo.config.scale.BACKENDS`` declares (torch-free, for config checks)."""
 
 
-def build_parts(cfg: TrainConfig, out: Path, opts: Options | None = None) -> Parts:
+def build_parts(cfg: TrainConfig, out: Path) -> Parts:
     """The run's parts: policy and its backend, rollout engine, task, rewards, prompts. Below
-    here every layer reads its options (``opts``: ``split(cfg)``), not the flat config."""
-    opts = opts if opts is not None else split(cfg)
-    device = resolve_device(cfg.device)
-    model, tokenizer = build_policy(opts.model, device, seed=cfg.seed)
-    if cfg.model != "tiny-qwen-vl":
+    here every layer reads only the parts of the config it needs (``cfg.model``, ...)."""
+    device = resolve_device(cfg.run.device)
+    model, tokenizer = build_policy(cfg.model, device, seed=cfg.run.seed)
+    if cfg.model.model != "tiny-qwen-vl":
         refuse_mrope_paths(cfg, model)  # a Qwen2.5-VL checkpoint: known once loaded
     task = build_task(cfg)
     if not task.train:
         raise ValueError(f"task {task.name} has no training problems")
     # Chat template (pretrained chat models) or raw prompts (tiny char models), its stop tokens.
-    fmt = build_prompt_format(opts.model, tokenizer, model)
-    train_reward = build_train_reward(opts.reward, task)
-    workers = reward_workers(train_reward, cfg.reward_workers)
+    fmt = build_prompt_format(cfg.model, tokenizer, model)
+    train_reward = build_train_reward(cfg.reward, task)
+    workers = reward_workers(train_reward, cfg.reward.reward_workers)
     # Every task runs episodes of its environment through gspo.envs (single-turn: one turn);
     # without a registered one, the task's reward is its environment (+ the format bonus).
-    env = env_for(task, opts.task, fmt.chat)
-    own = None if env_factory(task, opts.task) is not None else train_reward
-    episodes = make_episodes(opts, env, tokenizer, fmt, train_reward=own, workers=workers)
+    env = env_for(task, cfg.task, fmt.chat)
+    own = None if env_factory(task, cfg.task) is not None else train_reward
+    episodes = make_episodes(cfg, env, tokenizer, fmt, train_reward=own, workers=workers)
     if uses_sandbox(train_reward):  # the startup line: which sandbox guarantees hold here
         print(isolation().summary(), file=sys.stderr, flush=True)
     train_set, prompt_cache, test_set, data_metrics = prepare_prompts(
         cfg, task, fmt, tokenizer, model, episodes.eval_env.multi_turn
     )
-    build_backend = BACKENDS[cfg.backend]
+    build_backend = BACKENDS[cfg.backend.backend]
     backend, engine, scorer = build_backend(
-        opts, model, tokenizer, device, out, workers, (train_reward, task.reward)
+        cfg, model, tokenizer, device, out, workers, (train_reward, task.reward)
     )
     if scorer is not None:
         episodes.use_scorer(scorer.each)
     params = SamplingParams(
-        max_new_tokens=cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
         stop_token_ids=fmt.stop_token_ids,
     )
     parts = Parts(
-        cfg=opts,
+        cfg=cfg,
         backend=backend,
         engine=engine,
         tokenizer=tokenizer,

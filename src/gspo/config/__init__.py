@@ -1,10 +1,11 @@
-"""Run configuration: flat dataclasses, each field documented, plus presets and validation.
+"""Run configuration: dataclasses, each field documented, plus presets and validation.
 
 Split by job:
 
-- plain data, importable from any layer (they import nothing else of gspo): ``fields`` (the
-  shared, engine and correction field sets, ``ConfigError``, ``to_dict``, ``field_docs``),
-  ``train`` (``TrainConfig``, ``SFTConfig``), ``evaluation`` (``EvalConfig``), ``presets``;
+- plain data, importable from any layer (they import nothing else of gspo): ``fields``
+  (``ConfigError``, ``to_dict``, ``field_docs``, ``flat_fields``), ``options`` and
+  ``options_train`` (each component's options: the fields), ``train`` (``TrainConfig``, composed
+  of the options; ``SFTConfig``), ``eval_config`` (``EvalConfig``), ``presets``;
 - the interface side, for the CLI and the composition root: ``validation`` (every problem of a
   config, checked against the registries) and ``coercion`` (``build``: defaults < preset < file
   < flags, values coerced to field types).
@@ -21,15 +22,12 @@ from .fields import (
     OLD_LOGPROBS,
     ROLLOUT_ENGINES,
     ConfigError,
-    CorrectionFields,
-    EngineFields,
-    SharedFields,
     _doc,
     field_docs,
     to_dict,
 )
 from .presets import PRESETS
-from .train import SFTConfig, TrainConfig
+from .train import EngineFields, SFTConfig, SharedFields, TrainConfig
 from .validation import _validate_eval, _validate_model_fields, validate, validate_engine
 
 __all__ = [
@@ -40,7 +38,6 @@ __all__ = [
     "PRESETS",
     "ROLLOUT_ENGINES",
     "ConfigError",
-    "CorrectionFields",
     "EngineFields",
     "EvalConfig",
     "SFTConfig",

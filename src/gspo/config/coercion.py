@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .fields import ConfigError
+from .fields import ConfigError, compose, flat_fields, flatten
 from .names import did_you_mean
 from .presets import PRESETS
 from .validation import config_error, config_problems
@@ -33,8 +32,9 @@ def _base_type(annotation: Any) -> tuple[type, bool]:
 
 
 def coerce(cls: type, key: str, value: Any) -> Any:
-    """Convert ``value`` (from a file or the command line) to the type of field ``key``."""
-    by_name = {f.name: f for f in fields(cls)}
+    """Convert ``value`` (from a file or the command line) to the type of field ``key`` (a flat
+    name: ``algo``, not ``loss.algo``)."""
+    by_name = flat_fields(cls)
     if key not in by_name:
         hint = did_you_mean(key, by_name)
         valid = "" if hint else f"; valid keys: {', '.join(by_name)}"
@@ -76,7 +76,8 @@ def coerce(cls: type, key: str, value: Any) -> Any:
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a dict (keys may use - or _)."""
+    """Read a YAML or JSON config file into a dict (keys may use - or _; nested keys, such as
+    ``loss: {algo: grpo}``, are kept nested: :func:`gspo.config.fields.flatten` reads them)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -114,18 +115,18 @@ def build(
         if preset not in PRESETS:
             hint = did_you_mean(preset, PRESETS)
             raise ConfigError(f"unknown preset {preset!r}{hint}; valid: {', '.join(PRESETS)}")
-        valid = {f.name for f in fields(cls)}
+        valid = flat_fields(cls)
         values.update({k: v for k, v in PRESETS[preset].items() if k in valid})
     if file is not None:
-        values.update(load_file(file))
-    values.update(overrides or {})
+        values.update(flatten(cls, load_file(file)))
+    values.update(flatten(cls, overrides or {}))
     for k, v in list(values.items()):
         try:
             values[k] = coerce(cls, k, v)
         except ConfigError as exc:
             problems.append(str(exc))
             del values[k]
-    cfg = cls(**values)
+    cfg = compose(cls, values)
     for problem in config_problems(cfg):
         if problem not in problems:
             problems.append(problem)
@@ -135,5 +136,5 @@ def build(
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """Rebuild a saved config (unknown keys rejected, values validated)."""
+    """Rebuild a saved config, flat or nested (unknown keys rejected, values validated)."""
     return build(cls, overrides=data)

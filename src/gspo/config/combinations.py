@@ -1,7 +1,5 @@
-"""The one split of a flat ``TrainConfig`` into its components' options, and the one place that
-refuses bad combinations across components.
+"""The one place that refuses bad combinations across a ``TrainConfig``'s components.
 
-The composition root calls :func:`split` once and hands each layer its options;
 :func:`combination_problems` lists every refused combination together (each component's own
 fields: its ``problems()``; names checked against the task and reward registries:
 :mod:`gspo.config.validation`). Torch-free and registry-free, like the options.
@@ -9,81 +7,22 @@ fields: its ``problems()``; names checked against the task and reward registries
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .names import VLLM_CPU_HEAD_SIZES, is_environment_task
-from .options import EngineOptions, ModelOptions, RewardOptions, RunOptions, TaskOptions
-from .options_train import (
-    AsyncOptions,
-    BackendOptions,
-    LossOptions,
-    OptimOptions,
-    RolloutOptions,
-)
 from .train import TrainConfig
 
 
-@dataclass(frozen=True)
-class Options:
-    """A run's options, one object per component (every ``TrainConfig`` field is in one)."""
-
-    run: RunOptions
-    model: ModelOptions
-    task: TaskOptions
-    reward: RewardOptions
-    engine: EngineOptions
-    rollout: RolloutOptions
-    loss: LossOptions
-    optim: OptimOptions
-    backend: BackendOptions
-    asynchronous: AsyncOptions
-
-    def parts(self) -> tuple:
-        return (
-            self.run,
-            self.model,
-            self.task,
-            self.reward,
-            self.engine,
-            self.rollout,
-            self.loss,
-            self.optim,
-            self.backend,
-            self.asynchronous,
-        )
-
-    def flat(self) -> TrainConfig:
-        """The flat config these options were cut from (checkpoints save its fields)."""
-        return TrainConfig(**{k: v for part in self.parts() for k, v in vars(part).items()})
-
-    def problems(self) -> list[str]:
-        """Every problem of every component, then every refused combination, without repeats."""
-        out: list[str] = []
-        for problem in [p for part in self.parts() for p in part.problems()] + (
-            combination_problems(self)
-        ):
-            if problem not in out:
-                out.append(problem)
-        return out
+def problems(cfg: TrainConfig) -> list[str]:
+    """Every problem of every component, then every refused combination, without repeats."""
+    out: list[str] = []
+    for problem in [p for part in cfg.parts() for p in part.problems()] + (
+        combination_problems(cfg)
+    ):
+        if problem not in out:
+            out.append(problem)
+    return out
 
 
-def split(cfg: TrainConfig) -> Options:
-    """``cfg`` cut into its components' options (the composition root does it once)."""
-    return Options(
-        run=RunOptions.of(cfg),
-        model=ModelOptions.of(cfg),
-        task=TaskOptions.of(cfg),
-        reward=RewardOptions.of(cfg),
-        engine=EngineOptions.of(cfg),
-        rollout=RolloutOptions.of(cfg),
-        loss=LossOptions.of(cfg),
-        optim=OptimOptions.of(cfg),
-        backend=BackendOptions.of(cfg),
-        asynchronous=AsyncOptions.of(cfg),
-    )
-
-
-def combination_problems(o: Options) -> list[str]:
+def combination_problems(o: TrainConfig) -> list[str]:
     """Every combination of values across components that a run refuses (empty: none)."""
     # A registered multi-turn environment, or one named by --env module:factory.
     multi_turn = is_environment_task(o.task.task) or o.task.env is not None
@@ -106,7 +45,7 @@ VISION_MODELS = ("tiny-vl", "tiny-qwen-vl")
 """Built-in vision-language models."""
 
 
-def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
+def vision_combinations(o: TrainConfig, multi_turn: bool = False) -> list[str]:
     """What image prompts need, and what they do not support yet (checked before torch)."""
     images = o.task.task in IMAGE_TASKS or bool(o.task.image_key)
     if not images and o.model.model not in VISION_MODELS:
@@ -161,7 +100,7 @@ def vision_combinations(o: Options, multi_turn: bool = False) -> list[str]:
     return out
 
 
-def _vllm_head_size(o: Options) -> list[str]:
+def _vllm_head_size(o: TrainConfig) -> list[str]:
     """tiny-vl's default head size (64 / 4 = 16) is one vLLM's CPU attention refuses at start-up,
     after the model is built; say so here, with the flags that fix it."""
     m = o.model
@@ -179,7 +118,7 @@ def _vllm_head_size(o: Options) -> list[str]:
     ]
 
 
-def multi_turn_combinations(o: Options) -> list[str]:
+def multi_turn_combinations(o: TrainConfig) -> list[str]:
     """What multi-turn episodes do not support yet. Checked here for the tasks with a
     registered environment, and again when the run builds its episodes (an environment the
     config cannot know, e.g. one made in Python, is multi-turn only then)."""
@@ -203,7 +142,7 @@ def multi_turn_combinations(o: Options) -> list[str]:
     return out
 
 
-def scale_combinations(o: Options) -> list[str]:
+def scale_combinations(o: TrainConfig) -> list[str]:
     """What backend='ray' does not support yet."""
     out: list[str] = []
     if o.backend.backend == "ray":
@@ -217,7 +156,7 @@ def scale_combinations(o: Options) -> list[str]:
     return out
 
 
-def async_combinations(o: Options) -> list[str]:
+def async_combinations(o: TrainConfig) -> list[str]:
     """What rollouts running ahead of training (max_staleness >= 1) do not support."""
     a = o.asynchronous
     if not a.staleness_ok or a.max_staleness == 0:
@@ -236,7 +175,7 @@ def async_combinations(o: Options) -> list[str]:
     return out
 
 
-def _training_combinations(o: Options) -> list[str]:
+def _training_combinations(o: TrainConfig) -> list[str]:
     out: list[str] = []
 
     def need(cond: bool, message: str) -> None:
@@ -290,7 +229,7 @@ def _training_combinations(o: Options) -> list[str]:
     return out
 
 
-def early_problems(o: Options) -> list[str]:
+def early_problems(o: TrainConfig) -> list[str]:
     """The problems a run refuses even when its config was made without validation (Python
     API): the scale-out and async fields and their combinations, as checked before any work."""
     return [

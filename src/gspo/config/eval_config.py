@@ -1,11 +1,12 @@
-"""Plain config data: ``EvalConfig`` (``gspo eval``). Imports nothing else of gspo."""
+"""Plain config data: ``EvalConfig`` (``gspo eval``), flat. Imports only the config's plain-data
+modules."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fields import EngineFields, _doc
-from .train import EpisodeFields
+from .fields import _doc
+from .train import EngineFields, EpisodeFields
 
 
 @dataclass

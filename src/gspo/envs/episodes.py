@@ -31,11 +31,11 @@ from .rewards import reward_workers
 from .trajectory import Trajectory, make_encoder
 
 if TYPE_CHECKING:  # the config validates tasks against gspo.envs: only a type here, no cycle
-    from gspo.config.combinations import Options
     from gspo.config.options import TaskOptions
+    from gspo.config.train import TrainConfig
 
 
-def limits_from(cfg: Options, multi_turn: bool = True) -> Limits:
+def limits_from(cfg: TrainConfig, multi_turn: bool = True) -> Limits:
     """The run's episode limits; one-turn episodes: one turn of ``max_new_tokens``."""
     return episode_limits(cfg.task, cfg.rollout.max_new_tokens, multi_turn)
 
@@ -65,7 +65,7 @@ class Episodes:
 
     def __init__(
         self,
-        cfg: Options,
+        cfg: TrainConfig,
         env: Environment,
         tokenizer: Any,
         fmt: Any,
@@ -184,7 +184,7 @@ class Episodes:
         return metrics
 
 
-def check_multi_turn(cfg: Options) -> None:
+def check_multi_turn(cfg: TrainConfig) -> None:
     """Refuse what multi-turn episodes do not support yet, before any work starts (the rules
     are the config's, :func:`gspo.config.combinations.multi_turn_combinations`)."""
     check_credit(cfg.loss.algo, cfg.loss.credit)
@@ -194,7 +194,7 @@ def check_multi_turn(cfg: Options) -> None:
 
 
 def make_episodes(
-    cfg: Options, env: Environment, tokenizer: Any, fmt: Any, *, train_reward: Any = None,
+    cfg: TrainConfig, env: Environment, tokenizer: Any, fmt: Any, *, train_reward: Any = None,
     workers: int = 1,
 ) -> Episodes:  # fmt: skip
     """The episodes of a run, single- or multi-turn (one path through the trainer)."""

@@ -22,7 +22,8 @@ from gspo.compose.resume import (
     sft_resume_config,
 )
 from gspo.config import PRESETS, ConfigError, EvalConfig, SFTConfig, TrainConfig, build, field_docs
-from gspo.config.fields import SharedFields
+from gspo.config.fields import flat_fields
+from gspo.config.train import SharedFields
 from gspo.interface import algos
 
 from .cli_parsers import (
@@ -41,10 +42,18 @@ from .rundir import OVERWRITE_HELP, claim_output_dir, exit_code, interrupted, st
 from .serve import add_serve_parser, run_serve
 
 
+def _help_groups(cls: type) -> list[tuple[str, list]]:
+    """(title, fields) of each group of ``cls``'s flags: a composed config's parts (TrainConfig:
+    run, model, task, ...), or a flat config's fields in one group (:func:`_help_order`)."""
+    if cls is TrainConfig:
+        return [(f"{f.name} options", list(fields(f.default_factory))) for f in fields(cls)]
+    return [(f"{cls.__name__} fields", _help_order(cls))]
+
+
 def _help_order(cls: type) -> list:
-    """The fields of ``cls`` in the README's order: run, model and task first (SharedFields),
-    then the class's own, then the other mixins (engine, Ray, async) in their declared order.
-    The dataclass order is the reverse: a TrainConfig's async and Ray fields came first."""
+    """The fields of a flat ``cls`` in the README's order: run, model and task first
+    (SharedFields), then the class's own, then the other groups (engine, episode limits) in
+    their declared order."""
     bases = [b for b in cls.__mro__[1:] if "__dataclass_fields__" in vars(b)]
     shared = [b for b in bases if b is SharedFields]
     owners = [*shared, cls, *(b for b in bases if b is not SharedFields)]
@@ -58,8 +67,15 @@ def _help_order(cls: type) -> list:
 
 def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     docs = field_docs(cls)
-    group = parser.add_argument_group(f"{cls.__name__} fields")
-    for f in _help_order(cls):
+    for title, listed in _help_groups(cls):
+        _add_flags(parser.add_argument_group(title), listed, docs)
+    parser.add_argument("--config", help="YAML or JSON file of config fields")
+    parser.add_argument("--preset", help=f"named preset: {', '.join(PRESETS)}")
+    add_log_level(parser)
+
+
+def _add_flags(group: Any, listed: list, docs: dict[str, str]) -> None:
+    for f in listed:
         if f.name == "plugins":  # a list: one --plugin NAME per module
             group.add_argument(
                 "--plugin",
@@ -79,9 +95,6 @@ def _add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             metavar="V",
             help=f"{docs[f.name]} [{default}]",
         )
-    parser.add_argument("--config", help="YAML or JSON file of config fields")
-    parser.add_argument("--preset", help=f"named preset: {', '.join(PRESETS)}")
-    add_log_level(parser)
 
 
 def _typed(args: argparse.Namespace) -> set[str]:
@@ -89,12 +102,12 @@ def _typed(args: argparse.Namespace) -> set[str]:
     a name in ``args`` was typed). ``gspo demo``'s own flags are not config fields."""
     if args.command not in ("train", "sft", "eval", "compare", "report"):
         return set()
-    names = {f.name for cls in (TrainConfig, SFTConfig, EvalConfig) for f in fields(cls)}
+    names = {name for cls in (TrainConfig, SFTConfig, EvalConfig) for name in flat_fields(cls)}
     return names & set(vars(args))
 
 
 def _overrides(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
+    names = flat_fields(cls)
     return {k: v for k, v in vars(args).items() if k in names}
 
 
@@ -230,7 +243,7 @@ def _output_dir(args: argparse.Namespace, overrides: dict[str, Any], cls: type) 
     """The output folder the command line asks for (flag > config file > preset > default),
     read without building the config: building it validates fields and imports torch."""
     requested = requested_values(args.preset, args.config, overrides)
-    return str(requested.get("output_dir", cls.output_dir))
+    return str(requested.get("output_dir", flat_fields(cls)["output_dir"].default))
 
 
 def _run_config(args: argparse.Namespace, cls: type, resumed: Callable[..., Any]) -> Any:
@@ -273,10 +286,10 @@ def _train(args: argparse.Namespace) -> int:
     try:
         result = train(cfg, resume=args.resume)
     except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before the first step
-        return interrupted("train", cfg.output_dir, exc)
+        return interrupted("train", cfg.run.output_dir, exc)
     out = result.output_dir
     history = result.run_history  # from step 0, across resumes
-    plot = plot_run(history, out / "curves.png", title=f"{cfg.algo} on {cfg.task}")
+    plot = plot_run(history, out / "curves.png", title=f"{cfg.loss.algo} on {cfg.task.task}")
     print(curve_table(history))
     if result.final_eval:
         print(eval_label(history, result.interrupted is not None))
@@ -284,7 +297,9 @@ def _train(args: argparse.Namespace) -> int:
     print(f"metrics: {out / 'metrics.jsonl'}\nplot: {plot}")
     if result.interrupted is not None:
         step = max((r["step"] for r in history), default=0)
-        line = stopped_line("train", cfg.output_dir, step, result.checkpoint, result.interrupted)
+        line = stopped_line(
+            "train", cfg.run.output_dir, step, result.checkpoint, result.interrupted
+        )
         print(line, file=sys.stderr)
         return exit_code(result.interrupted)
     return 0

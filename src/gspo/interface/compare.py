@@ -150,11 +150,11 @@ def plan(
                 )
             )
         if sft_steps > 0:
-            first = cfgs[-1]
+            first = to_dict(cfgs[-1])
             shared = {
-                f.name: getattr(first, f.name)
+                f.name: first[f.name]
                 for f in fields(SFTConfig)
-                if f.name not in NOT_SHARED_WITH_SFT and hasattr(first, f.name)
+                if f.name not in NOT_SHARED_WITH_SFT and f.name in first
             }
             sft_cfgs[seed] = build(
                 SFTConfig,
@@ -234,10 +234,10 @@ def run_compare(
         sft_dirs[seed] = sft_dir
     run_dirs: list[Path] = []
     for i, cfg in enumerate(cfgs, 1):
-        run_dir = Path(cfg.output_dir)
+        run_dir = Path(cfg.run.output_dir)
         run_dirs.append(run_dir)
-        tag = f"[{i}/{len(cfgs)} {cfg.algo} seed {cfg.seed}]"
-        if cfg.seed not in fresh and _finished(run_dir, cfg):
+        tag = f"[{i}/{len(cfgs)} {cfg.loss.algo} seed {cfg.run.seed}]"
+        if cfg.run.seed not in fresh and _finished(run_dir, cfg):
             log(f"{tag} reusing finished run {run_dir}")
             continue
         t_run = time.perf_counter()

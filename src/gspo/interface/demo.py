@@ -155,8 +155,8 @@ def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any], bar
         ),
     )
     say(
-        f"[2/2] {rl_cfg.algo.upper()}: {rl_cfg.steps} steps x {rl_cfg.prompts_per_step} prompts x "
-        f"{rl_cfg.group_size} samples, {rl_cfg.num_minibatches} minibatches per rollout"
+        f"[2/2] {rl_cfg.loss.algo.upper()}: {rl_cfg.run.steps} steps x {rl_cfg.rollout.prompts_per_step} prompts x "
+        f"{rl_cfg.rollout.group_size} samples, {rl_cfg.optim.num_minibatches} minibatches per rollout"
     )
     found = latest_checkpoint(out / "rl") if args.resume else None
     if found is not None:
@@ -175,7 +175,7 @@ def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any], bar
     plot = plot_run(
         history,
         out / "demo.png",
-        title=f"{rl_cfg.algo} on 2-digit addition (seed {seed})",
+        title=f"{rl_cfg.loss.algo} on 2-digit addition (seed {seed})",
     )
 
     print(f"\nheld-out set: {int(before['eval/problems'])} problems never seen in training")
@@ -196,7 +196,7 @@ def _demo_run(args: argparse.Namespace, out: Path, settings: dict[str, Any], bar
     )
     summary = {
         "seed": seed,
-        "algo": rl_cfg.algo,
+        "algo": rl_cfg.loss.algo,
         "sft": sft_info,
         "before": before,
         "after": after,

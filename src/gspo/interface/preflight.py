@@ -87,9 +87,11 @@ def check_data(cfg: TrainConfig | SFTConfig | EvalConfig) -> None:
                 image_key=cfg.image_key,
             )
         return
-    if cfg.task == "file":
-        demo_key = cfg.demo_key if isinstance(cfg, SFTConfig) else None
-        options_file_task(TaskOptions.of(cfg), cfg.reward, demo_key)
+    if isinstance(cfg, SFTConfig):
+        if cfg.task == "file":
+            options_file_task(TaskOptions.of(cfg), cfg.reward, cfg.demo_key)
+    elif cfg.task.task == "file":
+        options_file_task(cfg.task, cfg.reward.reward, None)
 
 
 def eval_overrides(

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..rollout.base import PartialGeneration, Rollout, SamplingParams
 from ..rollout.engines import close_engine, policy_engine
@@ -141,7 +141,7 @@ def round_generate(
     return generate
 
 
-def driver_engine(cfg: Options, model: torch.nn.Module, tokenizer: Any) -> Any:
+def driver_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any) -> Any:
     """A torch engine in the driver on the driver's copy of the weights (which
     ``push_weights`` refreshes every step): the loop's engine when the rollout thread has the
     run's (Ray workers, a local vLLM engine), so an evaluation never waits for the thread nor

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..core.seeding import prompt_indices, step_generator
 from ..models.chat import encode_examples
@@ -186,7 +186,7 @@ class AsyncSource:
     weights through ``sink``; ``model`` is the trainer's (its weights start the thread)."""
 
     def __init__(
-        self, cfg: Options, producer: Producer, place: Place, sink: WeightSink, model: Any
+        self, cfg: TrainConfig, producer: Producer, place: Place, sink: WeightSink, model: Any
     ) -> None:
         self.cfg, self.producer, self.place, self.sink = cfg, producer, place, sink
         self.model = model

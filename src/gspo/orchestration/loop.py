@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..core.checkpoint_paths import latest_checkpoint
 from . import steps
@@ -162,7 +162,7 @@ def _echo(bar):
     return lambda message: bar.write(message, file=sys.stderr)
 
 
-def _progress(cfg: Options, start: int, last: int):
+def _progress(cfg: TrainConfig, start: int, last: int):
     if not cfg.run.progress:
         return None
     # The run's global step out of its total: a resumed run's bar starts where the checkpoint is;

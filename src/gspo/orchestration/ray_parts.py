@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from gspo.config.combinations import Options
 from gspo.config.fields import ConfigError
+from gspo.config.train import TrainConfig
 
 from ..backend.ray_backend import RayFSDPBackend, refuse_unsupported
 from ..backend.ray_cluster import import_ray, start_ray, stop_ray
@@ -33,13 +33,13 @@ from .ray_rollout import RolloutPool
 READY_TIMEOUT_S = 60.0
 
 
-def _cuda(cfg: Options) -> bool:
+def _cuda(cfg: TrainConfig) -> bool:
     return cfg.run.device.startswith("cuda") or (
         cfg.run.device == "auto" and torch.cuda.is_available()
     )
 
 
-def placement_options(ray: Any, cfg: Options) -> tuple[list[dict], list[dict], list[Any]]:
+def placement_options(ray: Any, cfg: TrainConfig) -> tuple[list[dict], list[dict], list[Any]]:
     """(options of each training rank, of each rollout worker, the placement groups). A
     request the cluster cannot hold is refused in one line before any group is made; one that
     waits past READY_TIMEOUT_S (resources held by others) too, and its groups are removed."""
@@ -88,7 +88,7 @@ def placement_options(ray: Any, cfg: Options) -> tuple[list[dict], list[dict], l
     return [on(train_pg, i, 1.0) for i in range(n)], rollout, groups
 
 
-def asked(cfg: Options, kind: str) -> str:
+def asked(cfg: TrainConfig, kind: str) -> str:
     """What the run asks Ray for, in words: '2 training ranks x 1 CPU + 1 rollout worker x 1
     CPU = 3 CPU (placement separate)'."""
     n, m = cfg.backend.trainer_workers, cfg.backend.rollout_workers
@@ -116,7 +116,7 @@ def cluster_has(ray: Any, kind: str) -> str:
 
 
 def build_ray_parts(
-    cfg: Options,
+    cfg: TrainConfig,
     model: torch.nn.Module,
     tokenizer: Any,
     output_dir: Any,
@@ -189,7 +189,7 @@ def ranks_on_nodes(ray: Any, node_ids: list[str]) -> str:
     return f"{len(node_ids)} training ranks on {count} node{'s' * (count != 1)}: {each}"
 
 
-def attach_sleeper(backend: Any, engine: Any, cfg: Options) -> None:
+def attach_sleeper(backend: Any, engine: Any, cfg: TrainConfig) -> None:
     """Colocated vLLM on CUDA: the engine sleeps through each update and wakes before the
     weight sync (``RayFSDPBackend.update`` / ``push_weights``); elsewhere nothing."""
     backend.sleeper = engine if colocated_sleep(cfg) else None

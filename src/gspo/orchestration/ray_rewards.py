@@ -20,14 +20,14 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..envs.rewards import score_each, uses_sandbox
 
 logger = logging.getLogger(__name__)
 
 
-def use_ray_tasks(cfg: Options, reward_fn: Any) -> bool:
+def use_ray_tasks(cfg: TrainConfig, reward_fn: Any) -> bool:
     """Whether ``reward_placement`` (with ``auto`` resolved) sends rewards to Ray tasks."""
     if cfg.backend.backend != "ray" or cfg.backend.reward_placement == "driver":
         return False

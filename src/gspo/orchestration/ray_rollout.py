@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..backend.ray_backend import gather
 from ..backend.ray_refs import PixelRefs, resolve
@@ -36,7 +36,7 @@ from ..rollout.engines import close_engine, policy_engine
 class RolloutWorker:
     """One rollout engine (run as a Ray actor) with its own copy of the policy."""
 
-    def __init__(self, cfg: Options, state: dict[str, torch.Tensor]) -> None:
+    def __init__(self, cfg: TrainConfig, state: dict[str, torch.Tensor]) -> None:
         set_threads(cfg.run.threads)
         self.cfg = cfg
         model, tokenizer = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
@@ -160,7 +160,7 @@ class RolloutPool:
     def __init__(
         self,
         ray: Any,
-        cfg: Options,
+        cfg: TrainConfig,
         model: torch.nn.Module,
         pad_id: int,
         workers: int,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from gspo.config.combinations import Options
+from gspo.config.train import TrainConfig
 
 from ..backend.base import TrainingBackend
 from ..core.seeding import step_generator
@@ -51,9 +51,8 @@ class StepState:
 class Parts:
     """A run's parts, built from the config by the composition root (``gspo.compose.train``)."""
 
-    cfg: Options
-    """The run's options, one object per component (``gspo.config.combinations.split`` of its
-    ``TrainConfig``, done once by the composition root; ``cfg.flat()`` gives the flat config)."""
+    cfg: TrainConfig
+    """The run's config, one object per component (``cfg.loss``, ``cfg.rollout``, ...)."""
     backend: TrainingBackend
     engine: Any
     """The rollout engine (``gspo.rollout.base``): torch, vLLM, or a pool of workers."""

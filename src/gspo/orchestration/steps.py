@@ -229,7 +229,7 @@ def checkpoint(parts: Parts, state: StepState, last: int, *, force: bool = False
             parts.output_dir,
             state.step,
             tokenizer=parts.tokenizer,
-            config=to_dict(cfg.flat()),
+            config=to_dict(cfg),
             keep=cfg.run.keep_checkpoints,
             extra=state.to_checkpoint(),  # a resumed run continues the bad-step count
         )

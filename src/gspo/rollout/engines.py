@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from gspo.config.combinations import Options
 from gspo.config.fields import ROLLOUT_ENGINES
 from gspo.config.names import declared
 from gspo.config.options import EngineOptions
+from gspo.config.train import TrainConfig
 from gspo.models.policy import DTYPES
 from gspo.rollout.torch_engine import TorchEngine
 from gspo.rollout.vllm_engine import VLLMEngine, VLLMOptions, require_vllm
@@ -37,7 +37,7 @@ def vllm_options(engine: EngineOptions, *, sleep_mode: bool = False):
     )
 
 
-def colocated_sleep(cfg: Options) -> bool:
+def colocated_sleep(cfg: TrainConfig) -> bool:
     """Whether the rollout engine sleeps while the trainer updates: only on the Ray backend with
     colocated placement (training and rollout share the GPUs), an engine that holds its own copy
     of the weights (vLLM) and CUDA. vLLM has no sleep on CPU (a warning) and the torch engine
@@ -154,7 +154,7 @@ def build_engine(
     )
 
 
-def policy_engine(cfg: Options, model: Any, tokenizer: Any, rollout_engine: str | None = None):
+def policy_engine(cfg: TrainConfig, model: Any, tokenizer: Any, rollout_engine: str | None = None):
     """A training run's engine on its policy ``model`` (log-probs on; vLLM sleeps through updates
     when colocated): pad and eos from the tokenizer; the torch engine shares the policy's
     weights, or keeps its own copy in ``engine_dtype``. ``rollout_engine`` names another engine
