@@ -99,8 +99,8 @@ cfg = build(TrainConfig, overrides=dict(
     backend="ray", trainer_workers=1, rollout_workers=1, placement="colocated",
     rollout_engine="vllm", vllm_dtype="float32", vllm_gpu_memory_utilization=0.3, lr=1e-5))
 torch.manual_seed(0)
-model, tok = build_policy(cfg, torch.device("cpu"))
-backend, pool = build_ray_parts(cfg, model, tok, cfg.output_dir)
+model, tok = build_policy(cfg.model, torch.device("cpu"))
+backend, pool = build_ray_parts(cfg, model, tok, cfg.run.output_dir)
 try:
     assert backend.sleeper is pool, "colocated vLLM on CUDA should sleep through the update"
     params = SamplingParams(max_new_tokens=64, temperature=1.0)

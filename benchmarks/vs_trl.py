@@ -241,21 +241,24 @@ def _step_prompts(cfg, n_train: int) -> list[list[int]]:
     """Training-problem indices of every step, in gspo's order (what TRL is fed too)."""
     from gspo.core.seeding import prompt_indices
 
-    return [prompt_indices(n_train, s, cfg.prompts_per_step, cfg.seed) for s in range(cfg.steps)]
+    return [
+        prompt_indices(n_train, s, cfg.rollout.prompts_per_step, cfg.run.seed)
+        for s in range(cfg.run.steps)
+    ]
 
 
 def _held_out(model, tokenizer, cfg, task, fmt) -> float:
     """Greedy exact-match accuracy on the task's test split (the same code for both systems)."""
     from gspo.orchestration.evaluation import evaluate_model
 
-    if not cfg.n_test or not task.test:
+    if not cfg.task.n_test or not task.test:
         return float("nan")
     metrics = evaluate_model(
         model,
         tokenizer,
         task.test,
         task.reward,
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=cfg.rollout.max_new_tokens,
         samples=0,
         greedy=True,
         prompt_format=fmt,
@@ -385,12 +388,12 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
     steps = [r for r in result.history if "time/train_s" in r]
     # Prompt tokens per step: the prompts of that step, G times each (the same ids TRL sees).
     task = build_task(cfg)
-    fmt = build_prompt_format(cfg, result.tokenizer, result.model)
+    fmt = build_prompt_format(cfg.model, result.tokenizer, result.model)
     encoded = fmt.encode([e.prompt for e in task.train])
     order = _step_prompts(cfg, len(task.train))
-    n = cfg.prompts_per_step * cfg.group_size
+    n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     gen = [round(r["response_length/mean"] * n) for r in steps]
-    prompt_tok = [cfg.group_size * sum(len(encoded[i]) for i in idx) for idx in order]
+    prompt_tok = [cfg.rollout.group_size * sum(len(encoded[i]) for i in idx) for idx in order]
     held = _held_out(result.model, result.tokenizer, cfg, task, fmt) if spec["eval"] else None
     return _summarize(
         spec,
@@ -424,10 +427,10 @@ def run_init_eval(spec: dict[str, Any]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-init-") as tmp:
         cfg = _train_config(spec, tmp)
-        model, tokenizer = build_policy(cfg, torch.device("cpu"), seed=cfg.seed)
+        model, tokenizer = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
         model.eval()
         task = build_task(cfg)
-        fmt = build_prompt_format(cfg, tokenizer, model)
+        fmt = build_prompt_format(cfg.model, tokenizer, model)
         return {"held_out_greedy": _held_out(model, tokenizer, cfg, task, fmt)}
 
 
@@ -451,9 +454,9 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix="vs-trl-trl-") as tmp:
         cfg = _train_config(spec, tmp)
-        model, tokenizer = build_policy(cfg, torch.device("cpu"), seed=cfg.seed)
+        model, tokenizer = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
         task = build_task(cfg)
-        fmt = build_prompt_format(cfg, tokenizer, model)
+        fmt = build_prompt_format(cfg.model, tokenizer, model)
         order = _step_prompts(cfg, len(task.train))
         rows = [task.train[i] for idx in order for i in idx]
         # Chat models get conversational prompts (TRL applies the chat template); raw otherwise.
@@ -467,7 +470,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
         dataset = Dataset.from_dict(
             {"prompt": prompts, "answer": [e.answer for e in rows], "row": list(range(len(rows)))}
         )
-        encoded = fmt.encode([e.prompt for e in rows[: cfg.prompts_per_step]])
+        encoded = fmt.encode([e.prompt for e in rows[: cfg.rollout.prompts_per_step]])
         reward_fn = task.reward
         gen_tokens: list[int] = []
         rewards: list[float] = []
@@ -495,7 +498,8 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             if not first_prompt_ids:
                 ids = kwargs["input_ids"]
                 first_prompt_ids.extend(
-                    ids[i][mask[i].bool()].tolist() for i in range(0, ids.shape[0], cfg.group_size)
+                    ids[i][mask[i].bool()].tolist()
+                    for i in range(0, ids.shape[0], cfg.rollout.group_size)
                 )
             t0 = time.perf_counter()
             out = inner_generate(*args, **kwargs)
@@ -503,7 +507,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             return out
 
         model.generate = timed_generate
-        n = cfg.prompts_per_step * cfg.group_size
+        n = cfg.rollout.prompts_per_step * cfg.rollout.group_size
         stop_ids = sorted({tokenizer.eos_token_id, *fmt.stop_token_ids})
         args = GRPOConfig(
             output_dir=tmp,
@@ -515,13 +519,13 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             per_device_train_batch_size=n // NUM_MINIBATCHES,
             gradient_accumulation_steps=1,
             steps_per_generation=NUM_MINIBATCHES,
-            num_generations=cfg.group_size,
-            max_completion_length=cfg.max_new_tokens,
+            num_generations=cfg.rollout.group_size,
+            max_completion_length=cfg.rollout.max_new_tokens,
             temperature=1.0,
             top_p=1.0,
             top_k=0,
             generation_kwargs={"eos_token_id": stop_ids},
-            learning_rate=cfg.lr,
+            learning_rate=cfg.optim.lr,
             lr_scheduler_type="constant_with_warmup",
             warmup_steps=WARMUP_OPT_STEPS,
             optim="adamw_torch",
@@ -529,7 +533,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             adam_beta1=0.9,
             adam_beta2=0.999,
             max_grad_norm=1.0,
-            max_steps=cfg.steps * NUM_MINIBATCHES,
+            max_steps=cfg.run.steps * NUM_MINIBATCHES,
             beta=0.0,
             epsilon=CLIP_LOW,
             epsilon_high=CLIP_HIGH,
@@ -540,7 +544,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             logging_steps=NUM_MINIBATCHES,
             save_strategy="no",
             disable_tqdm=True,
-            seed=cfg.seed,
+            seed=cfg.run.seed,
             dataloader_num_workers=0,
             log_completions=False,
         )
@@ -561,7 +565,7 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
         # is i / W, whose first optimizer step runs at lr 0: a 0.5-relative weight difference
         # after a few steps (tests/test_trl_parity.py).
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0
+            model.parameters(), lr=cfg.optim.lr, betas=(0.9, 0.999), weight_decay=0.0
         )
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(WARMUP_OPT_STEPS))
         trainer = GRPOTrainer(

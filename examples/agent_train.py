@@ -19,7 +19,7 @@ SHOWN = ("reward/mean", "episode/turns_mean", "episode/failed", "episode/env_tok
 
 if __name__ == "__main__":
     t0 = time.time()
-    cfg = TrainConfig(task="addition", steps=3, prompts_per_step=4, group_size=4,
+    cfg = TrainConfig.of(task="addition", steps=3, prompts_per_step=4, group_size=4,
                       max_new_tokens=6, max_turns=2, max_total_tokens=32, device="cpu",
                       threads=1, eval_every=0, checkpoint_every=0, progress=False,
                       output_dir="runs/agent_program")  # fmt: skip

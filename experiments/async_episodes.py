@@ -36,7 +36,7 @@ def accuracy(path: Path, cfg: TrainConfig) -> dict[str, float]:
     model, tok = load_model(path), load_tokenizer(path)
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     task = build_task(cfg)
-    fmt = build_prompt_format(cfg, tok, model)
+    fmt = build_prompt_format(cfg.model, tok, model)
     return Episodes(cfg, env_for(task, cfg, fmt.chat), tok, fmt).evaluate(engine, task.test)
 
 

@@ -78,17 +78,17 @@ def held_out(
     model, tokenizer, cfg: TrainConfig, task, samples: int, details: list[dict[str, Any]]
 ) -> dict[str, float]:
     """Greedy accuracy and avg@k / pass@k of ``samples`` completions at the RL temperature."""
-    fmt = build_prompt_format(cfg, tokenizer, model)
+    fmt = build_prompt_format(cfg.model, tokenizer, model)
     return evaluate_model(
         model,
         tokenizer,
         task.test,
         task.reward,
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=cfg.rollout.max_new_tokens,
         samples=samples,
-        temperature=cfg.temperature,
+        temperature=cfg.rollout.temperature,
         # The same stream at every point, so the three evaluations differ only by the model.
-        generator=step_generator(cfg.seed, 0, stream=3, device=next(model.parameters()).device),
+        generator=step_generator(cfg.run.seed, 0, stream=3, device=next(model.parameters()).device),
         batch_size=64,
         prompt_format=fmt,
         details=details,
@@ -229,7 +229,7 @@ def main() -> None:
     base_cfg = build(TrainConfig, overrides={**to_dict(cfg), "model": "smollm2-135m-instruct"})
     if args.base_eval:
         print(f"[1/5] untrained model on {len(task.test)} held-out problems (greedy)")
-        model, tokenizer = build_policy(base_cfg, torch.device("cpu"))
+        model, tokenizer = build_policy(base_cfg.model, torch.device("cpu"))
         score("base", model, tokenizer, 0)
         del model
     if args.sft_steps > 0:
@@ -256,13 +256,13 @@ def main() -> None:
         seconds["sft"] = time.perf_counter() - t
         print(f"      loss {sft.losses[0]:.3f} -> {sft.losses[-1]:.3f} ({seconds['sft']:.0f} s)")
     print("[3/5] held-out accuracy before RL")
-    model, tokenizer = build_policy(cfg, torch.device("cpu"))
+    model, tokenizer = build_policy(cfg.model, torch.device("cpu"))
     score("before RL", model, tokenizer, args.eval_samples)
     del model
 
     print(
-        f"[4/5] {cfg.algo}: {cfg.steps} steps x {cfg.prompts_per_step} prompts x "
-        f"{cfg.group_size} samples, {cfg.num_minibatches} minibatches, lr {cfg.lr:g}"
+        f"[4/5] {cfg.loss.algo}: {cfg.run.steps} steps x {cfg.rollout.prompts_per_step} prompts x "
+        f"{cfg.rollout.group_size} samples, {cfg.optim.num_minibatches} minibatches, lr {cfg.optim.lr:g}"
     )
     t = time.perf_counter()
     result = train(cfg)
@@ -317,9 +317,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "smollm2_gsm.json").write_text(json.dumps(summary, indent=2))
     title = (
-        f"{cfg.algo.upper()} on SmolLM2-135M-Instruct, word problems (difficulty "
-        f"{args.difficulty}), CPU: SFT {args.sft_steps} steps, then {cfg.steps} RL steps x "
-        f"{cfg.prompts_per_step}x{cfg.group_size}, lr {cfg.lr:g}"
+        f"{cfg.loss.algo.upper()} on SmolLM2-135M-Instruct, word problems (difficulty "
+        f"{args.difficulty}), CPU: SFT {args.sft_steps} steps, then {cfg.run.steps} RL steps x "
+        f"{cfg.rollout.prompts_per_step}x{cfg.rollout.group_size}, lr {cfg.optim.lr:g}"
     )
     plot(out / "smollm2_gsm.png", result.history, points, title)
     print()

@@ -46,7 +46,7 @@ RL_ARMS = [("gspo", "episode"), ("gspo_token", "turn"), ("grpo", "turn")]
 def tool_eval(model_dir: Path, cfg: TrainConfig) -> dict[str, float]:
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
     task = build_task(cfg)
-    fmt = build_prompt_format(cfg, tok, model)
+    fmt = build_prompt_format(cfg.model, tok, model)
     episodes = Episodes(cfg, env_for(task, cfg, fmt.chat), tok, fmt)
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     return episodes.evaluate(engine, task.test)

@@ -36,16 +36,20 @@ def test_plan_shares_everything_but_algo_and_seed(tmp_path: Path) -> None:
     cfgs, sfts = plan(
         ["grpo", "luspo"], [0, 1], tmp_path, preset="smoke", overrides={"lr": 2e-4}, sft_steps=3
     )
-    assert [(c.algo, c.seed) for c in cfgs] == [
+    assert [(c.loss.algo, c.run.seed) for c in cfgs] == [
         ("grpo", 0),
         ("luspo", 0),
         ("grpo", 1),
         ("luspo", 1),
     ]
-    assert {c.model for c in cfgs if c.seed == 1} == {str(tmp_path / "sft" / "seed1")}
-    assert all(c.lr == 2e-4 and c.steps == 2 for c in cfgs)
-    assert sfts[0].steps == 3 and sfts[0].seed == 0 and sfts[0].hidden_size == cfgs[0].hidden_size
-    assert sfts[1].model == "tiny" and sfts[1].n_train == cfgs[0].n_train
+    assert {c.model.model for c in cfgs if c.run.seed == 1} == {str(tmp_path / "sft" / "seed1")}
+    assert all(c.optim.lr == 2e-4 and c.run.steps == 2 for c in cfgs)
+    assert (
+        sfts[0].steps == 3
+        and sfts[0].seed == 0
+        and sfts[0].hidden_size == cfgs[0].model.hidden_size
+    )
+    assert sfts[1].model == "tiny" and sfts[1].n_train == cfgs[0].task.n_train
     with pytest.raises(ConfigError, match="cannot be combined with --model"):
         plan(["gspo"], [0], tmp_path, overrides={"model": "some/dir"}, sft_steps=3)
     with pytest.raises(ConfigError, match="--algos"):

@@ -314,3 +314,16 @@ def test_the_episode_limits_are_declared_once_and_eval_and_sft_take_them():
         assert {name: taken[name] for name in EPISODE_LIMITS} == {
             name: train[name] for name in EPISODE_LIMITS
         }
+
+
+def test_config_files_take_nested_keys_by_part_as_well_as_flat_ones(tmp_path):
+    nested, flat = tmp_path / "nested.yaml", tmp_path / "flat.yaml"
+    nested.write_text("loss:\n  algo: grpo\nrollout:\n  group-size: 4\nsteps: 3\nmodel: tiny\n")
+    flat.write_text("algo: grpo\ngroup_size: 4\nsteps: 3\nmodel: tiny\n")
+    cfg = build(TrainConfig, file=nested)
+    assert cfg == build(TrainConfig, file=flat)
+    assert (cfg.loss.algo, cfg.rollout.group_size, cfg.run.steps) == ("grpo", 4, 3)
+    # What runs save (config.json, checkpoints) stays the flat dict, keyed as the flags.
+    assert to_dict(cfg)["group_size"] == 4 and "rollout" not in to_dict(cfg)
+    with pytest.raises(ConfigError, match=r"unknown config key loss\.bogus"):
+        build(TrainConfig, overrides={"loss": {"bogus": 1}})

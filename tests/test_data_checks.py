@@ -13,6 +13,7 @@ import pytest
 from gspo.compose.parts import build_task
 from gspo.compose.prompts import fit_text, prepare_prompts, run_prompt_limit
 from gspo.config import SFTConfig, TrainConfig
+from gspo.config.fields import compose
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.checks import EmptyHeldOutError, check_duplicates
 from gspo.interface.cli import main
@@ -91,14 +92,17 @@ def write_rows(path, prompts: list[str]) -> str:
 
 
 def file_cfg(tmp_path, train: list[str], test: list[str], cls=TrainConfig, **kw):
-    return cls(
-        device="cpu",
-        output_dir=str(tmp_path / "run"),
-        task="file",
-        train_file=write_rows(tmp_path / "train.jsonl", train),
-        test_file=write_rows(tmp_path / "test.jsonl", test),
-        reward="exact_match",
-        **kw,
+    return compose(
+        cls,
+        dict(
+            device="cpu",
+            output_dir=str(tmp_path / "run"),
+            task="file",
+            train_file=write_rows(tmp_path / "train.jsonl", train),
+            test_file=write_rows(tmp_path / "test.jsonl", test),
+            reward="exact_match",
+            **kw,
+        ),
     )
 
 
@@ -231,9 +235,8 @@ def test_a_constant_opening_prompt_is_one_problem_per_answer():
 
 
 def test_training_refusal_names_the_held_out_file_row(tmp_path):
-    cfg = file_cfg(tmp_path, ["1+1="], ["2+2=", "x" * 100])
+    cfg = file_cfg(tmp_path, ["1+1="], ["2+2=", "x" * 100], max_new_tokens=8)
     task = build_task(cfg)
-    cfg.max_new_tokens = 8
     with pytest.raises(ValueError, match=r"test\.jsonl row 1 has a 101-token prompt"):
         prepare(cfg, task)
 

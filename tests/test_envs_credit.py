@@ -81,4 +81,4 @@ def test_config_refuses_turn_credit_with_a_sequence_loss():
         build(TrainConfig, overrides={"algo": "luspo", "credit": "turn"})
     with pytest.raises(ConfigError, match="max_turns"):
         build(TrainConfig, overrides={"max_turns": 0})
-    assert build(TrainConfig, overrides={"algo": "grpo", "credit": "turn"}).credit == "turn"
+    assert build(TrainConfig, overrides={"algo": "grpo", "credit": "turn"}).loss.credit == "turn"

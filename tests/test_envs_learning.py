@@ -38,7 +38,7 @@ def _tool_accuracy(path, cfg: TrainConfig) -> tuple[float, float, dict]:
     fmt = build_prompt_format(cfg.model, tok, model)
     opts = cfg
     episodes = Episodes(opts, env_for(task, opts.task, fmt.chat), tok, fmt)
-    out = evaluate(engine, tok, task.test, task.reward, max_new_tokens=cfg.max_new_tokens,
+    out = evaluate(engine, tok, task.test, task.reward, max_new_tokens=cfg.rollout.max_new_tokens,
                    samples=0, prompt_format=fmt, env=episodes.eval_env,
                    limits=episodes.limits)  # fmt: skip
     return out["greedy_accuracy"], out["greedy_accuracy_se"], out

@@ -102,7 +102,7 @@ def test_build_tiny_model_deterministic_and_rng_neutral(tok):
 def test_build_tiny_model_config(tok):
     m = build_tiny_model(len(tok))
     cfg = m.config
-    assert cfg.model.hidden_size == 64 and cfg.num_hidden_layers == 2
+    assert cfg.hidden_size == 64 and cfg.num_hidden_layers == 2
     assert cfg.num_attention_heads == 4 and cfg.num_key_value_heads == 2
     assert cfg.head_dim == 16
     assert cfg.intermediate_size == 168  # 8/3 * 64 = 170.7, rounded to a multiple of 8

@@ -115,10 +115,10 @@ def one_update(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """Weights after one ``update_policy`` call from the same model and rollout."""
     model, tok = build_policy_for(cfg, torch.device("cpu"))
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
-    prompts = [tok(f"{i}+{i}=")["input_ids"] for i in range(cfg.prompts_per_step)]
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens)
+    prompts = [tok(f"{i}+{i}=")["input_ids"] for i in range(cfg.rollout.prompts_per_step)]
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens)
     rollout = moe.generate_with_routing(
-        engine, prompts, cfg.group_size, params, torch.Generator().manual_seed(0)
+        engine, prompts, cfg.rollout.group_size, params, torch.Generator().manual_seed(0)
     )
     advantages = torch.linspace(-1, 1, rollout.num_samples)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
@@ -184,4 +184,4 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="routing_replay must be one of"):
         build(TrainConfig, overrides=dict(model="tiny-moe", routing_replay="r2"))
     cfg = build(TrainConfig, overrides=dict(model="tiny-moe", routing_replay="none"))
-    assert cfg.routing_replay is None  # "none" on the command line means off
+    assert cfg.model.routing_replay is None  # "none" on the command line means off

@@ -164,7 +164,7 @@ def test_plugins_register_names_that_then_validate(cwd):
     with pytest.raises(ConfigError, match="unknown task 'plug_reg_task'"):
         build(TrainConfig, overrides={"task": "plug_reg_task"})
     cfg = build(TrainConfig, overrides={"task": "plug_reg_task", "plugins": ["plug_reg"]})
-    assert cfg.plugins == ("plug_reg",)
+    assert cfg.task.plugins == ("plug_reg",)
     sft = build(SFTConfig, overrides={"task": "plug_reg_task", "plugins": "plug_reg"})
     assert sft.plugins == ("plug_reg",)
     ev = build(EvalConfig, overrides={"data": "x.jsonl", "reward": "plug_reg_reward"})
@@ -175,7 +175,7 @@ def test_config_files_take_a_list_of_plugins_and_runs_save_it(cwd):
     write_module(cwd, "plug_file")
     (cwd / "run.yaml").write_text("plugins: [plug_file]\ntask: plug_file_task\n")
     cfg = build(TrainConfig, file=cwd / "run.yaml")
-    assert (cfg.plugins, cfg.task) == (("plug_file",), "plug_file_task")
+    assert (cfg.task.plugins, cfg.task.task) == (("plug_file",), "plug_file_task")
     saved = json.loads(json.dumps(to_dict(cfg)))  # what config.json holds
     assert saved["plugins"] == ["plug_file"]
     assert build(TrainConfig, overrides=saved) == cfg
@@ -275,7 +275,7 @@ def test_a_loss_a_plugin_registers_validates_before_the_loss_module_loads(tmp_pa
     code = (
         "import sys\nfrom gspo.config import TrainConfig, build\n"
         "cfg = build(TrainConfig, overrides={'plugins': ['plug_loss'], 'algo': 'plug_loss'})\n"
-        "print(cfg.algo, 'gspo.core.losses' in sys.modules)\n"
+        "print(cfg.loss.algo, 'gspo.core.losses' in sys.modules)\n"
     )
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(

@@ -68,7 +68,9 @@ def test_ray_async_config():
     with pytest.raises(ConfigError, match="async_chunk_tokens"):
         build(TrainConfig, overrides=dict(max_staleness=1, async_chunk_tokens=-1))
     # A local vLLM engine runs async too (chunked, through the public engine protocol).
-    assert build(TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm")).max_staleness
+    assert build(
+        TrainConfig, overrides=dict(max_staleness=1, rollout_engine="vllm")
+    ).asynchronous.max_staleness
     cfg = build(TrainConfig, overrides=dict(backend="ray", rollout_workers=1, max_staleness=1))
     assert cfg.asynchronous.max_staleness == 1
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gspo.compose.train import train
-from gspo.config import TrainConfig, build
+from gspo.config import TrainConfig, build, to_dict
 from gspo.core.checkpoint_paths import checkpoint_root, latest_checkpoint, list_checkpoints
 from gspo.interface.cli import main
 from gspo.orchestration.logging import read_metrics
@@ -102,7 +102,7 @@ def test_resumed_run_reads_as_one_run_from_step_1(tmp_path, capsys):
         overrides=dict(device="cpu", output_dir=str(tmp_path / "lib"), steps=3, stop_after=1),
     )
     train(cfg)
-    rest = train(build(TrainConfig, overrides={**vars(cfg), "stop_after": None}), resume=True)
+    rest = train(build(TrainConfig, overrides={**to_dict(cfg), "stop_after": None}), resume=True)
     assert [r["step"] for r in rest.history if "loss" in r] == [2, 3]
     assert [r["step"] for r in rest.run_history if "loss" in r] == [1, 2, 3]
     assert rest.run_history[0]["step"] == 0  # the step-0 data counts

@@ -145,7 +145,7 @@ def _train_trl(cfg: TrainConfig, recorded: list[dict], monkeypatch, *, schedule:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    model, tokenizer = build_policy(cfg, torch.device("cpu"), seed=cfg.run.seed)
+    model, tokenizer = build_policy(cfg.model, torch.device("cpu"), seed=cfg.run.seed)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     task = build_task(cfg)
     order = [prompt_indices(len(task.train), s, PROMPTS, cfg.run.seed) for s in range(STEPS)]

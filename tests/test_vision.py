@@ -217,4 +217,4 @@ def test_compare_cold_starts_tiny_vl(tmp_path):
         sft_steps=3,
     )
     assert sfts[0].model == "tiny-vl" and sfts[0].task == "shapes"
-    assert {c.model for c in cfgs} == {str(tmp_path / "sft" / "seed0")}
+    assert {c.model.model for c in cfgs} == {str(tmp_path / "sft" / "seed0")}

@@ -87,7 +87,7 @@ def flatten(cls: type, values: dict[str, Any]) -> dict[str, Any]:
         if key not in parts or not isinstance(value, dict):
             out[key] = value
             continue
-        owned = {f.name for f in fields(parts[key])}
+        owned = [f.name for f in fields(parts[key])]
         for inner, v in value.items():
             inner = str(inner).replace("-", "_")
             if inner not in owned:

@@ -168,7 +168,7 @@ def plan(
             )
     registry = losses()  # each loss says whether its clip bounds token or sequence quantities
     levels = {registry[a].token_clip for a in algos}
-    clip_set = any(getattr(c, k) is not None for c in cfgs for k in ("clip_low", "clip_high"))
+    clip_set = any(None is not b for c in cfgs for b in (c.loss.clip_low, c.loss.clip_high))
     if clip_set and len(levels) > 1:
         print(
             "gspo compare: warning: clip_low/clip_high apply to every algorithm, but token-level "
