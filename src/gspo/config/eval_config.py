@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .fields import _doc
-from .train import EngineFields, EpisodeFields
+from .options import EpisodeLimits
+from .train import EngineFields
 
 
-@dataclass
-class EvalConfig(EngineFields, EpisodeFields):
+@dataclass(frozen=True)
+class EvalConfig(EngineFields, EpisodeLimits):
     """``gspo eval``: score a model on a data file or a built-in task's held-out split (a task
-    with a registered environment: its episodes, multi-turn within the EpisodeFields' limits)."""
+    with a registered environment: its episodes, multi-turn within the EpisodeLimits)."""
 
     model: str = _doc(
         "'smollm2-135m-instruct', a local Hugging Face checkpoint directory (e.g. a run's "

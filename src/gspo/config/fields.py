@@ -51,6 +51,7 @@ def field_group(
         name,
         [(n, declared[n].type, same(declared[n])) for n in names],
         namespace={"__doc__": doc, "__module__": module},
+        frozen=True,  # as the option classes, and the flat configs built on these groups
     )
 
 

@@ -208,8 +208,41 @@ class ModelOptions(_Options):
 
 
 @dataclass(frozen=True)
-class TaskOptions(_Options):
-    """The task, its data files and prompts, and the multi-turn environments' limits."""
+class EpisodeLimits:
+    """Limits of one multi-turn episode: part of ``TaskOptions``, and a base of the flat configs
+    that run episodes outside training (``gspo eval``, ``gspo sft``'s held-out score)."""
+
+    max_turns: int = _doc("Multi-turn tasks: policy turns per episode.", 4)
+    max_tokens_per_turn: int = _doc(
+        "Multi-turn tasks: tokens one policy turn may sample; 0: max_new_tokens.", 0
+    )
+    max_total_tokens: int = _doc(
+        "Multi-turn tasks: policy + environment tokens after the prompt per episode.", 128
+    )
+    env_timeout_s: float = _doc(
+        "Environments without step_batch (the multi-turn tasks'): seconds one environment "
+        "step may take before the episode fails (counted in episode/failed); 0: no limit.",
+        30.0,
+    )
+    tool_timeout_s: float = _doc(
+        "Multi-turn tasks: seconds one tool call may take before the episode fails.", 10.0
+    )
+
+    def episode_problems(self) -> list[str]:
+        problems, need = _collect()
+        need(self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}")
+        need(
+            self.max_total_tokens >= 1,
+            f"max_total_tokens must be >= 1, got {self.max_total_tokens}",
+        )
+        need(self.max_tokens_per_turn >= 0, "max_tokens_per_turn must be >= 0")
+        return problems
+
+
+@dataclass(frozen=True)
+class TaskOptions(EpisodeLimits, _Options):
+    """The task, its data files and prompts, and the multi-turn environments' limits (the
+    episode limits first: ``EpisodeLimits``)."""
 
     task: str = _doc(
         "Built-in task (addition, reversal, sorting, countdown, scratchpad, multiply, "
@@ -266,21 +299,6 @@ class TaskOptions(_Options):
         "counted: data/duplicates, data/test_duplicates, data/train_test_overlap.",
         False,
     )
-    max_turns: int = _doc("Multi-turn tasks: policy turns per episode.", 4)
-    max_tokens_per_turn: int = _doc(
-        "Multi-turn tasks: tokens one policy turn may sample; 0: max_new_tokens.", 0
-    )
-    max_total_tokens: int = _doc(
-        "Multi-turn tasks: policy + environment tokens after the prompt per episode.", 128
-    )
-    env_timeout_s: float = _doc(
-        "Environments without step_batch (the multi-turn tasks'): seconds one environment "
-        "step may take before the episode fails (counted in episode/failed); 0: no limit.",
-        30.0,
-    )
-    tool_timeout_s: float = _doc(
-        "Multi-turn tasks: seconds one tool call may take before the episode fails.", 10.0
-    )
     env: str | None = _doc(
         "module:factory of the task's environment, factory(task, opts, chat) -> Environment "
         "(as register_env's); None: the environment registered for the task, if any.",
@@ -319,12 +337,7 @@ class TaskOptions(_Options):
         need(self.n_test > 0, f"n_test must be positive, got {self.n_test}")
         if self.task == "file":
             need(self.train_file is not None, "task='file' needs train_file")
-        need(self.max_turns >= 1, f"max_turns must be >= 1, got {self.max_turns}")
-        need(
-            self.max_total_tokens >= 1,
-            f"max_total_tokens must be >= 1, got {self.max_total_tokens}",
-        )
-        need(self.max_tokens_per_turn >= 0, "max_tokens_per_turn must be >= 0")
+        problems += self.episode_problems()
         need(
             self.bad_rows in ("error", "skip"), one_of("bad_rows", self.bad_rows, ("error", "skip"))
         )

@@ -4,17 +4,25 @@
 ``TrainConfig``'s fields are the option classes (``cfg.loss.algo``, ``cfg.rollout.group_size``);
 its flat names, the CLI flags and config-file keys, are those classes' fields
 (:func:`gspo.config.fields.flat_fields`). ``SFTConfig`` and ``EvalConfig`` are flat: their
-shared groups below are picked from the option classes, where each field is declared. This
+shared groups below are picked from the option classes, where each field is declared, and the
+episode limits are a base class of theirs and of ``TaskOptions`` (``EpisodeLimits``). This
 module imports nothing else of gspo but the config's plain-data modules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .fields import _doc, compose, field_group
-from .options import EngineOptions, ModelOptions, RewardOptions, RunOptions, TaskOptions
+from .options import (
+    EngineOptions,
+    EpisodeLimits,
+    ModelOptions,
+    RewardOptions,
+    RunOptions,
+    TaskOptions,
+)
 from .options_train import AsyncOptions, BackendOptions, LossOptions, OptimOptions, RolloutOptions
 
 
@@ -85,25 +93,11 @@ EngineFields = field_group(
     _MODULE,
 )
 
-EPISODE_LIMITS = (
-    "max_turns",
-    "max_tokens_per_turn",
-    "max_total_tokens",
-    "env_timeout_s",
-    "tool_timeout_s",
-)
-EpisodeFields = field_group(
-    "EpisodeFields",
-    (TaskOptions,),
-    EPISODE_LIMITS,
-    """Limits of multi-turn episodes where a model is evaluated outside training (``gspo eval``,
-    ``gspo sft``'s held-out score).""",
-    _MODULE,
-)
+EPISODE_LIMITS = tuple(f.name for f in fields(EpisodeLimits))
 
 
-@dataclass
-class SFTConfig(SharedFields, EpisodeFields):
+@dataclass(frozen=True)
+class SFTConfig(SharedFields, EpisodeLimits):
     """Supervised cold start on a task's demonstrations (run, model and task: SharedFields)."""
 
     output_dir: str = _doc("Folder for the fine-tuned model.", "runs/sft")

@@ -158,10 +158,10 @@ def _validate_model_fields(chat_template: str, answer_format: str, need: Any) ->
 
 
 def _validate_episode_limits(cfg: SFTConfig | EvalConfig, need: Any) -> None:
-    """The multi-turn limits of ``gspo eval`` and ``gspo sft`` (training's: TaskOptions)."""
-    need(cfg.max_turns >= 1, f"max_turns must be >= 1, got {cfg.max_turns}")
-    need(cfg.max_total_tokens >= 1, f"max_total_tokens must be >= 1, got {cfg.max_total_tokens}")
-    need(cfg.max_tokens_per_turn >= 0, "max_tokens_per_turn must be >= 0")
+    """The multi-turn limits of ``gspo eval`` and ``gspo sft`` (their ``EpisodeLimits`` base,
+    whose checks ``TaskOptions`` shares)."""
+    for problem in cfg.episode_problems():
+        need(False, problem)
 
 
 def _validate_eval(cfg: EvalConfig, need: Any) -> None:
