@@ -5,7 +5,6 @@ protocol alone trains like the built-in task."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 import gspo.compose.train as trainer_module
 import gspo.envs.episodes as episodes_module
-from gspo.config import ConfigError, TrainConfig, build
+from gspo.config import ConfigError, TrainConfig, build, to_dict
 from gspo.core.seeding import prompt_indices
 from gspo.envs import ENVIRONMENTS, SingleTurnEnv, Step
 from gspo.envs.rewards import score
@@ -217,7 +216,7 @@ def test_multi_turn_episodes_refuse_what_they_cannot_do_yet(tmp_path, overrides,
     with pytest.raises(ConfigError, match=match):  # a built config: refused when built
         make_cfg(tmp_path, **shape, **overrides)
     # Made in Python without validation: the run refuses it when it builds its episodes.
-    cfg = dataclasses.replace(make_cfg(tmp_path, **shape), **overrides)
+    cfg = TrainConfig.of(**{**to_dict(make_cfg(tmp_path, **shape)), **overrides})
     with pytest.raises(ValueError, match=match):
         trainer_module.build_parts(cfg, Path(tmp_path))
 

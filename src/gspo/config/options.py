@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from .fields import DTYPES, ROLLOUT_ENGINES, _doc
+from .fields import DTYPES, ROLLOUT_ENGINES, _doc, to_dict
 from .names import (
     CHAT_MODES,
     COMPARE_MODES,
@@ -35,9 +35,9 @@ class _Options:
     def of(cls: type[T], cfg: Any) -> T:
         """These options read from a flat config (``SFTConfig``, ``EvalConfig``); a field that
         config lacks gets its default: that config has no such choice."""
+        values = to_dict(cfg)
         names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
-        present = {n: getattr(cfg, n) for n in names if n in type(cfg).__dataclass_fields__}
-        return cls(**present)
+        return cls(**{n: values[n] for n in names if n in values})
 
 
 def _collect() -> tuple[list[str], Any]:
