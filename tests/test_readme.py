@@ -172,13 +172,14 @@ def test_no_developer_machine_paths_in_docs():
 
 
 def test_train_help_lists_flags_in_the_readme_order():
-    # the docs' order: run, model and task (guide.md), the objective, then async, vLLM and Ray;
-    # the dataclass order put the async and Ray fields first
+    # the docs' order: run, model and task (guide.md), the objective, then async, vLLM and Ray,
+    # one group per part of the config (steps is the run's)
     from gspo.interface.cli import _parser
 
     train = _parser()._subparsers._group_actions[0].choices["train"]
     flags = [a.option_strings[0] for a in train._actions if a.option_strings]
-    order = ["--output-dir", "--model", "--task", "--algo", "--steps", "--rollout-engine"]
+    order = ["--output-dir", "--steps", "--model", "--task", "--algo", "--max-staleness"]
+    order += ["--rollout-engine", "--backend"]
     assert [flags.index(f) for f in order] == sorted(flags.index(f) for f in order)
     assert flags.index("--wandb") < min(flags.index(f) for f in ("--backend", "--max-staleness"))
 

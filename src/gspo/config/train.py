@@ -35,12 +35,13 @@ class TrainConfig:
     model: ModelOptions = field(default_factory=ModelOptions)
     task: TaskOptions = field(default_factory=TaskOptions)
     reward: RewardOptions = field(default_factory=RewardOptions)
-    engine: EngineOptions = field(default_factory=EngineOptions)
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
     loss: LossOptions = field(default_factory=LossOptions)
     optim: OptimOptions = field(default_factory=OptimOptions)
-    backend: BackendOptions = field(default_factory=BackendOptions)
+    # The docs' order (--help, config.json): the objective, then async, the engine and Ray.
     asynchronous: AsyncOptions = field(default_factory=AsyncOptions)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    backend: BackendOptions = field(default_factory=BackendOptions)
 
     @classmethod
     def of(cls, **values: Any) -> TrainConfig:
