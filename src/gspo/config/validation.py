@@ -14,7 +14,7 @@ from typing import Any
 
 from .combinations import problems as option_problems
 from .eval_config import EvalConfig
-from .fields import DTYPES, ConfigError
+from .fields import DTYPES, ConfigError, to_dict
 from .names import (
     ANSWER_FORMATS,
     CHAT_MODES,
@@ -67,8 +67,8 @@ def config_problems(cfg: Config) -> list[str]:
         return problems
     # SFT: the model's own checks are the options' (lora, MoE, shape); the rest are SFT's.
     problems += ModelOptions.of(cfg).problems()
-    for name in ("n_train", "steps", "max_new_tokens", "batch_size"):
-        need(getattr(cfg, name) > 0, f"{name} must be positive, got {getattr(cfg, name)}")
+    for name, value in _named(cfg, "n_train", "steps", "max_new_tokens", "batch_size"):
+        need(value > 0, f"{name} must be positive, got {value}")
     need(cfg.n_test >= 0, f"n_test must be >= 0, got {cfg.n_test}")  # 0 skips its final eval
     need(cfg.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {cfg.checkpoint_every}")
     need(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
@@ -164,11 +164,17 @@ def _validate_episode_limits(cfg: SFTConfig | EvalConfig, need: Any) -> None:
         need(False, problem)
 
 
+def _named(cfg: SFTConfig | EvalConfig, *names: str) -> list[tuple[str, Any]]:
+    """(name, value) of the flat config's fields ``names``, for checks alike over several."""
+    values = to_dict(cfg)
+    return [(name, values[name]) for name in names]
+
+
 def _validate_eval(cfg: EvalConfig, need: Any) -> None:
-    for name in ("n_test", "max_new_tokens", "batch_size"):
-        need(getattr(cfg, name) > 0, f"{name} must be positive, got {getattr(cfg, name)}")
-    for name in ("samples", "limit", "show", "threads"):
-        need(getattr(cfg, name) >= 0, f"{name} must be >= 0, got {getattr(cfg, name)}")
+    for name, value in _named(cfg, "n_test", "max_new_tokens", "batch_size"):
+        need(value > 0, f"{name} must be positive, got {value}")
+    for name, value in _named(cfg, "samples", "limit", "show", "threads"):
+        need(value >= 0, f"{name} must be >= 0, got {value}")
     need(cfg.samples > 0 or cfg.greedy, "nothing to score: samples is 0 and greedy is off")
     key = cfg.completions_key
     need(key is None or bool(key.strip()), "completions_key must name a field, got ''")
