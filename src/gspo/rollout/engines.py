@@ -2,8 +2,8 @@
 the torch engine, or vLLM, whose package is imported only when its engine starts) and the call
 that builds a training run's engine (``policy_engine``).
 
-The engine's options are plain data (``gspo.config.options.EngineOptions``, cut from the flat
-``EngineFields``) and check themselves (``EngineOptions.problems``).
+The engine's options are plain data (``gspo.config.options.EngineOptions``, ``cfg.engine`` of a
+``TrainConfig``, where its fields are declared) and check themselves (``EngineOptions.problems``).
 """
 
 from __future__ import annotations
