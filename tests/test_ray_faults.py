@@ -22,6 +22,7 @@ from update_support import update_batch
 
 from gspo.compose.parts import build_policy_for
 from gspo.config.combinations import split
+from gspo.rollout.base import GenerationRequest
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -130,12 +131,13 @@ def test_killed_rollout_worker_named_and_nothing_left(tmp_path):
         assert set(pool.pids + backend.pids) <= set(started)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("3+4=")]
         params = SamplingParams(max_new_tokens=4)
-        assert pool.generate(prompts, 2, params, torch.Generator().manual_seed(0)).num_samples == 4
+        request = GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0))
+        assert pool.generate(request).num_samples == 4
         os.kill(pool.pids[1], signal.SIGKILL)
         with pytest.raises(
             WorkerLostError, match=r"rollout worker 1 \(pid \d+\) died during generation.*none yet"
         ):
-            pool.generate(prompts, 2, params, torch.Generator().manual_seed(0))
+            pool.generate(GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0)))
     finally:
         pool.close()
         backend.close()  # placement groups and the session go with the backend

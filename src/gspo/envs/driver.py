@@ -20,7 +20,7 @@ earns the environment's ``cut_reward`` (0.0 without one), not its last step's re
 success. An environment with ``step_batch`` answers
 each round's turns at once (:func:`gspo.envs.env_round.step_round`) and bounds its own calls.
 
-Engines: anything with the rollout protocol's ``generate(prompts, n, params, generator)``, the
+Engines: anything with the rollout protocol's ``generate(request)``, the
 torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
 ids after the turn is sampled, so a turn can be sampled past its closing ``]]`` and is then
 cut there: correct, some wasted tokens). Not cached across turns: every round re-prefills its
@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import PIXELS, Rollout, SamplingParams
+from gspo.rollout.base import PIXELS, GenerationRequest, Rollout, SamplingParams
 
 from .agent import AgentEnvironment
 from .agent_driver import run_agent_episodes
@@ -56,7 +56,6 @@ from .episode_images import (
     add_reply_pixels,
     attach_pixels,
     episode_pixels,
-    generate_round,
     opening_ids,
     prompt_pixels,
     reply_ids,
@@ -101,7 +100,7 @@ def run_episodes(
     group, ``loss_mask`` on policy tokens, ``extras["turn_ids"]`` and
     ``extras["policy_version"]``) and as :class:`Trajectory` records (rewards, turns, tools).
 
-    ``generate(prompts, n, params, generator)`` runs each round (default ``engine.generate``);
+    ``generate(request)`` runs each round (default ``engine.generate``);
     when its rollouts carry per-token ``versions``, so does the result. ``prompts``: the
     examples' prompt ids when the caller has them (the trainer's prompt cache), else the
     encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
@@ -162,13 +161,13 @@ def run_episodes(
         if not active:
             break
         if first and shared:  # every group starts from one prompt: n samples of each, as one-turn
-            out = generate_round(generate, starts, n, params, generator, pixels)
+            out = generate(GenerationRequest(starts, n, params, generator, pixels))
         elif first:  # openings of their own (Opening): one sample of each episode's prompt
             ctx = [t.prompt_ids for t in trajs]
-            out = generate_round(generate, ctx, 1, params, generator, episode_pixels(trajs))
+            out = generate(GenerationRequest(ctx, 1, params, generator, episode_pixels(trajs)))
         else:  # each context with its episode's images so far
             ctx, now = [trajs[k].context() for k in active], [trajs[k] for k in active]
-            out = generate_round(generate, ctx, 1, params, generator, episode_pixels(now))
+            out = generate(GenerationRequest(ctx, 1, params, generator, episode_pixels(now)))
         stamped = out.versions is not None
         if out.logprobs.dtype == torch.float64 and PIXELS in out.extras:
             dtype = torch.float64

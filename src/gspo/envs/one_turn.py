@@ -13,7 +13,6 @@ episode's tokens are exactly its completion.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -24,7 +23,7 @@ from gspo.envs.tasks.base import Example
 from gspo.models import moe
 from gspo.models.chat import encode_examples
 from gspo.models.text import decode_completions
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.base import GenerationRequest, Rollout, SamplingParams
 
 from .base import Environment, opening_of
 from .env_round import step_round
@@ -55,8 +54,7 @@ def run_one_turn(
         # per prompt for its whole group; the engine's rollout carries them to the update.
         ids, pixels = encode_examples(encoder.fmt, examples)
         prompts = ids if prompts is None else prompts
-        takes_pixels = "pixels" in inspect.signature(engine.generate).parameters
-        if generate is not None or not takes_pixels:
+        if generate is not None:
             raise ValueError(
                 "image prompts need an engine that takes pixel inputs: the torch engine (in this "
                 "process or on Ray rollout workers) or vLLM in this process"
@@ -68,14 +66,15 @@ def run_one_turn(
         max_new_tokens=min(limits.max_tokens_per_turn, limits.max_total_tokens),
         stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
     )
+    request = GenerationRequest(prompts, n, params, generator, pixels)
     if pixels is not None:
-        rollout = engine.generate(prompts, n, params, generator, pixels=pixels)
+        rollout = engine.generate(request)
     elif generate is not None:
-        rollout = generate(prompts, n, params, generator)
+        rollout = generate(request)
     elif routing:
-        rollout = moe.generate_with_routing(engine, prompts, n, params, generator)
+        rollout = moe.generate_with_routing(engine, request)
     else:
-        rollout = engine.generate(prompts, n, params, generator)
+        rollout = engine.generate(request)
     trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
     return rollout, trajs
 
