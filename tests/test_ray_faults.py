@@ -20,6 +20,7 @@ import torch
 from test_ray_backend import _batch, _cfg
 from update_support import update_batch
 
+from gspo.backend.base import CheckpointTarget
 from gspo.compose.parts import build_policy_for
 from gspo.config.combinations import split
 from gspo.rollout.base import GenerationRequest
@@ -102,7 +103,7 @@ def test_killed_rank_named_and_nothing_left(tmp_path):
     assert set(pids) <= set(started)
     try:
         backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
-        backend.save_checkpoint(tmp_path, 1, tokenizer=tokenizer, config={}, keep=2, extra={})
+        backend.save_checkpoint(CheckpointTarget(tmp_path, tokenizer, {}, 2), 1, {})
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(WorkerLostError, match=r"training rank 1 .*step_000001"):
             backend.update(update_batch(rollout, rollout.logprobs, advantages, 1))
