@@ -48,7 +48,7 @@ def train_a_little(model, tok, opt, sched, steps: int = 3) -> None:
 
 def save(out, step, model, tok, opt, sched, keep=2, extra=None):
     target = CheckpointTarget(out, tok, {"steps": 10}, keep)
-    return ckpt.save_checkpoint(target, step, extra, model=model, optimizer=opt, scheduler=sched)
+    return ckpt.save_checkpoint(target, step, model, opt, sched, extra)
 
 
 def assert_nested_equal(a, b):

@@ -65,14 +65,13 @@ def _write_text_atomic(path: Path, text: str) -> None:
 def save_checkpoint(
     target: CheckpointTarget,
     step: int,
-    extra: dict[str, Any] | None = None,
-    *,
     model,
     optimizer: torch.optim.Optimizer,
     scheduler,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune all but the ``target.keep``
-    newest."""
+    """Write the checkpoint of ``step`` (``model``, ``optimizer``, ``scheduler``, RNG and
+    ``extra``) atomically and prune all but the ``target.keep`` newest."""
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)

@@ -65,14 +65,7 @@ class LocalBackend:
         return self.scheduler.get_last_lr()[0]
 
     def save_checkpoint(self, target: CheckpointTarget, step: int, extra: dict[str, Any]) -> Path:
-        return save_checkpoint(
-            target,
-            step,
-            extra,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-        )
+        return save_checkpoint(target, step, self.model, self.optimizer, self.scheduler, extra)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         if is_sharded(path):  # written by the Ray backend's ranks: read their shards here

@@ -121,9 +121,7 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
     def save(step: int) -> Path:
         target = CheckpointTarget(out, tokenizer, to_dict(cfg), keep=1)
         extra = {"losses": losses, "seconds": seconds + time.perf_counter() - t0}
-        return ckpt.save_checkpoint(
-            target, step, extra, model=model, optimizer=optimizer, scheduler=scheduler
-        )
+        return ckpt.save_checkpoint(target, step, model, optimizer, scheduler, extra)
 
     with StopRequest() as stop:
         for step in range(start, cfg.steps):
