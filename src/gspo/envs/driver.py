@@ -61,6 +61,7 @@ from .episode_images import (
     reply_ids,
     start_pixels,
 )
+from .episode_request import EpisodeRequest
 from .one_turn import run_one_turn
 from .trajectory import Trajectory, to_rollout
 
@@ -100,23 +101,20 @@ def run_episodes(
     group, ``loss_mask`` on policy tokens, ``extras["turn_ids"]`` and
     ``extras["policy_version"]``) and as :class:`Trajectory` records (rewards, turns, tools).
 
-    ``generate(request)`` runs each round (default ``engine.generate``);
-    when its rollouts carry per-token ``versions``, so does the result. ``prompts``: the
-    examples' prompt ids when the caller has them (the trainer's prompt cache), else the
-    encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
+    ``generate(request)`` runs each round (default ``engine.generate``); when its rollouts
+    carry per-token ``versions``, so does the result. ``prompts``: the examples' prompt ids when
+    the caller has them (the trainer's prompt cache), else the encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
     the engine's rollout as it is (:mod:`gspo.envs.one_turn`). ``all_chains``: agent episodes
     train every chain of calls, one row each (:mod:`gspo.envs.agent_driver`)."""
+    request = EpisodeRequest(
+        engine, env, encoder, examples, n, params, limits, generator, prompts, generate
+    )
     if isinstance(env, AgentEnvironment):  # the agent calls the model over HTTP itself
         if any(e.images for e in examples):
             raise ValueError(f"{env.name}: agent environments do not take image prompts")
-        return run_agent_episodes(
-            engine, env, encoder, examples, n, params, limits, generator, version, generate,
-            prompts, all_chains,
-        )  # fmt: skip
+        return run_agent_episodes(request, version, all_chains)
     if not env.multi_turn:
-        return run_one_turn(
-            engine, env, encoder, examples, n, params, limits, generator, prompts, generate=generate
-        )
+        return run_one_turn(request)
     generate = engine.generate if generate is None else generate
     tokenizer = encoder.tokenizer
     params = replace(

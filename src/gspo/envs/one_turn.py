@@ -13,41 +13,30 @@ episode's tokens are exactly its completion.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-
-import torch
 
 from gspo.envs.tasks.base import Example
 from gspo.models import moe
 from gspo.models.chat import encode_examples
 from gspo.models.text import decode_completions
-from gspo.rollout.base import GenerationRequest, Rollout, SamplingParams
+from gspo.rollout.base import GenerationRequest, Rollout
 
 from .base import Environment, opening_of
 from .env_round import step_round
+from .episode_request import EpisodeRequest
 from .trajectory import Trajectory
 
 
 def run_one_turn(
-    engine,
-    env: Environment,
-    encoder,
-    examples: list[Example],
-    n: int,
-    params: SamplingParams,
-    limits: Any,
-    generator: torch.Generator | None = None,
-    prompts: list[list[int]] | None = None,
-    *,
-    routing: bool = True,
-    generate: Callable[..., Rollout] | None = None,
+    request: EpisodeRequest, *, routing: bool = True
 ) -> tuple[Rollout, list[Trajectory]]:
-    """``n`` one-turn episodes per example (see the module doc); ``prompts``: the examples'
-    prompt ids when the caller has them (the trainer's prompt cache), else the encoder's.
-    ``routing`` False: plain ``engine.generate``, no MoE routing record (evaluation);
-    ``generate``: runs the round instead (a caller's hook, as in the multi-turn driver)."""
+    """The request's one-turn episodes (see the module doc); its ``prompts`` when the caller
+    has them (the trainer's prompt cache), else the encoder's. ``routing`` False: plain
+    ``engine.generate``, no MoE routing record (evaluation); the request's ``generate`` runs
+    the round instead (a caller's hook, as in the multi-turn driver)."""
+    engine, env, encoder, examples = request.engine, request.env, request.encoder, request.examples
+    prompts, generate, limits = request.prompts, request.generate, request.limits
     pixels = None
     if any(e.images for e in examples):
         # Image prompts: the processor expands each <image> and makes the pixel inputs, once
@@ -62,19 +51,19 @@ def run_one_turn(
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]
     params = replace(
-        params,
+        request.params,
         max_new_tokens=min(limits.max_tokens_per_turn, limits.max_total_tokens),
-        stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
+        stop_strings=tuple(request.params.stop_strings) + tuple(env.stop_strings),
     )
-    request = GenerationRequest(prompts, n, params, generator, pixels)
+    turn = GenerationRequest(prompts, request.n, params, request.generator, pixels)
     if pixels is not None:
-        rollout = engine.generate(request)
+        rollout = engine.generate(turn)
     elif generate is not None:
-        rollout = generate(request)
+        rollout = generate(turn)
     elif routing:
-        rollout = moe.generate_with_routing(engine, request)
+        rollout = moe.generate_with_routing(engine, turn)
     else:
-        rollout = engine.generate(request)
+        rollout = engine.generate(turn)
     trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
     return rollout, trajs
 
