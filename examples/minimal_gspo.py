@@ -32,6 +32,7 @@ import torch
 from gspo import (
     ENVIRONMENTS,
     TASKS,
+    GenerationRequest,
     SamplingParams,
     TorchEngine,
     build_policy,
@@ -44,7 +45,6 @@ from gspo import (
     token_logprobs,
 )
 from gspo.config.options import ModelOptions
-from gspo.rollout.base import GenerationRequest
 
 
 # ---- the decisions: `gspo train --preset demo`'s settings ------------------------------------
