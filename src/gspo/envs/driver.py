@@ -93,7 +93,7 @@ def run_episodes(
     limits: Limits,
     generator: torch.Generator | None = None,
     version: int = 0,
-    generate: Callable[..., Rollout] | None = None,
+    generate: Callable[[GenerationRequest], Rollout] | None = None,
     prompts: list[list[int]] | None = None,
     all_chains: bool = False,
 ) -> tuple[Rollout, list[Trajectory]]:

@@ -84,7 +84,7 @@ class InProcess:
 
     def round_hook(
         self, weights: WeightSync, mode: str, counts: dict[str, float]
-    ) -> Callable[..., Rollout]:
+    ) -> Callable[[GenerationRequest], Rollout]:
         return round_generate(self.generation, weights, mode, counts)
 
     def close(self) -> None:
@@ -94,7 +94,7 @@ class InProcess:
 
 def round_generate(
     start: Start, weights: WeightSync, mode: str, counts: dict[str, float]
-) -> Callable[..., Rollout]:
+) -> Callable[[GenerationRequest], Rollout]:
     """The driver's ``generate`` hook: one round of turns (each a generation from ``start``)
     with weight loads at the turn boundary and mid-turn, each token tagged with its version;
     counts the loads in ``counts``."""

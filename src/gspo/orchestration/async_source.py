@@ -75,7 +75,7 @@ class Place(Protocol):
 
     def round_hook(
         self, weights: WeightSync, mode: str, counts: dict[str, float]
-    ) -> Callable[..., Rollout]:
+    ) -> Callable[[GenerationRequest], Rollout]:
         """The environment driver's ``generate`` hook for one round of turns."""
         ...
 

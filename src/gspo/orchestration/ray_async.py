@@ -112,7 +112,7 @@ class RayWorkers:
 
     def round_hook(
         self, weights: WeightSync, mode: str, counts: dict[str, float]
-    ) -> Callable[..., Rollout]:
+    ) -> Callable[[GenerationRequest], Rollout]:
         return chunked_round_generate(self, weights, mode, counts)
 
     def close(self) -> None:
@@ -121,7 +121,7 @@ class RayWorkers:
 
 def chunked_round_generate(
     place: RayWorkers, weights: WeightSync, mode: str, counts: dict[str, float]
-) -> Callable[..., Rollout]:
+) -> Callable[[GenerationRequest], Rollout]:
     """The driver's ``generate`` hook on the workers: one round of turns, chunk by chunk, with
     weight loads at the turn boundary and between chunks, each token tagged with its version;
     counts the loads in ``counts``. Each round advances the step generator by one draw, so the

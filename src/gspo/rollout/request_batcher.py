@@ -64,7 +64,7 @@ class RequestBatcher:
 
     def __init__(
         self,
-        generate: Callable[..., Rollout],
+        generate: Callable[[GenerationRequest], Rollout],
         *,
         generator: Any = None,
         patience_s: float = 5.0,

@@ -32,10 +32,11 @@ Sleep mode. With ``VLLMOptions.sleep_mode`` (set for colocated vLLM on CUDA, see
 before the weight sync. On CPU vLLM refuses ``enable_sleep_mode`` and its sleep/wake only log a
 warning; this path has never run on a GPU.
 
-Image prompts (vision-language models, ``pixels=``): the image blocks of our expanded ids are
-collapsed to one ``<image>`` each and the images sent as ``multi_modal_data``; vLLM expands
-them back to the same ids (checked) with its copy of the saved processor; see
-``gspo.rollout.vllm_images``. A weight sync also resets vLLM's vision-encoder cache.
+Image prompts (vision-language models, a request's ``pixels``): the image blocks of our
+expanded ids are collapsed to one ``<image>`` each and the images sent as
+``multi_modal_data``; vLLM expands them back to the same ids (checked) with its copy of the
+saved processor; see ``gspo.rollout.vllm_images``. A weight sync also resets vLLM's
+vision-encoder cache.
 
 vLLM is imported lazily; without it ``VLLMEngine(...)`` raises an ImportError naming the
 install command.
