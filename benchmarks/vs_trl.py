@@ -1131,7 +1131,7 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
 
     report = {
         "benchmark": "vs_trl",
-        "command": " ".join(["python benchmarks/vs_trl.py", *(argv or sys.argv[1:])]),
+        "command": None,  # below, once the paths to hide are known
         "settings": {
             "workloads": {w: WORKLOADS[w] for w in workloads},
             "systems": systems,
@@ -1174,6 +1174,9 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     places = {str(cache): "<cache>", str(bl.REPO): "<repo>", tempfile.gettempdir(): "<tmp>"}
     places |= {str(path): f"<worktree of {ref}>" for ref, path in worktrees.items()}
+    # The command's own paths (--cache, --out) too: each argument is a path or none.
+    args_given = portable(list(argv if argv is not None else sys.argv[1:]), places)
+    report["command"] = " ".join(["python benchmarks/vs_trl.py", *args_given])
     out.write_text(json.dumps(portable(report, places), indent=2) + "\n")
     print(table(summary, paired))
     for workload, init in inits.items():

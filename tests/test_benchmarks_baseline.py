@@ -141,3 +141,4 @@ def test_systems_alternate_with_their_baseline_twins(bench, repo, monkeypatch, t
         ["trl", twin, "gspo"],
     ]
     assert report["rounds"]["d64-add"][1]["step_s"] == {"trl": 4.0, twin: 2.0, "gspo": 1.0}
+    assert str(tmp_path) not in report["command"]  # --out's folder is named by its label
