@@ -66,9 +66,12 @@ Differences that remain (also in docs/performance.md):
    ablates it). ``gspo-lean`` also drops that forward (metrics then cover only rows with a
    gradient; TRL's cover every row).
 
-Columns: ``s/step`` median wall seconds per step; ``gen tok/s`` generated (completion) tokens
-per second of whole step; ``train tok/s`` prompt+completion tokens that went through the 4
-training forward/backward passes per second of step; ``rollout s`` median time inside the
+Columns: ``s/step`` median wall seconds per step; ``CPU s/step`` median CPU seconds per step
+of the run's process (all its threads: what the step cost, whatever share of a core the
+machine's other jobs left it; on a shared machine the ratio that resolves a few percent);
+``gen tok/s`` generated (completion) tokens per second of whole step; ``train tok/s``
+prompt+completion tokens that went through the 4 training forward/backward passes per second
+of step; ``rollout s`` median time inside the
 generate call; ``peak RSS`` the subprocess's ``ru_maxrss`` (imports included; ``base RSS`` is
 the RSS after imports and model load, before training); ``zero-adv rows`` mean share of rows
 whose group's rewards all agree (gspo's ``advantage/zero_fraction``, TRL's
