@@ -104,7 +104,7 @@ def profile_rollout(torch, tokens: int) -> None:
     from torch.profiler import profile
 
     from gspo.models.tiny_model import build_tiny_model
-    from gspo.rollout.base import SamplingParams
+    from gspo.rollout.base import GenerationRequest, SamplingParams
     from gspo.rollout.torch_engine import TorchEngine
 
     model = build_tiny_model(
@@ -113,9 +113,11 @@ def profile_rollout(torch, tokens: int) -> None:
     engine = TorchEngine(model, pad_id=0, eos_id=-1)  # no id ends a row: every row runs to the cap
     prompts = [[1, *range(5, 5 + PROMPT - 3 + i)] for i in range(4)]  # 13-16 tokens, padded
     params = SamplingParams(max_new_tokens=tokens, temperature=1.0)
-    engine.generate(prompts, 8, params, torch.Generator().manual_seed(0))  # warm-up
+    engine.generate(
+        GenerationRequest(prompts, 8, params, torch.Generator().manual_seed(0))
+    )  # warm-up
     with profile() as prof:
-        engine.generate(prompts, 8, params, torch.Generator().manual_seed(1))
+        engine.generate(GenerationRequest(prompts, 8, params, torch.Generator().manual_seed(1)))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
 
 
