@@ -99,9 +99,7 @@ def watch(driver: int, temp_dir: str | None = None) -> None:
     seen = reap(seen, skip=me)
     if temp_dir:  # the driver's private Ray folder: removed once nothing writes into it
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-            _same(pid, start) for pid, start in seen.items()
-        ):
+        while time.monotonic() < deadline and any(_same(pid, start) for pid, start in seen.items()):
             time.sleep(0.05)
         shutil.rmtree(temp_dir, ignore_errors=True)
 

@@ -32,6 +32,7 @@ from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
 from gspo.models import moe
+from gspo.models.compiled_forward import Buckets
 from gspo.models.forward_inputs import ForwardInputs, independent_rows
 from gspo.rollout.base import PIXELS, Rollout, pixel_rows
 from gspo.rollout.batch import RolloutBatch
@@ -82,7 +83,7 @@ def update_policy(
     """
     model.train()
     acc = Accumulator() if acc is None else acc
-    inputs = forward_inputs(cfg, model, batch.rollout)
+    inputs = forward_inputs(cfg, model, batch.rollout, compile_local=shard is None)
     idle = zero_gradient_rows(cfg, model, batch.advantages)  # [N] rows that only need metrics
     acc.add_scalar(
         "advantage/zero_fraction", float(_zero_advantage(batch.advantages).float().mean())
@@ -112,8 +113,21 @@ def minibatches(cfg: Options, batch: RolloutBatch) -> list[torch.Tensor]:
     )
 
 
-def forward_inputs(cfg: Options, model, rollout: Rollout) -> ForwardInputs:
-    """What the batch's forwards take beyond its tokens: image inputs, MoE routing."""
+def forward_inputs(
+    cfg: Options, model, rollout: Rollout, *, compile_local: bool = False
+) -> ForwardInputs:
+    """What the batch's forwards take beyond its tokens: image inputs, MoE routing, and with
+    the ``compile`` option on the local backend (``compile_local``) the compiled forward's
+    shape buckets (FSDP2 ranks run eagerly)."""
+    buckets = None
+    if cfg.optim.compile and compile_local:
+        # Caps: a minibatch's rows (randperm(N).chunk(k) sizes), the batch's distinct prompts.
+        rows = math.ceil(rollout.num_samples / cfg.optim.num_minibatches)
+        buckets = Buckets(
+            rows=min(cfg.optim.micro_batch_size or rows, rows),
+            prompts=int(rollout.prompt_index.unique().numel()),
+            length=cfg.rollout.max_new_tokens,
+        )
     return ForwardInputs.of(
         model,
         rollout,
@@ -122,6 +136,7 @@ def forward_inputs(cfg: Options, model, rollout: Rollout) -> ForwardInputs:
         routing_replay=cfg.model.routing_replay,
         aux_coef=cfg.model.router_aux_loss_coef,
         temperature=cfg.rollout.temperature,
+        buckets=buckets,
     )
 
 
