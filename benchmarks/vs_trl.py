@@ -107,7 +107,7 @@ from pathlib import Path
 from typing import Any
 
 import baseline as bl
-from _compile_cost import COMPILED, compile_rows, compile_table, excess_s
+from _compile_cost import COMPILED, compile_rows, compile_table
 from _results import OUT_HELP, dated_result
 
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -303,7 +303,6 @@ def _summarize(
         "reward_last": statistics.fmean(rewards[-window:]),
         "peak_rss_mb": _peak_rss_mb(),
         "load_avg_1min_at_end": os.getloadavg()[0],
-        "excess_s": excess_s(step_s),
         **extra,
     }
 
@@ -836,6 +835,8 @@ def learning(runs: dict[str, dict[str, list[dict[str, Any]]]], n_test: int) -> d
         pairs += [(s, b) for s in by if (b := bl.split(s)[0]) != s and b in by]
         if "gspo-groups" in by and "gspo" in by:  # grouped against shuffled minibatches
             pairs.append(("gspo-groups", "gspo"))
+        if COMPILED in by and "gspo" in by:  # compiled against eager: the same update, rounded
+            pairs.append((COMPILED, "gspo"))
         for key, problems in (("held_out_greedy", n_test), ("reward_last", None)):
             for system, base in pairs:
                 shared = sum(1 for _, b in pairs if b == base)

@@ -87,3 +87,30 @@ def test_compiled_equals_eager_float32(tok):
         ):
             torch.testing.assert_close(a, b, atol=1e-4 * float(b.abs().max()) + 1e-7, rtol=1e-4)
     assert len([k for k in cf.RECORD.keys if k[:4] == (16, 6, 8, 8)]) == 1
+
+
+def test_compiled_update_keeps_idle_rows_in_the_gradient_pass():
+    """Compiled: zero-advantage rows fill the bucket of the gradient pass, no second eager pass;
+    without their metrics (zero_advantage_metrics off) they still leave it."""
+    from types import SimpleNamespace
+
+    from gspo.backend.update import micro_batches
+    from gspo.config import TrainConfig
+    from gspo.config.combinations import split
+
+    ones = torch.ones(8, 3, dtype=torch.long)
+    rollout = SimpleNamespace(
+        prompt_ids=ones, prompt_mask=ones, completion_ids=ones, completion_mask=ones,
+        policy_mask=ones.bool(),
+    )  # fmt: skip
+    batch = SimpleNamespace(rollout=rollout, num_samples=8)
+    idle = torch.tensor([True, True, True, True, False, False, False, False])  # half idle
+    minibatch = torch.arange(8)
+    for metrics, compiled, want in (
+        (True, False, [(4, True), (4, False)]),  # eager: half is over zero_advantage_split
+        (True, True, [(8, True)]),
+        (False, True, [(4, True)]),
+    ):
+        cfg = split(TrainConfig(zero_advantage_metrics=metrics))
+        micros = micro_batches(cfg, batch, minibatch, idle, False, None, compiled=compiled)
+        assert [(len(m.rows), m.grad) for m in micros] == want

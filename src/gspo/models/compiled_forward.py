@@ -48,8 +48,8 @@ below what bucketing gives across the shapes of a run and the models of one proc
 @dataclass
 class CompileRecord:
     """What the compiled forward did in this process (read by benchmarks): the bucket keys it
-    compiled and the seconds of their first calls (trace and compile of the forward graph;
-    the backward graph compiles at the first backward, inside the caller's step)."""
+    compiled and the seconds of their first calls (trace, compile or cache load of the forward
+    and backward graphs, and one run of each)."""
 
     keys: set[tuple] = field(default_factory=set)
     first_call_s: float = 0.0
@@ -113,13 +113,23 @@ def token_logprobs(
     first = torch.cat([first, first[:1].expand(prompts - len(first))])  # [prompts]
     inv = torch.cat([inv, inv.new_zeros(pad_rows)])  # [rows]
     key = (rows, prompts, width, cols, next(model.parameters()).dtype, float(temperature))
-    start = time.perf_counter()
     run = _scores if eager else _compiled()
-    logp, entropy = run(model, *tokens, first, inv, temperature)  # [rows, cols] each
     if not eager and key not in RECORD.keys:
+        start = time.perf_counter()
+        _compile_backward(model, run(model, *tokens, first, inv, temperature)[0])
         RECORD.keys.add(key)
         RECORD.first_call_s += time.perf_counter() - start
+    logp, entropy = run(model, *tokens, first, inv, temperature)  # [rows, cols] each
     return logp[:n, :length], entropy[:n, :length]
+
+
+def _compile_backward(model: torch.nn.Module, logp: torch.Tensor) -> None:
+    """A new graph's first forward output ``logp``, differentiated once here so that the
+    backward graph compiles (and is timed) with the forward's. ``autograd.grad`` returns the
+    gradients without accumulating them; the caller's own pass is a second forward."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if logp.requires_grad and params:
+        torch.autograd.grad(logp.sum(), params, allow_unused=True)
 
 
 def _scores(model, prompt_ids, prompt_mask, completion_ids, completion_mask, first, inv, t):

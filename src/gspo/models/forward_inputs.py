@@ -108,7 +108,7 @@ class ForwardInputs:
             torch.set_grad_enabled(grad),
             moe.training_forward(model, self.replay, rows, aux=True) as routes,
         ):
-            if grad and self.buckets is not None and compiled_forward.applies(model, self.pixels):
+            if grad and self.buckets is not None:  # set only where it applies
                 logprobs, entropy = compiled_forward.token_logprobs(
                     model,
                     self.buckets,
