@@ -121,7 +121,7 @@ def test_sync_metrics_fixture_run_compiled_is_close(tmp_path, monkeypatch):
     """The metrics fixtures' one-turn run (float64) with compile on: the same sampled tokens and
     rewards, every float metric within 1e-6 relative or 1e-8 absolute of the before-file (the
     differences are float32-sized: transformers' RMSNorm computes in float32 and inductor fuses
-    the casts around it). ~3 min with a cold inductor cache."""
+    the casts around it). Seconds with a warm inductor cache; ~3 min cold (its graphs)."""
     import json
     import math
 
