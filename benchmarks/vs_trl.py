@@ -6,6 +6,8 @@ settings, both in one invocation, alternating, each run in its own subprocess.
     python benchmarks/vs_trl.py --workloads smollm2 --reps 1 --steps 2   # slow: ~1 min per step
     python benchmarks/vs_trl.py --workloads d64-add --systems gspo,trl --baseline main
         # also gspo@<main's commit>, from its own temp worktree (benchmarks/baseline.py)
+    python benchmarks/vs_trl.py --workloads d64-add --systems gspo,trl --compile --no-eval
+        # also gspo-compile (the compile option), with its compile cost and break-even step
 
 Needs the ``bench`` extra (``pip install -c constraints.txt -e ".[bench]"``: TRL). TRL is never
 imported by the package itself.
@@ -65,6 +67,12 @@ Differences that remain (also in docs/performance.md):
    task and the model's accuracy set (``zero-adv rows`` column; ``gspo-no-zero-advantage-skip``
    ablates it). ``gspo-lean`` also drops that forward (metrics then cover only rows with a
    gradient; TRL's cover every row).
+10. ``gspo-compile`` (``--compile``): gspo with ``compile=True``, the training forward and
+   backward under ``torch.compile`` (gspo.models.compiled_forward). Its inductor cache is a
+   fresh folder per invocation, so repetition 0 compiles cold and later ones find the graphs
+   (warm); a second table gives the compile seconds and the break-even step against ``gspo``
+   (benchmarks/_compile_cost.py). Its first steps carry the compile; ``s/step`` is a median,
+   so it shows the compiled pace.
 
 Columns: ``s/step`` median wall seconds per step; ``CPU s/step`` median CPU seconds per step
 of the run's process (all its threads: what the step cost, whatever share of a core the
@@ -111,6 +119,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import baseline as bl
+from _compile_cost import COMPILED, compile_rows, compile_table
 from _results import OUT_HELP, dated_result
 
 if TYPE_CHECKING:  # not at run time: a --baseline run imports an older gspo in this script
@@ -210,6 +219,7 @@ def _train_config(
     recompute: bool = False,
     grouping: str = "shuffled",
     idle_metrics: bool = True,
+    compile: bool = False,
 ):
     """The gspo TrainConfig of a workload (also used by the TRL runner for task and prompts)."""
     from gspo.config import TrainConfig, build
@@ -248,6 +258,8 @@ def _train_config(
         "output_dir": output_dir,
         "seed": spec.get("seed", SEED),
         "n_test": spec["n_test"],
+        # Only when asked: a gspo@REF baseline from before the option has no such field.
+        **({"compile": True} if compile else {}),
     }
     return build(TrainConfig, overrides=overrides)
 
@@ -404,6 +416,7 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
             recompute=system == "gspo-recompute",
             grouping="groups" if system == "gspo-groups" else "shuffled",
             idle_metrics=system != "gspo-lean",
+            compile=system == COMPILED,
         )
         base_rss = _rss_mb()
         result = trainer_mod.train(cfg)
@@ -434,8 +447,16 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
             "base_rss_mb": base_rss,
             "params": sum(p.numel() for p in result.model.parameters()),
             "gspo_file": gspo.__file__,
+            **(_compile_record() if system == COMPILED else {}),
         },
     )
+
+
+def _compile_record() -> dict[str, Any]:
+    """What the compiled forward did in this run: graphs compiled, seconds of their first calls."""
+    from gspo.models.compiled_forward import RECORD
+
+    return {"compile_graphs": len(RECORD.keys), "compile_first_call_s": RECORD.first_call_s}
 
 
 def run_init_eval(spec: dict[str, Any]) -> dict[str, Any]:
@@ -699,6 +720,8 @@ def run_in_subprocess(spec: dict[str, Any], script: str | None = None) -> dict[s
     # gspo from this checkout, or from the baseline's worktree for gspo@REF (not whichever one
     # happens to be installed).
     env = bl.env_with_src(env, Path(spec.get("gspo_src") or bl.src_for("gspo", {})))
+    if spec.get("inductor_cache"):  # gspo-compile: this invocation's own compile cache
+        env["TORCHINDUCTOR_CACHE_DIR"] = spec["inductor_cache"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-6000:])
@@ -843,6 +866,8 @@ def learning(runs: dict[str, dict[str, list[dict[str, Any]]]], n_test: int) -> d
         pairs += [(s, b) for s in by if (b := bl.split(s)[0]) != s and b in by]
         if "gspo-groups" in by and "gspo" in by:  # grouped against shuffled minibatches
             pairs.append(("gspo-groups", "gspo"))
+        if COMPILED in by and "gspo" in by:  # compiled against eager: the same update, rounded
+            pairs.append((COMPILED, "gspo"))
         for key, problems in (("held_out_greedy", n_test), ("reward_last", None)):
             for system, base in pairs:
                 shared = sum(1 for _, b in pairs if b == base)
@@ -1011,6 +1036,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also run each gspo system on commit REF (its own temp worktree) as SYSTEM@REF, "
         "alternating; the table adds the speed ratio current/baseline",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help=f"also {COMPILED}: gspo with compile=True (torch.compile of the training pass), "
+        "with its compile seconds (cold, then warm) and break-even step in a second table",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:  # never overwrite committed results
@@ -1029,7 +1060,9 @@ def main(argv: list[str] | None = None) -> None:
     systems = [s for s in args.systems.split(",") if s]
     if args.ablate:
         systems += [f"gspo-no-{o}" for o in OPTIMIZATIONS if o != "shared-prefill"]
-    valid = {*SYSTEMS, *(f"gspo-no-{o}" for o in OPTIMIZATIONS)}
+    if args.compile and COMPILED not in systems:
+        systems.append(COMPILED)
+    valid = {*SYSTEMS, COMPILED, *(f"gspo-no-{o}" for o in OPTIMIZATIONS)}
     bad = [w for w in workloads if w not in WORKLOADS] + [s for s in systems if s not in valid]
     if bad:
         ap.error(f"unknown workload/system {bad}")
@@ -1057,6 +1090,8 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
     """Every workload x repetition x system, alternating; then the table and the JSON."""
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="vs-trl-cache-"))
     cache.mkdir(parents=True, exist_ok=True)
+    # gspo-compile's inductor cache: empty at the start of every invocation (rep 0 is cold).
+    inductor = tempfile.mkdtemp(prefix="vs-trl-inductor-")
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     rounds: dict[str, list[dict[str, Any]]] = {}  # per round: order, loads, each system's s/step
@@ -1107,6 +1142,7 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
                     "seed": args.seed + rep if args.vary_seed else args.seed,
                     "gspo_src": str(bl.src_for(system, worktrees)),
                     "cpus": args.cpus,
+                    "inductor_cache": inductor if system == COMPILED else None,
                 }
                 print(
                     f"[{time.time() - started:6.0f}s] {workload} rep {rep} {system} "
@@ -1127,6 +1163,7 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
             rounds.setdefault(workload, []).append(this_round)
 
     summary = {w: {s: aggregate(rs) for s, rs in by.items()} for w, by in runs.items()}
+    compiled = {w: rows for w, by in runs.items() if (rows := compile_rows(by))}
     compared = learning(runs, args.n_test) if not args.no_eval else {}
     paired = {w: paired_ratios(by) for w, by in runs.items()}
     import torch
@@ -1168,6 +1205,7 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
             for w, per in paired.items()
         },
         "rounds": rounds,
+        "compile": compiled,
         "learning": {
             w: {k: [c.to_json() for c in cs] for k, cs in by.items()} for w, by in compared.items()
         },
@@ -1175,13 +1213,16 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    places = {str(cache): "<cache>", str(bl.REPO): "<repo>", tempfile.gettempdir(): "<tmp>"}
+    places = {str(cache): "<cache>", str(bl.REPO): "<repo>", inductor: "<inductor cache>"}
+    places[tempfile.gettempdir()] = "<tmp>"
     places |= {str(path): f"<worktree of {ref}>" for ref, path in worktrees.items()}
     # The command's own paths (--cache, --out) too: each argument is a path or none.
     args_given = portable(list(argv if argv is not None else sys.argv[1:]), places)
     report["command"] = " ".join(["python benchmarks/vs_trl.py", *args_given])
     out.write_text(json.dumps(portable(report, places), indent=2) + "\n")
     print(table(summary, paired))
+    if compiled:
+        print("\n" + compile_table(compiled))
     for workload, init in inits.items():
         for seed, acc in init.get("held_out_greedy_by_seed", {}).items():
             print(f"{workload} start checkpoint (seed {seed}): held-out greedy {acc:.3f}")

@@ -178,6 +178,7 @@ class OptimOptions(_Options):
     zero_advantage_split: float
     zero_advantage_metrics: bool
     micro_batch_size: int
+    compile: bool
     lr: float
     warmup_steps: int
     weight_decay: float
