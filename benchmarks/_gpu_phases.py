@@ -8,6 +8,8 @@ import statistics
 import time
 from typing import Any
 
+from gspo.rollout.base import GenerationRequest
+
 
 def peak_flops(name: str) -> float:
     """bf16 dense peak FLOP/s of a CUDA device by its name (0: unknown, MFU not computed)."""
@@ -67,11 +69,13 @@ def vllm_phase(args, model, shape, res, deadline) -> Any:
         gen = torch.Generator().manual_seed(0)
         params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0)
         prompts = random_prompts(gen, args.prompts, args.prompt_tokens, shape["vocab_size"] - 1)
-        engine.generate(prompts[:2], 2, SamplingParams(max_new_tokens=8), gen)  # warm-up
+        engine.generate(
+            GenerationRequest(prompts[:2], 2, SamplingParams(max_new_tokens=8), gen)
+        )  # warm-up
         times, rollout, tokens = [], None, 0
         while not times or (time.perf_counter() < deadline and len(times) < args.repeats):
             t0 = time.perf_counter()
-            rollout = engine.generate(prompts, args.group, params, gen)
+            rollout = engine.generate(GenerationRequest(prompts, args.group, params, gen))
             times.append(time.perf_counter() - t0)
             tokens += int(rollout.completion_mask.sum())
         res["vllm_gen_tokens_per_s"] = tokens / sum(times)
@@ -209,7 +213,7 @@ def e2e_phase(args, backend, engine, shape, device, res, deadline) -> None:
     for step in range(args.e2e_steps):
         prompts = random_prompts(gen, args.prompts, args.prompt_tokens, shape["vocab_size"] - 1)
         t0 = time.perf_counter()
-        rollout = engine.generate(prompts, args.group, params, gen)
+        rollout = engine.generate(GenerationRequest(prompts, args.group, params, gen))
         t1 = time.perf_counter()
         r = rollout.to(device)
         adv = advantages_for(gen, rollout.num_samples, args.group).to(device)  # [N]

@@ -1,6 +1,8 @@
 """The training pass's two attention layouts, alternating in one process, by completion length:
 the masked one (a bool [N, 1, L, P+L] mask) against the causal one (prompt padding rolled to
-the end, ``is_causal``, no mask), forward + backward of ``token_logprobs`` with shared prompts.
+the end, ``is_causal``, no mask), forward + backward of ``token_logprobs`` with shared prompts;
+and, for reference, the model's own Hugging Face forward over prompt + completion with its
+attention mask, the pass TRL's trainer runs (``hf``: SDPA with a mask when a prompt is padded).
 
     python benchmarks/attention_layout.py --lengths 64,128,256,512,1024 --threads 1
 
@@ -83,7 +85,19 @@ def main(argv: list[str] | None = None) -> None:
                 logp.sum().backward()
                 return time.perf_counter() - t
 
-            one_pass(False), one_pass(True)  # warm-up
+            def hf_pass(batch=batch, length=length) -> float:
+                prompt, prompt_mask, completion, completion_mask = batch[:4]
+                t = time.perf_counter()
+                logits = model(
+                    input_ids=torch.cat([prompt, completion], dim=1),
+                    attention_mask=torch.cat([prompt_mask, completion_mask], dim=1),
+                    logits_to_keep=length + 1,
+                ).logits[:, :-1]  # [N, L, V]
+                logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, completion[..., None])
+                logp.sum().backward()
+                return time.perf_counter() - t
+
+            one_pass(False), one_pass(True), hf_pass()  # warm-up
             if args.profile:
                 from torch.profiler import profile
 
@@ -92,17 +106,23 @@ def main(argv: list[str] | None = None) -> None:
                         one_pass(causal)
                     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=6)
                     print(f"L={length} {'causal' if causal else 'masked'}:\n{table}")
-            times: dict[str, list[float]] = {"masked": [], "causal": []}
+            times: dict[str, list[float]] = {"masked": [], "causal": [], "hf": []}
+            passes = {
+                "masked": lambda: one_pass(False),
+                "causal": lambda: one_pass(True),
+                "hf": hf_pass,
+            }
             for r in range(args.reps):
-                for causal in (False, True) if r % 2 == 0 else (True, False):
-                    times["causal" if causal else "masked"].append(one_pass(causal))
-            masked, causal = (statistics.median(times[k]) for k in ("masked", "causal"))
+                for name in list(passes) if r % 2 == 0 else list(passes)[::-1]:
+                    times[name].append(passes[name]())
+            masked, causal, hf = (statistics.median(times[k]) for k in ("masked", "causal", "hf"))
             rows.append(
                 {
                     "length": length,
                     "masked_ms": masked * 1e3,
                     "causal_ms": causal * 1e3,
                     "ratio": masked / causal,
+                    "hf_ms": hf * 1e3,
                     "times": times,
                     "load": os.getloadavg()[0],
                 }
@@ -115,12 +135,16 @@ def main(argv: list[str] | None = None) -> None:
             )
     finally:
         ff.CAUSAL_MIN_TOKENS = threshold
-    print("| completion tokens | masked ms | causal ms | masked / causal | load (1 min) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| completion tokens | masked ms | causal ms | masked / causal | hf ms | "
+        "hf / gspo's layout | load (1 min) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
+        own = r["causal_ms"] if r["length"] - 1 >= threshold else r["masked_ms"]
         print(
             f"| {r['length']} | {r['masked_ms']:.1f} | {r['causal_ms']:.1f} | "
-            f"{r['ratio']:.2f}x | {r['load']:.1f} |"
+            f"{r['ratio']:.2f}x | {r['hf_ms']:.1f} | {r['hf_ms'] / own:.2f}x | {r['load']:.1f} |"
         )
     out = Path(args.out) if args.out else dated_result("attention_layout")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from _results import OUT_HELP, dated_result
 
+from gspo.rollout.base import GenerationRequest
+
 PROMPT_LEN, NEW_TOKENS, PROMPTS, GROUP, MINIBATCH = 13, 16, 16, 8, 32
 
 
@@ -95,10 +97,14 @@ def measure(size: str, reps: int, prompts: int, group: int, new_tokens: int) -> 
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
     model.eval()
     rollout_s = _median_time(
-        lambda: engine.generate(prompt_rows, group, sampling, torch.Generator().manual_seed(1)),
+        lambda: engine.generate(
+            GenerationRequest(prompt_rows, group, sampling, torch.Generator().manual_seed(1))
+        ),
         reps,
     )
-    rollout = engine.generate(prompt_rows, group, sampling, torch.Generator().manual_seed(1))
+    rollout = engine.generate(
+        GenerationRequest(prompt_rows, group, sampling, torch.Generator().manual_seed(1))
+    )
     n = prompts * group
     row_tokens = PROMPT_LEN + new_tokens - 1  # tokens fed per row (the last is never fed)
     gen_eff = 2 * params * n * row_tokens

@@ -38,6 +38,8 @@ from pathlib import Path
 
 from _results import OUT_HELP, dated_result
 
+from gspo.rollout.base import GenerationRequest
+
 MODELS = {
     # name: (hidden, layers, heads, kv heads) for tiny char models; None: a named model
     "tiny-128": (128, 2, 4, 2),
@@ -118,11 +120,15 @@ def one(args: argparse.Namespace) -> dict:
     start_s = time.perf_counter() - t0
     # max_new_tokens is the cap; EOS ends rows early, so tokens are counted.
     params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)
-    engine.generate(prompts, args.group, params, torch.Generator().manual_seed(0))  # warm-up
+    engine.generate(
+        GenerationRequest(prompts, args.group, params, torch.Generator().manual_seed(0))
+    )  # warm-up
     rates = []
     for rep in range(args.reps):
         t = time.perf_counter()
-        r = engine.generate(prompts, args.group, params, torch.Generator().manual_seed(rep + 1))
+        r = engine.generate(
+            GenerationRequest(prompts, args.group, params, torch.Generator().manual_seed(rep + 1))
+        )
         rates.append(int(r.completion_mask.sum()) / (time.perf_counter() - t))
     with torch.no_grad():
         for p in model.parameters():

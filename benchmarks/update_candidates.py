@@ -4,10 +4,13 @@ token log-probs, on one minibatch of 32 rows (4 prompts x 8 samples).
 
     python benchmarks/update_candidates.py --candidates unfused --threads 1
     python benchmarks/update_candidates.py --candidates compile --threads 1   # minutes to compile
+    python benchmarks/update_candidates.py --candidates bucketed --sizes d64 --threads 1
 
 ``unfused``: q/k/v and gate/up as separate matmuls (the training pass fuses them below
 ``FUSE_MAX_PARAMS``, as decoding does). ``compile``: ``torch.compile`` (inductor, needs a C++
 compiler) of the whole pass at one fixed shape; its compile time (first call) is reported apart.
+``bucketed``: the ``compile`` option's pass (gspo.models.compiled_forward: the shape padded to
+its bucket, log-probs and entropy, compiled); its compile time is that module's record.
 Models: d64 (2 layers, 10 completion tokens) and d128 (4 layers, 24 tokens), random init.
 Prints a table (median ms of each, ratio current / candidate: above 1 the candidate is faster)
 and writes JSON (a new dated file unless ``--out``).
@@ -26,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import OUT_HELP, dated_result
 
-CANDIDATES = ("unfused", "compile")
+CANDIDATES = ("unfused", "compile", "bucketed")
 SIZES = {"d64": (64, 2, 10), "d128": (128, 4, 24)}  # hidden, layers, completion tokens
 
 
@@ -84,6 +87,16 @@ def main(argv: list[str] | None = None) -> None:
                     finally:
                         ff._Stack.__init__ = init
 
+            elif cand == "bucketed":
+                from gspo.models import compiled_forward as cf
+
+                buckets = cf.Buckets(rows=n, prompts=4, length=length)
+
+                def other(pid, pm, cid, cm, pi, model=model, buckets=buckets):
+                    return cf.token_logprobs(model, buckets, pid, pm, cid, cm, pi, temperature=1.0)[
+                        0
+                    ]
+
             else:
                 other = torch.compile(current, dynamic=False)
             batch = (prompt, prompt_mask, completion, completion_mask, index)
@@ -95,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
 
             first = one(other)
             compile_s = first if cand == "compile" else None
+            if cand == "bucketed":
+                compile_s = cf.RECORD.first_call_s
             one(current)
             times: dict[str, list[float]] = {"current": [], cand: []}
             for r in range(args.reps):

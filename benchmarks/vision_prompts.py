@@ -37,7 +37,7 @@ from gspo.envs.tasks import make_task
 from gspo.models.chat import encode_examples
 from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 
@@ -71,10 +71,14 @@ def prepare(examples, fmt, model, tok, group: int, max_new: int, reps: int, per_
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0, stop_token_ids=())
     ids, pixels = encode_examples(fmt, examples)
-    out = engine.generate(ids, group, params, torch.Generator().manual_seed(0), pixels=pixels)
+    out = engine.generate(
+        GenerationRequest(ids, group, params, torch.Generator().manual_seed(0), pixels=pixels)
+    )
 
     def generate():
-        engine.generate(ids, group, params, torch.Generator().manual_seed(0), pixels=pixels)
+        engine.generate(
+            GenerationRequest(ids, group, params, torch.Generator().manual_seed(0), pixels=pixels)
+        )
 
     shared = vision.image_inputs
 

@@ -6,6 +6,8 @@ settings, both in one invocation, alternating, each run in its own subprocess.
     python benchmarks/vs_trl.py --workloads smollm2 --reps 1 --steps 2   # slow: ~1 min per step
     python benchmarks/vs_trl.py --workloads d64-add --systems gspo,trl --baseline main
         # also gspo@<main's commit>, from its own temp worktree (benchmarks/baseline.py)
+    python benchmarks/vs_trl.py --workloads d64-add --systems gspo,trl --compile --no-eval
+        # also gspo-compile (the compile option), with its compile cost and break-even step
 
 Needs the ``bench`` extra (``pip install -c constraints.txt -e ".[bench]"``: TRL). TRL is never
 imported by the package itself.
@@ -65,10 +67,19 @@ Differences that remain (also in docs/performance.md):
    task and the model's accuracy set (``zero-adv rows`` column; ``gspo-no-zero-advantage-skip``
    ablates it). ``gspo-lean`` also drops that forward (metrics then cover only rows with a
    gradient; TRL's cover every row).
+10. ``gspo-compile`` (``--compile``): gspo with ``compile=True``, the training forward and
+   backward under ``torch.compile`` (gspo.models.compiled_forward). Its inductor cache is a
+   fresh folder per invocation, so repetition 0 compiles cold and later ones find the graphs
+   (warm); a second table gives the compile seconds and the break-even step against ``gspo``
+   (benchmarks/_compile_cost.py). Its first steps carry the compile; ``s/step`` is a median,
+   so it shows the compiled pace.
 
-Columns: ``s/step`` median wall seconds per step; ``gen tok/s`` generated (completion) tokens
-per second of whole step; ``train tok/s`` prompt+completion tokens that went through the 4
-training forward/backward passes per second of step; ``rollout s`` median time inside the
+Columns: ``s/step`` median wall seconds per step; ``CPU s/step`` median CPU seconds per step
+of the run's process (all its threads: what the step cost, whatever share of a core the
+machine's other jobs left it; on a shared machine the ratio that resolves a few percent);
+``gen tok/s`` generated (completion) tokens per second of whole step; ``train tok/s``
+prompt+completion tokens that went through the 4 training forward/backward passes per second
+of step; ``rollout s`` median time inside the
 generate call; ``peak RSS`` the subprocess's ``ru_maxrss`` (imports included; ``base RSS`` is
 the RSS after imports and model load, before training); ``zero-adv rows`` mean share of rows
 whose group's rewards all agree (gspo's ``advantage/zero_fraction``, TRL's
@@ -79,6 +90,15 @@ repetitions; reward and held-out are mean ± standard error over repetitions (us
 ``--vary-seed`` so that repetitions differ in data order and sampling; with the default
 fixed seed, gspo's repetitions are identical). Ratios are gspo / TRL for throughput (higher is
 better) and TRL / gspo for time.
+
+Repetitions are paired rounds: a round runs every system once, back to back, the order
+reversed every other round. Every ratio the table and the lines under it print (``speed vs
+TRL``, ``speed vs baseline``, gen / train tok/s, rollout, peak RSS) is the geometric mean of
+the per-round ratios with its 95% t-interval over rounds (``gspo.core.comparison.
+ratio_interval``); a line says when an interval is wider than ±5%, too wide to show a 5%
+change. The JSON keeps every round (its order, the load before and after, each system's
+s/step) and every interval (``paired_ratios``; ``ratios`` holds the ratios of the medians).
+``--cpus 1`` pins every run to CPU 1 (``os.sched_setaffinity``, as ``taskset -c 1`` does).
 """
 
 from __future__ import annotations
@@ -96,10 +116,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import baseline as bl
+from _compile_cost import COMPILED, compile_rows, compile_table
 from _results import OUT_HELP, dated_result
+
+if TYPE_CHECKING:  # not at run time: a --baseline run imports an older gspo in this script
+    from gspo.core.comparison import RatioInterval
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     # The demo: 2-digit addition, 0.1 M-parameter char model, 6 new tokens.
@@ -195,6 +219,7 @@ def _train_config(
     recompute: bool = False,
     grouping: str = "shuffled",
     idle_metrics: bool = True,
+    compile: bool = False,
 ):
     """The gspo TrainConfig of a workload (also used by the TRL runner for task and prompts)."""
     from gspo.config import TrainConfig, build
@@ -233,6 +258,8 @@ def _train_config(
         "output_dir": output_dir,
         "seed": spec.get("seed", SEED),
         "n_test": spec["n_test"],
+        # Only when asked: a gspo@REF baseline from before the option has no such field.
+        **({"compile": True} if compile else {}),
     }
     return build(TrainConfig, overrides=overrides)
 
@@ -266,17 +293,25 @@ def _held_out(model, tokenizer, cfg, task, fmt) -> float:
     return float(metrics.get("greedy_accuracy", float("nan")))
 
 
+def _now() -> tuple[float, float]:
+    """Wall time and this process's CPU time (all its threads): a step's CPU seconds are what
+    it cost, whatever share of a core the machine's other jobs left it."""
+    return time.perf_counter(), time.process_time()
+
+
 def _summarize(
     spec: dict[str, Any],
-    ends: list[float],
+    ends: list[tuple[float, float]],
     gen_tokens: list[int],
     train_tokens: list[int],
     rollout_s: list[float],
     rewards: list[float],
     extra: dict[str, Any],
 ) -> dict[str, Any]:
-    """Per-step times from step-end timestamps (ends[0] = start); drop the warm-up step."""
-    step_s = [b - a for a, b in itertools.pairwise(ends)]
+    """Per-step times from step-end (wall, CPU) stamps (ends[0] = start); drop the warm-up
+    step."""
+    step_s = [b[0] - a[0] for a, b in itertools.pairwise(ends)]
+    cpu_s = [b[1] - a[1] for a, b in itertools.pairwise(ends)]
     if len(step_s) != len(gen_tokens):
         raise RuntimeError(f"{len(step_s)} step times but {len(gen_tokens)} token counts")
     skip = 1 if len(step_s) > 1 else 0
@@ -286,6 +321,8 @@ def _summarize(
         **spec,
         "step_s": statistics.median(s),
         "step_s_all": step_s,
+        "cpu_step_s": statistics.median(cpu_s[skip:]),
+        "cpu_step_s_all": cpu_s,
         "gen_tokens_per_step": statistics.fmean(g),
         "gen_tokens_per_s": statistics.median(a / b for a, b in zip(g, s, strict=True)),
         "train_tokens_per_s": statistics.median(a / b for a, b in zip(t, s, strict=True)),
@@ -361,7 +398,7 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
     from gspo.compose.parts import build_task
     from gspo.models.policy import build_prompt_format
 
-    ends: list[float] = []
+    ends: list[tuple[float, float]] = []
     base = trainer_mod.MetricsLogger
 
     class TimedLogger(base):  # type: ignore[misc, valid-type]
@@ -369,9 +406,9 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
 
         def log(self, step: int, metrics: dict[str, Any]) -> None:
             if "time/train_s" in metrics:
-                ends.append(time.perf_counter())
+                ends.append(_now())
             elif not ends and "data/train_problems" in metrics:
-                ends.append(time.perf_counter())  # set-up done: the first step starts now
+                ends.append(_now())  # set-up done: the first step starts now
             super().log(step, metrics)
 
     trainer_mod.MetricsLogger = TimedLogger
@@ -382,6 +419,7 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
             recompute=system == "gspo-recompute",
             grouping="groups" if system == "gspo-groups" else "shuffled",
             idle_metrics=system != "gspo-lean",
+            compile=system == COMPILED,
         )
         base_rss = _rss_mb()
         result = trainer_mod.train(cfg)
@@ -412,8 +450,16 @@ def run_gspo(spec: dict[str, Any]) -> dict[str, Any]:
             "base_rss_mb": base_rss,
             "params": sum(p.numel() for p in result.model.parameters()),
             "gspo_file": gspo.__file__,
+            **(_compile_record() if system == COMPILED else {}),
         },
     )
+
+
+def _compile_record() -> dict[str, Any]:
+    """What the compiled forward did in this run: graphs compiled, seconds of their first calls."""
+    from gspo.models.compiled_forward import RECORD
+
+    return {"compile_graphs": len(RECORD.keys), "compile_first_call_s": RECORD.first_call_s}
 
 
 def run_init_eval(spec: dict[str, Any]) -> dict[str, Any]:
@@ -548,17 +594,17 @@ def run_trl(spec: dict[str, Any]) -> dict[str, Any]:
             dataloader_num_workers=0,
             log_completions=False,
         )
-        ends: list[float] = []
+        ends: list[tuple[float, float]] = []
 
         class Clock(TrainerCallback):
             """Wall time at train start and after every 4th optimizer step (one rollout)."""
 
             def on_train_begin(self, args, state, control, **kw):
-                ends.append(time.perf_counter())
+                ends.append(_now())
 
             def on_step_end(self, args, state, control, **kw):
                 if state.global_step % NUM_MINIBATCHES == 0:
-                    ends.append(time.perf_counter())
+                    ends.append(_now())
 
         # One warm-up convention on both sides (docs/algorithms.md, "Parity with TRL"): gspo's
         # factor (i + 1) / W, handed to TRL as its scheduler. transformers' constant_with_warmup
@@ -678,6 +724,8 @@ def run_in_subprocess(spec: dict[str, Any], script: str | None = None) -> dict[s
     # gspo from this checkout, or from the baseline's worktree for gspo@REF (not whichever one
     # happens to be installed).
     env = bl.env_with_src(env, Path(spec.get("gspo_src") or bl.src_for("gspo", {})))
+    if spec.get("inductor_cache"):  # gspo-compile: this invocation's own compile cache
+        env["TORCHINDUCTOR_CACHE_DIR"] = spec["inductor_cache"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-6000:])
@@ -694,6 +742,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
     keys = (
         "step_s",
+        "cpu_step_s",
         "gen_tokens_per_s",
         "train_tokens_per_s",
         "rollout_s",
@@ -740,11 +789,17 @@ def _pm(a: dict[str, Any], key: str) -> str:
     return f"{mean:.3f}" if not se else f"{mean:.3f} ± {se:.3f}"
 
 
-def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
+def table(
+    summary: dict[str, dict[str, dict[str, Any]]],
+    paired: dict[str, dict[str, dict[str, dict[str, RatioInterval]]]],
+) -> str:
+    """The Markdown table: medians over rounds, and the step-time ratios paired by round with
+    their 95% interval (``paired``: ``paired_ratios`` per workload)."""
     head = [
         "workload",
         "system",
         "s/step",
+        "CPU s/step",
         "gen tok/s",
         "train tok/s",
         "rollout s",
@@ -753,18 +808,16 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
         "reward (last)",
         "held-out",
         "zero-adv rows",
-        "speed vs TRL",
-        "speed vs baseline",
+        "speed vs TRL (95% CI)",
+        "speed vs baseline (95% CI)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for workload, systems in summary.items():
-        trl = systems.get("trl")
-        vs_base = bl.speed_ratios({s: a["step_s"] for s, a in systems.items()})
         for system, a in systems.items():
-            ratio = "1.00" if system == "trl" else "-"
-            if trl and system != "trl" and a["step_s"]:
-                ratio = f"{trl['step_s'] / a['step_s']:.2f}x"
-            base = vs_base.get(system)
+            mine = paired.get(workload, {}).get(system, {})
+            to_trl = mine.get("vs trl", {}).get("speedup_step")
+            to_base = next((r["speedup_step"] for k, r in mine.items() if k != "vs trl"), None)
+            ratio = "1.00" if system == "trl" else "-" if to_trl is None else to_trl.text()
             lines.append(
                 "| "
                 + " | ".join(
@@ -772,6 +825,7 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
                         workload,
                         system,
                         _f(a["step_s"], ".3f"),
+                        _f(a["cpu_step_s"], ".3f"),
                         _f(a["gen_tokens_per_s"], ".0f"),
                         _f(a["train_tokens_per_s"], ".0f"),
                         _f(a["rollout_s"], ".3f"),
@@ -781,7 +835,7 @@ def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
                         _pm(a, "held_out_greedy"),
                         _f(a.get("zero_adv_fraction"), ".2f"),
                         ratio,
-                        "-" if base is None else f"{base:.2f}x",
+                        "-" if to_base is None else to_base.text(),
                     ]
                 )
                 + " |"
@@ -816,6 +870,8 @@ def learning(runs: dict[str, dict[str, list[dict[str, Any]]]], n_test: int) -> d
         pairs += [(s, b) for s in by if (b := bl.split(s)[0]) != s and b in by]
         if "gspo-groups" in by and "gspo" in by:  # grouped against shuffled minibatches
             pairs.append(("gspo-groups", "gspo"))
+        if COMPILED in by and "gspo" in by:  # compiled against eager: the same update, rounded
+            pairs.append((COMPILED, "gspo"))
         for key, problems in (("held_out_greedy", n_test), ("reward_last", None)):
             for system, base in pairs:
                 shared = sum(1 for _, b in pairs if b == base)
@@ -836,24 +892,47 @@ def learning(runs: dict[str, dict[str, list[dict[str, Any]]]], n_test: int) -> d
     return out
 
 
-def speed_interval(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, float] | None:
-    """b / a seconds per step, paired repetition by repetition (the systems alternate within a
-    repetition): the geometric mean of the per-repetition ratios with a 95% bootstrap interval
-    over repetitions. None with fewer than 2 repetitions."""
-    import math
+PAIRED = (
+    # (ratio name, per-run figure, True: system / reference (throughput, memory), False:
+    # reference / system (a time: above 1 is faster than the reference))
+    ("speedup_step", "step_s", False),
+    ("cpu_speedup_step", "cpu_step_s", False),
+    ("gen_tokens_per_s", "gen_tokens_per_s", True),
+    ("train_tokens_per_s", "train_tokens_per_s", True),
+    ("rollout_speedup", "rollout_s", False),
+    ("peak_rss", "peak_rss_mb", True),
+)
+"""The ratios against TRL that get a paired interval (against a baseline: the first two)."""
+HALF_WIDTH_GOAL = 0.05
+"""A speed interval wider than ±5% cannot show a 5% change: the report says so."""
 
-    from gspo.core.comparison import bootstrap_interval
 
-    logs = [math.log(y["step_s"] / x["step_s"]) for x, y in zip(a, b, strict=False)]
-    if len(logs) < 2:
-        return None
-    lo, hi = bootstrap_interval(logs)
-    return {
-        "ratio": math.exp(statistics.fmean(logs)),
-        "low": math.exp(lo),
-        "high": math.exp(hi),
-        "reps": len(logs),
-    }
+def paired_ratios(
+    by: dict[str, list[dict[str, Any]]],
+) -> dict[str, dict[str, dict[str, RatioInterval]]]:
+    """Per system, its ratios to TRL (``vs trl``) and to its ``@REF`` twin (``vs REF``), each
+    paired by round (a round runs every system once, back to back) with its 95% interval
+    (gspo.core.comparison.ratio_interval)."""
+    from gspo.core.comparison import ratio_interval
+
+    def by_round(system: str, key: str) -> dict[int, float | None]:
+        return {r["rep"]: r.get(key) for r in by[system]}
+
+    out: dict[str, dict[str, dict[str, RatioInterval]]] = {}
+    for system in by:
+        if system == "trl" or bl.split(system)[1] is not None:
+            continue  # TRL and the baseline twins are references only
+        refs = [("trl", PAIRED)] if "trl" in by else []
+        refs += [(t, PAIRED[:2]) for t in by if t != system and bl.split(t)[0] == system]
+        for reference, figures in refs:
+            for ratio, key, system_over_reference in figures:
+                mine, theirs = by_round(system, key), by_round(reference, key)
+                rounds = sorted(set(mine) & set(theirs))
+                a, b = [mine[r] for r in rounds], [theirs[r] for r in rounds]
+                iv = ratio_interval(*((a, b) if system_over_reference else (b, a)))
+                if iv is not None:
+                    out.setdefault(system, {}).setdefault(f"vs {reference}", {})[ratio] = iv
+    return out
 
 
 def ratios(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -885,6 +964,37 @@ def ratios(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str,
     return out
 
 
+def speed_lines(paired: dict[str, dict[str, dict[str, dict[str, RatioInterval]]]]) -> str:
+    """Every paired ratio with its 95% interval, one line each; a note where the interval is
+    wider than ``HALF_WIDTH_GOAL`` (it could not show a change of that size)."""
+    names = {
+        "speedup_step": "step speedup",
+        "cpu_speedup_step": "CPU-time speedup",
+        "gen_tokens_per_s": "gen tok/s",
+        "train_tokens_per_s": "train tok/s",
+        "rollout_speedup": "rollout speedup",
+        "peak_rss": "peak RSS",
+    }
+    lines = []
+    for workload, per in paired.items():
+        for system, by in per.items():
+            for reference, ivs in by.items():
+                other = "TRL" if reference == "vs trl" else reference.removeprefix("vs ")
+                for key, iv in ivs.items():
+                    line = f"{workload} {system} / {other}: {names[key]} {iv.ratio:.2f}x"
+                    if iv.rounds >= 2:
+                        line += (
+                            f", 95% CI {iv.low:.2f}-{iv.high:.2f}x "
+                            f"(±{100 * iv.half_width:.1f}%, {iv.rounds} paired rounds)"
+                        )
+                        if key != "peak_rss" and iv.half_width > HALF_WIDTH_GOAL:
+                            line += f"; wider than ±{HALF_WIDTH_GOAL:.0%}: more --reps or --steps"
+                    else:
+                        line += " (1 round: no interval)"
+                    lines.append(line)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--workloads", default="d64-add,d128-rev", help=f"of {', '.join(WORKLOADS)}")
@@ -893,8 +1003,19 @@ def main(argv: list[str] | None = None) -> None:
         "--ablate", action="store_true", help="also gspo with each optimization off alone"
     )
     ap.add_argument("--steps", type=int, default=16, help="RL steps per run (first is warm-up)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions (systems alternate)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="paired rounds: each runs every system once, the order reversed every other round",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every run")
+    ap.add_argument(
+        "--cpus",
+        default=None,
+        help="pin every run to these CPUs (comma-separated ids, e.g. 1; like taskset -c); "
+        "default: wherever the OS places it",
+    )
     ap.add_argument(
         "--n-test",
         type=int,
@@ -919,6 +1040,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also run each gspo system on commit REF (its own temp worktree) as SYSTEM@REF, "
         "alternating; the table adds the speed ratio current/baseline",
     )
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help=f"also {COMPILED}: gspo with compile=True (torch.compile of the training pass), "
+        "with its compile seconds (cold, then warm) and break-even step in a second table",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:  # never overwrite committed results
@@ -926,6 +1053,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.one:
         spec = json.loads(args.one)
+        if spec.get("cpus"):  # before torch starts its threads: they inherit the affinity
+            os.sched_setaffinity(0, spec["cpus"])
         runners = {"trl": run_trl, "init": run_init_eval}
         runner = runners.get(spec["system"], run_gspo)
         print(json.dumps(runner(spec)))
@@ -935,12 +1064,20 @@ def main(argv: list[str] | None = None) -> None:
     systems = [s for s in args.systems.split(",") if s]
     if args.ablate:
         systems += [f"gspo-no-{o}" for o in OPTIMIZATIONS if o != "shared-prefill"]
-    valid = {*SYSTEMS, *(f"gspo-no-{o}" for o in OPTIMIZATIONS)}
+    if args.compile and COMPILED not in systems:
+        systems.append(COMPILED)
+    valid = {*SYSTEMS, COMPILED, *(f"gspo-no-{o}" for o in OPTIMIZATIONS)}
     bad = [w for w in workloads if w not in WORKLOADS] + [s for s in systems if s not in valid]
     if bad:
         ap.error(f"unknown workload/system {bad}")
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is a warm-up)")
+    try:
+        args.cpus = [int(c) for c in args.cpus.split(",") if c] if args.cpus else None
+    except ValueError:
+        ap.error(f"--cpus {args.cpus!r}: not a comma-separated list of CPU ids")
+    if args.cpus and not set(args.cpus) <= os.sched_getaffinity(0):
+        ap.error(f"--cpus {args.cpus}: not all of them are available here")
     with contextlib.ExitStack() as stack:
         worktrees: dict[str, Path] = {}
         if args.baseline:
@@ -957,10 +1094,14 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
     """Every workload x repetition x system, alternating; then the table and the JSON."""
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="vs-trl-cache-"))
     cache.mkdir(parents=True, exist_ok=True)
+    # gspo-compile's inductor cache: empty at the start of every invocation (rep 0 is cold).
+    inductor = tempfile.mkdtemp(prefix="vs-trl-inductor-")
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    rounds: dict[str, list[dict[str, Any]]] = {}  # per round: order, loads, each system's s/step
     inits: dict[str, dict[str, Any]] = {}
     started = time.time()
+    load_at_start = os.getloadavg()
     for workload in workloads:
         init, sft_metrics = prepare_init(workload, args.threads, cache)
         inits[workload] = {"init": init, "sft_eval": sft_metrics}
@@ -987,8 +1128,10 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
                 )
             inits[workload]["held_out_greedy_by_seed"] = start
         for rep in range(args.reps):
-            # Alternate who goes first, so a drift in machine load hits both alike.
+            # A round runs every system once, back to back; the order reverses every other
+            # round (A B, B A, ...), so a drift in machine load hits both alike.
             order = systems if rep % 2 == 0 else systems[::-1]
+            this_round = {"round": rep, "order": order, "load_1min_before": os.getloadavg()[0]}
             for system in order:
                 spec = {
                     "workload": workload,
@@ -1002,6 +1145,8 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
                     "rep": rep,
                     "seed": args.seed + rep if args.vary_seed else args.seed,
                     "gspo_src": str(bl.src_for(system, worktrees)),
+                    "cpus": args.cpus,
+                    "inductor_cache": inductor if system == COMPILED else None,
                 }
                 print(
                     f"[{time.time() - started:6.0f}s] {workload} rep {rep} {system} "
@@ -1009,31 +1154,28 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
                     file=sys.stderr,
                     flush=True,
                 )
-                r = run_in_subprocess(spec)
+                load_before = os.getloadavg()[0]
+                r = run_in_subprocess(spec) | {"rep": rep, "load_avg_1min_at_start": load_before}
+                this_round.setdefault("step_s", {})[system] = r["step_s"]
                 print(
                     f"    {r['step_s']:.3f} s/step, reward {r['reward_last']:.3f}",
                     file=sys.stderr,
                     flush=True,
                 )
                 runs.setdefault(workload, {}).setdefault(system, []).append(r)
+            this_round["load_1min_after"] = os.getloadavg()[0]
+            rounds.setdefault(workload, []).append(this_round)
 
     summary = {w: {s: aggregate(rs) for s, rs in by.items()} for w, by in runs.items()}
+    compiled = {w: rows for w, by in runs.items() if (rows := compile_rows(by))}
     compared = learning(runs, args.n_test) if not args.no_eval else {}
-    intervals = {
-        w: {
-            f"{base}/{s}": iv
-            for s in by
-            for base in ("trl", bl.split(s)[0])
-            if base != s and base in by and (iv := speed_interval(by[s], by[base]))
-        }
-        for w, by in runs.items()
-    }
+    paired = {w: paired_ratios(by) for w, by in runs.items()}
     import torch
     import transformers
 
     report = {
         "benchmark": "vs_trl",
-        "command": " ".join(["python benchmarks/vs_trl.py", *(argv or sys.argv[1:])]),
+        "command": None,  # below, once the paths to hide are known
         "settings": {
             "workloads": {w: WORKLOADS[w] for w in workloads},
             "systems": systems,
@@ -1042,6 +1184,7 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
             "warmup_steps_excluded": 1,
             "reps": args.reps,
             "threads": args.threads,
+            "cpus": args.cpus,
             "clip": [CLIP_LOW, CLIP_HIGH],
             "num_minibatches": NUM_MINIBATCHES,
             "inits": inits,
@@ -1052,12 +1195,21 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
             "transformers": transformers.__version__,
             "trl": _version("trl"),
             "cpu_count": os.cpu_count(),
+            "load_avg_at_start": load_at_start,
             "load_avg_at_end": os.getloadavg(),
             "wall_s": time.time() - started,
         },
         "summary": summary,
         "ratios": ratios(summary),
-        "speed_intervals": intervals,
+        "paired_ratios": {
+            w: {
+                s: {ref: {k: iv.to_json() for k, iv in ivs.items()} for ref, ivs in by.items()}
+                for s, by in per.items()
+            }
+            for w, per in paired.items()
+        },
+        "rounds": rounds,
+        "compile": compiled,
         "learning": {
             w: {k: [c.to_json() for c in cs] for k, cs in by.items()} for w, by in compared.items()
         },
@@ -1065,33 +1217,29 @@ def _run_all(args, argv, workloads: list[str], systems: list[str], worktrees) ->
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    places = {str(cache): "<cache>", str(bl.REPO): "<repo>", tempfile.gettempdir(): "<tmp>"}
+    places = {str(cache): "<cache>", str(bl.REPO): "<repo>", inductor: "<inductor cache>"}
+    places[tempfile.gettempdir()] = "<tmp>"
     places |= {str(path): f"<worktree of {ref}>" for ref, path in worktrees.items()}
+    # The command's own paths (--cache, --out) too: each argument is a path or none.
+    args_given = portable(list(argv if argv is not None else sys.argv[1:]), places)
+    report["command"] = " ".join(["python benchmarks/vs_trl.py", *args_given])
     out.write_text(json.dumps(portable(report, places), indent=2) + "\n")
-    print(table(summary))
+    print(table(summary, paired))
+    if compiled:
+        print("\n" + compile_table(compiled))
     for workload, init in inits.items():
         for seed, acc in init.get("held_out_greedy_by_seed", {}).items():
             print(f"{workload} start checkpoint (seed {seed}): held-out greedy {acc:.3f}")
-    for workload, by in report["ratios"].items():
-        for system, r in by.items():
-            if "speedup_vs_baseline" in r:
-                print(
-                    f"{workload} {system}: speed now / baseline {_f(r['speedup_vs_baseline'], '.2f')}x"
-                )
-            if "speedup_step" not in r:
-                continue
-            print(
-                f"{workload} {system}/TRL: step speedup {_f(r['speedup_step'], '.2f')}x, "
-                f"gen tok/s {_f(r['gen_tokens_per_s'], '.2f')}x, "
-                f"train tok/s {_f(r['train_tokens_per_s'], '.2f')}x, "
-                f"rollout {_f(r['rollout_speedup'], '.2f')}x, peak RSS {_f(r['peak_rss'], '.2f')}x"
-            )
-    for workload, by in intervals.items():
-        for name, iv in by.items():
-            print(
-                f"{workload} step time {name}: {iv['ratio']:.2f}x "
-                f"(95% CI {iv['low']:.2f}-{iv['high']:.2f}x over {iv['reps']} paired repetitions)"
-            )
+    print(speed_lines(paired))
+    load_now = os.getloadavg()
+    print(
+        "load average (1, 5, 15 min): "
+        + ", ".join(f"{x:.2f}" for x in load_at_start)
+        + " at the start, "
+        + ", ".join(f"{x:.2f}" for x in load_now)
+        + " at the end"
+        + (f"; runs pinned to CPUs {args.cpus}" if args.cpus else "")
+    )
     for workload, by in compared.items():
         for key, cs in by.items():
             print(f"\n{workload}, {key} (paired by seed; gspo.core.comparison):")

@@ -32,6 +32,7 @@ import torch
 from gspo import (
     ENVIRONMENTS,
     TASKS,
+    GenerationRequest,
     SamplingParams,
     TorchEngine,
     build_policy,
@@ -210,7 +211,7 @@ def update(model, optimizer, scheduler, rollout, advantages, step: int, s: Setti
 def sample_and_score(engine, tokenizer, task, prompts, examples, n, params, gen):
     """``n`` completions of each prompt (row i*n + j: sample j of prompt i), their rewards
     [N] float64 and the rollout."""
-    rollout = engine.generate(prompts, n, params, gen)
+    rollout = engine.generate(GenerationRequest(prompts, n, params, gen))
     texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
     rows = rollout.prompt_index.tolist()
     rewards = [float(task.reward(t, examples[i])) for t, i in zip(texts, rows, strict=True)]

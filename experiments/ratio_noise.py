@@ -43,7 +43,7 @@ def measure(args) -> list[dict]:
     from gspo.models.char_tokenizer import build_char_tokenizer
     from gspo.models.logprobs import token_logprobs
     from gspo.models.tiny_model import build_tiny_model
-    from gspo.rollout import SamplingParams
+    from gspo.rollout import GenerationRequest, SamplingParams
     from gspo.rollout.torch_engine import TorchEngine
 
     torch.manual_seed(args.seed)
@@ -70,7 +70,7 @@ def measure(args) -> list[dict]:
         t0 = time.perf_counter()
         params = SamplingParams(max_new_tokens=length, temperature=1.0, top_p=1.0)
         gen = torch.Generator().manual_seed(args.seed + length)
-        out = engine.generate([prompt], args.samples, params, generator=gen)
+        out = engine.generate(GenerationRequest([prompt], args.samples, params, generator=gen))
         mask = out.completion_mask.clone()  # [N, L]
         # Keep sequences at their full length: a stop token ends one early; score only the rest.
         with torch.no_grad():

@@ -21,7 +21,8 @@ class ScriptedEngine:
         self.logprob = logprob
         self.calls = 0
 
-    def generate(self, prompts, n, params, generator=None) -> Rollout:
+    def generate(self, request) -> Rollout:
+        prompts, n, params = request.prompts, request.n, request.params
         self.calls += 1
         rows = []
         for p in prompts:

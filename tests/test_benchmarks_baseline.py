@@ -5,6 +5,7 @@ themselves are faked (no training, no timing asserted)."""
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -125,5 +126,19 @@ def test_systems_alternate_with_their_baseline_twins(bench, repo, monkeypatch, t
     printed = capsys.readouterr().out
     assert "speed vs baseline" in printed
     row = next(line for line in printed.splitlines() if line.startswith("| d64-add | gspo |"))
-    assert row.rstrip(" |").endswith("2.00x")  # baseline 2 s/step over current 1 s/step
-    assert "d64-add gspo: speed now / baseline 2.00x" in printed
+    # Baseline 2 s/step over current 1 s/step in both rounds: 2x, an interval of zero width.
+    assert row.rstrip(" |").endswith("| 4.00x (4.00-4.00) | 2.00x (2.00-2.00)")
+    assert (
+        f"d64-add gspo / {twin}: step speedup 2.00x, 95% CI 2.00-2.00x (±0.0%, 2 paired" in printed
+    )
+    report = json.loads(out.read_text())
+    assert report["paired_ratios"]["d64-add"]["gspo"][f"vs {twin}"]["speedup_step"]["ci95"] == [
+        pytest.approx(2.0),
+        pytest.approx(2.0),
+    ]
+    assert [r["order"] for r in report["rounds"]["d64-add"]] == [
+        ["gspo", twin, "trl"],
+        ["trl", twin, "gspo"],
+    ]
+    assert report["rounds"]["d64-add"][1]["step_s"] == {"trl": 4.0, twin: 2.0, "gspo": 1.0}
+    assert str(tmp_path) not in report["command"]  # --out's folder is named by its label

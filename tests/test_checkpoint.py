@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gspo.backend import checkpoint as ckpt
+from gspo.backend.base import CheckpointTarget
 from gspo.backend.update import lr_lambda
 from gspo.core.checkpoint_paths import latest_checkpoint, list_checkpoints
 from gspo.models.char_tokenizer import build_char_tokenizer
@@ -45,18 +46,9 @@ def train_a_little(model, tok, opt, sched, steps: int = 3) -> None:
     model.eval()
 
 
-def save(out, step, model, tok, opt, sched, keep=2, **kw):
-    return ckpt.save_checkpoint(
-        out,
-        step,
-        model=model,
-        tokenizer=tok,
-        optimizer=opt,
-        scheduler=sched,
-        config={"steps": 10},
-        keep=keep,
-        **kw,
-    )
+def save(out, step, model, tok, opt, sched, keep=2, extra=None):
+    target = CheckpointTarget(out, tok, {"steps": 10}, keep)
+    return ckpt.save_checkpoint(target, step, model, opt, sched, extra)
 
 
 def assert_nested_equal(a, b):

@@ -11,7 +11,7 @@ from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams
-from gspo.rollout.base import NO_VERSION
+from gspo.rollout.base import NO_VERSION, GenerationRequest
 from gspo.rollout.chunked import ChunkedGeneration
 from gspo.rollout.torch_engine import TorchEngine
 
@@ -46,11 +46,13 @@ def _logprobs(model, r):
 def test_one_chunk_is_the_engines_generate(setup):
     _, prompts, a, _ = setup
     engine = _engine(a)
-    g = ChunkedGeneration(engine, prompts, N, PARAMS, torch.Generator().manual_seed(5), 10, PAD_ID)
+    g = ChunkedGeneration(
+        engine, GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(5)), 10, PAD_ID
+    )
     g.run_chunk(0)
     assert g.done and g.calls == 1
     got = g.result()
-    ref = engine.generate(prompts, N, PARAMS, torch.Generator().manual_seed(5))
+    ref = engine.generate(GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(5)))
     assert torch.equal(got.completion_ids, ref.completion_ids)
     assert torch.equal(got.completion_mask, ref.completion_mask)
     assert torch.equal(got.logprobs, ref.logprobs)
@@ -64,7 +66,9 @@ def test_chunks_keep_the_logprobs_and_version_of_their_weights(setup):
     recorded log-prob is its own version's policy log-prob (float64), not the other's."""
     _, prompts, a, b = setup
     engine = _engine(a)
-    g = ChunkedGeneration(engine, prompts, N, PARAMS, torch.Generator().manual_seed(2), 3, PAD_ID)
+    g = ChunkedGeneration(
+        engine, GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(2)), 3, PAD_ID
+    )
     g.run_chunk(0)
     engine.update_weights(b)
     while not g.done:
@@ -89,14 +93,17 @@ def test_restart_is_reproducible_and_chunk_generators_differ(setup):
     runs = []
     for _ in range(2):
         g = ChunkedGeneration(
-            _engine(a), prompts, N, PARAMS, torch.Generator().manual_seed(7), 4, PAD_ID
+            _engine(a),
+            GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(7)),
+            4,
+            PAD_ID,
         )
         while not g.done:
             g.run_chunk(0)
         runs.append(g.result())
     assert torch.equal(runs[0].completion_ids, runs[1].completion_ids)
     with pytest.raises(ValueError, match="async_chunk_tokens"):
-        ChunkedGeneration(_engine(a), prompts, N, PARAMS, None, 0, PAD_ID)
+        ChunkedGeneration(_engine(a), GenerationRequest(prompts, N, PARAMS, None), 0, PAD_ID)
 
 
 def test_a_stop_sequence_across_a_chunk_boundary_ends_the_row_there(setup):
@@ -106,7 +113,11 @@ def test_a_stop_sequence_across_a_chunk_boundary_ends_the_row_there(setup):
 
     def run(stop_seqs=()):
         g = ChunkedGeneration(
-            _engine(a), prompts, N, PARAMS, torch.Generator().manual_seed(3), 3, PAD_ID, stop_seqs
+            _engine(a),
+            GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(3)),
+            3,
+            PAD_ID,
+            stop_seqs,
         )
         while not g.done:
             g.run_chunk(0)
@@ -134,8 +145,8 @@ class GenerateOnly:
     def __init__(self, engine: TorchEngine) -> None:
         self.inner, self.pad_id, self.device = engine, engine.pad_id, engine.device
 
-    def generate(self, prompts, n, params, generator=None):
-        return self.inner.generate(prompts, n, params, generator)
+    def generate(self, request):
+        return self.inner.generate(request)
 
     def update_weights(self, model) -> None:
         self.inner.update_weights(model)
@@ -151,16 +162,20 @@ def test_partial_generation_through_the_public_protocol(setup):
     _, prompts, a, b = setup
     engine = _engine(a)
     assert isinstance(engine, ResumableEngine)
-    own = partial_generation(engine, prompts, N, PARAMS, torch.Generator().manual_seed(5), chunk=4)
+    own = partial_generation(
+        engine, GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(5)), chunk=4
+    )
     assert not isinstance(own, ChunkedGeneration) and isinstance(own, PartialGeneration)
     own.run(None, 0)
-    ref = engine.generate(prompts, N, PARAMS, torch.Generator().manual_seed(5))
+    ref = engine.generate(GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(5)))
     assert torch.equal(own.result().completion_ids, ref.completion_ids)
     assert torch.equal(own.result().logprobs, ref.logprobs)
 
     plain = GenerateOnly(_engine(a))
     assert not isinstance(plain, ResumableEngine)
-    g = partial_generation(plain, prompts, N, PARAMS, torch.Generator().manual_seed(5), chunk=4)
+    g = partial_generation(
+        plain, GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(5)), chunk=4
+    )
     assert isinstance(g, ChunkedGeneration)
     assert g.run(None, 0, stop=lambda: True) == 4 and g.calls == 1  # one chunk, then new weights
     g.pause()

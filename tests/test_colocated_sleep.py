@@ -20,6 +20,7 @@ if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
 from gspo.config import TrainConfig
+from gspo.rollout.base import GenerationRequest
 from gspo.rollout.engines import colocated_sleep
 
 pytestmark = pytest.mark.slow  # needs Ray; the fast tier leaves it out (docs/testing.md)
@@ -166,7 +167,9 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4=")]
         for step in range(2):
-            rollout = pool.generate(prompts, 4, params, torch.Generator().manual_seed(3 + step))
+            rollout = pool.generate(
+                GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(3 + step))
+            )
             backend.update(update_batch(rollout, rollout.logprobs, torch.linspace(-1, 1, 8), step))
             assert backend.asleep
             backend.push_weights(pool)
@@ -178,7 +181,9 @@ def test_vllm_worker_sleep_wake_around_sync_keeps_logprobs(tmp_path):
             "a check",
         )
         assert all(s > 0 and w > 0 for s, w in times)  # the worker's vLLM got both calls
-        after = pool.generate(prompts, 4, params, torch.Generator().manual_seed(9))
+        after = pool.generate(
+            GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(9))
+        )
         with torch.no_grad():
             trainer, _ = token_logprobs(backend.model, *_tensors(after))  # [N, L]
             stale, _ = token_logprobs(model.__class__(model.config), *_tensors(after))

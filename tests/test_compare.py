@@ -79,16 +79,19 @@ def test_compare_two_algos_from_one_cold_start(tmp_path: Path, monkeypatch) -> N
     rollout (same data order, init and sampling), then the report covers every run."""
     plots = capture_plots(monkeypatch)
     logs: list[str] = []
-    result = run_compare(
-        ["grpo", "gspo"],
-        [0],
-        tmp_path / "cmp",
-        preset="smoke",
-        overrides={"steps": 3, "eval_every": 3, "device": "cpu"},
-        sft_steps=2,
-        sft_overrides={"batch_size": 8},
-        log=logs.append,
-    )
+
+    def planned() -> tuple:  # each call plans again, as `gspo compare` does
+        return plan(
+            ["grpo", "gspo"],
+            [0],
+            tmp_path / "cmp",
+            preset="smoke",
+            overrides={"steps": 3, "eval_every": 3, "device": "cpu"},
+            sft_steps=2,
+            sft_overrides={"batch_size": 8},
+        )
+
+    result = run_compare(*planned(), tmp_path / "cmp", log=logs.append)
     assert [p.name for p in result.run_dirs] == ["grpo_seed0", "gspo_seed0"]
     configs = [json.loads((p / "config.json").read_text()) for p in result.run_dirs]
     assert {c["model"] for c in configs} == {str(tmp_path / "cmp" / "sft" / "seed0")}
@@ -124,16 +127,7 @@ def test_compare_two_algos_from_one_cold_start(tmp_path: Path, monkeypatch) -> N
 
     # A second call reuses the finished cold start and runs instead of redoing them.
     logs.clear()
-    run_compare(
-        ["grpo", "gspo"],
-        [0],
-        tmp_path / "cmp",
-        preset="smoke",
-        overrides={"steps": 3, "eval_every": 3, "device": "cpu"},
-        sft_steps=2,
-        sft_overrides={"batch_size": 8},
-        log=logs.append,
-    )
+    run_compare(*planned(), tmp_path / "cmp", log=logs.append)
     assert sum("reusing" in line for line in logs) == 3, logs
 
 

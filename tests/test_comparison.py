@@ -12,6 +12,7 @@ from gspo.core.comparison import (
     bootstrap_interval,
     compare_paired,
     mde,
+    ratio_interval,
     t_quantile,
 )
 
@@ -96,3 +97,33 @@ def test_a_shared_baseline_is_said():
     c = compare_paired({0: 1.0, 1: 0.5}, {0: 0.5, 1: 0.5}, names=("x", "y"), shared_baseline=3)
     assert "y's runs shared by 3 comparisons" in c.line()
     assert c.to_json()["shared_baseline"] == 3
+
+
+def test_ratio_interval_is_the_t_interval_of_the_mean_log_ratio():
+    # Per-round log-ratios 0.1, 0.0, 0.2 (times 2, 3, 4 against 2e^0.1, 3, 4e^0.2): mean 0.1,
+    # sd 0.1, SE 0.1 / sqrt(3) = 0.0577350; t_2(0.975) = 4.302653 -> half-width 0.2484138.
+    iv = ratio_interval([2 * math.exp(0.1), 3.0, 4 * math.exp(0.2)], [2.0, 3.0, 4.0])
+    assert iv.rounds == 3
+    assert iv.ratio == pytest.approx(math.exp(0.1))  # 1.1051709
+    assert iv.low == pytest.approx(math.exp(0.1 - 0.2484138), rel=1e-6)  # 0.8620743
+    assert iv.high == pytest.approx(math.exp(0.1 + 0.2484138), rel=1e-6)  # 1.4168184
+    assert iv.half_width == pytest.approx(1.4168184 / 1.1051709 - 1, rel=1e-6)
+    assert iv.text() == "1.11x (0.86-1.42)"
+    assert iv.to_json()["ci95"] == [iv.low, iv.high]
+
+
+def test_ratio_interval_two_rounds_and_degenerate_cases():
+    # Log-ratios 0.0 and 0.1: mean 0.05, SE = sd / sqrt(2) = 0.05, t_1(0.975) = 12.706205.
+    iv = ratio_interval([1.0, math.exp(0.1)], [1.0, 1.0])
+    assert (iv.low, iv.high) == pytest.approx((0.5569330, 1.9843874), rel=1e-6)
+    # The same ratio every round: a zero-width interval at it.
+    iv = ratio_interval([2.0, 4.0, 6.0], [1.0, 2.0, 3.0])
+    assert (iv.ratio, iv.low, iv.high) == pytest.approx((2.0, 2.0, 2.0))
+    assert iv.text() == "2.00x (2.00-2.00)"
+    # One usable round: the ratio, no interval; missing figures drop their round.
+    iv = ratio_interval([3.0, None, math.nan], [1.5, 1.0, 1.0])
+    assert iv.rounds == 1 and iv.ratio == pytest.approx(2.0) and math.isnan(iv.low)
+    assert iv.text() == "2.00x"
+    assert ratio_interval([None], [1.0]) is None
+    with pytest.raises(ValueError):
+        ratio_interval([1.0], [1.0, 2.0])

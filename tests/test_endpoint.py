@@ -190,8 +190,10 @@ class FixedEngine:
         self.ids = [*TOK("4", add_special_tokens=False)["input_ids"], TOK.unk_token_id]
         self.ids += [*TOK("2", add_special_tokens=False)["input_ids"], TOK.eos_token_id]
 
-    def generate(self, prompts, n, params, generator=None):
+    def generate(self, request):
         from gspo.rollout import Rollout
+
+        prompts, n = request.prompts, request.n
 
         rows = len(prompts) * n
         ids = torch.tensor([self.ids] * rows)  # [N, 4]

@@ -77,7 +77,8 @@ class FixedEngine:
 
     ids: ClassVar[list[int]] = [*TOK("42+1", add_special_tokens=False)["input_ids"], EOS_ID]
 
-    def generate(self, prompts, n, params, generator=None):
+    def generate(self, request):
+        prompts, n = request.prompts, request.n
         rows = len(prompts) * n
         ids = torch.tensor([self.ids] * rows)  # [N, 5]
         return Rollout(

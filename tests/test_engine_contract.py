@@ -31,6 +31,7 @@ from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams
+from gspo.rollout.base import GenerationRequest
 from gspo.rollout.torch_engine import TorchEngine
 
 TEMPERATURE = 0.7
@@ -120,7 +121,9 @@ def run_engine_loop(tmp_path, factory: EngineFactory, *, sync: bool) -> list[flo
     gaps = []
     for step in range(STEPS):
         rollout = engine.generate(
-            prompts, cfg.rollout.group_size, params, torch.Generator().manual_seed(step)
+            GenerationRequest(
+                prompts, cfg.rollout.group_size, params, torch.Generator().manual_seed(step)
+            )
         )
         gaps.append(max_disagreement(model, rollout))
         assert rollout.prompt_ids.dtype == rollout.completion_ids.dtype == torch.long
@@ -161,7 +164,7 @@ def test_engine_copy_is_frozen_and_rejects_bad_sampling(engine_factory):
     engine = engine_factory(model)
     assert not any(p.requires_grad for p in engine.model.parameters())
     with pytest.raises(ValueError, match="top_p"):
-        engine.generate([[5, 6]], 1, SamplingParams(top_p=1.5))
+        engine.generate(GenerationRequest([[5, 6]], 1, SamplingParams(top_p=1.5)))
 
 
 def test_engine_log_probs_equal_a_recompute_after_every_step(tmp_path, engine_factory):

@@ -12,6 +12,7 @@ from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams
+from gspo.rollout.base import GenerationRequest
 from gspo.rollout.torch_engine import TorchEngine
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99=", "ab cd"]
@@ -105,7 +106,9 @@ def test_engine_satisfies_protocol(engines, name):
 def test_stop_tokens_eos_masks_and_logprobs(engines, model, tok, prompts, name, temperature):
     stop_ids = tuple(tok(c, add_special_tokens=False)["input_ids"][0] for c in "0123456789")
     params = SamplingParams(max_new_tokens=8, temperature=temperature, stop_token_ids=stop_ids)
-    r = engines(name).generate(prompts, 6, params, torch.Generator().manual_seed(1))
+    r = engines(name).generate(
+        GenerationRequest(prompts, 6, params, torch.Generator().manual_seed(1))
+    )
     check_contract(r, prompts, 6, params, {EOS_ID, *stop_ids})
     reasons = set(r.finish_reasons)
     assert reasons == {"stop", "length"}, reasons  # both paths exercised
@@ -116,7 +119,9 @@ def test_stop_tokens_eos_masks_and_logprobs(engines, model, tok, prompts, name, 
 @pytest.mark.parametrize("name", ENGINES)
 def test_stop_strings_end_rows_like_stop_tokens(engines, tok, prompts, name):
     params = SamplingParams(max_new_tokens=10, temperature=1.0, stop_strings=("7", "a"))
-    r = engines(name).generate(prompts, 6, params, torch.Generator().manual_seed(2))
+    r = engines(name).generate(
+        GenerationRequest(prompts, 6, params, torch.Generator().manual_seed(2))
+    )
     stops = {EOS_ID, *tok("7a", add_special_tokens=False)["input_ids"]}
     check_contract(r, prompts, 6, params, stops)
 
@@ -124,7 +129,9 @@ def test_stop_strings_end_rows_like_stop_tokens(engines, tok, prompts, name):
 @pytest.mark.parametrize("name", ENGINES)
 def test_zero_new_tokens(engines, prompts, name):
     params = SamplingParams(max_new_tokens=0)
-    r = engines(name).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    r = engines(name).generate(
+        GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0))
+    )
     check_contract(r, prompts, 2, params, {EOS_ID})
     assert r.completion_ids.shape == (len(prompts) * 2, 0)
     assert r.finish_reasons == ["length"] * len(prompts) * 2
@@ -134,9 +141,9 @@ def test_zero_new_tokens(engines, prompts, name):
 def test_same_seed_same_samples_other_seed_differs(engines, prompts, name):
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     engine = engines(name)
-    a = engine.generate(prompts, 4, params, torch.Generator().manual_seed(7))
-    b = engine.generate(prompts, 4, params, torch.Generator().manual_seed(7))
-    c = engine.generate(prompts, 4, params, torch.Generator().manual_seed(8))
+    a = engine.generate(GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(7)))
+    b = engine.generate(GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(7)))
+    c = engine.generate(GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(8)))
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.equal(a.logprobs, b.logprobs)
     assert not torch.equal(a.completion_ids, c.completion_ids)
@@ -147,7 +154,9 @@ def test_same_seed_same_samples_other_seed_differs(engines, prompts, name):
 @pytest.mark.parametrize("name", ENGINES)
 def test_greedy_is_argmax_scored_at_temperature_one(engines, model, prompts, name):
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
-    r = engines(name).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+    r = engines(name).generate(
+        GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0))
+    )
     check_contract(r, prompts, 2, params, {EOS_ID})
     assert torch.equal(r.completion_ids[0::2], r.completion_ids[1::2])  # no randomness
     diff = (_rescore(model, r, 1.0) - r.logprobs).abs().max()
@@ -168,10 +177,10 @@ def test_greedy_is_argmax_scored_at_temperature_one(engines, model, prompts, nam
 def test_bad_arguments(engines, prompts, name):
     engine = engines(name)
     with pytest.raises(ValueError, match="n must be"):
-        engine.generate(prompts, 0, SamplingParams())
+        engine.generate(GenerationRequest(prompts, 0, SamplingParams()))
     with pytest.raises(ValueError, match="non-empty"):
-        engine.generate([[]], 1, SamplingParams())
+        engine.generate(GenerationRequest([[]], 1, SamplingParams()))
     with pytest.raises(ValueError, match="temperature"):
-        engine.generate(prompts, 1, SamplingParams(temperature=-1.0))
+        engine.generate(GenerationRequest(prompts, 1, SamplingParams(temperature=-1.0)))
     with pytest.raises(ValueError, match="top_p"):
-        engine.generate(prompts, 1, SamplingParams(top_p=0.0))
+        engine.generate(GenerationRequest(prompts, 1, SamplingParams(top_p=0.0)))

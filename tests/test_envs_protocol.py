@@ -14,7 +14,7 @@ from gspo.envs.guess import GuessEnv
 from gspo.envs.one_turn import answer_round
 from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 
 PARAMS = SamplingParams(max_new_tokens=8)
 
@@ -26,9 +26,9 @@ class Recording(ScriptedEngine):
         super().__init__(turns)
         self.prompts: list[list[list[int]]] = []
 
-    def generate(self, prompts, n, params, generator=None):
-        self.prompts.append([list(p) for p in prompts])
-        return super().generate(prompts, n, params, generator)
+    def generate(self, request):
+        self.prompts.append([list(p) for p in request.prompts])
+        return super().generate(request)
 
 
 class Game:
@@ -113,7 +113,7 @@ def test_a_one_turn_environment_refuses_an_opening_instead_of_ignoring_it():
     class OneTurnGame(Game):
         multi_turn = False
 
-    rollout = ScriptedEngine(["win"]).generate([[1]], 1, PARAMS)
+    rollout = ScriptedEngine(["win"]).generate(GenerationRequest([[1]], 1, PARAMS))
     with pytest.raises(ValueError, match="Opening"):
         answer_round(OneTurnGame(), TOK, rollout, [Example("p", "")], 1.0)
 

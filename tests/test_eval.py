@@ -29,7 +29,8 @@ class FakeEngine:
         self.device = torch.device("cpu")
         self.calls: list[SamplingParams] = []
 
-    def generate(self, prompts, n, params, generator=None) -> Rollout:
+    def generate(self, request) -> Rollout:
+        prompts, n, params = request.prompts, request.n, request.params
         self.calls.append(params)
         rows: list[list[int]] = []
         reasons: list[str] = []

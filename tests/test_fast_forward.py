@@ -12,6 +12,7 @@ from gspo.models.fast_forward import completion_logits, supports
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams
+from gspo.rollout.base import GenerationRequest
 from gspo.rollout.torch_engine import TorchEngine
 
 PROMPTS = ["12+3=", "7=", "100-99=", "ab cd"]
@@ -94,7 +95,9 @@ def test_fast_engine_equals_hf_engine_float64(name, top_p, tok, prompts):
     out = {}
     for fast in (True, False):
         eng = TorchEngine(model, pad_id=PAD_ID, eos_id=EOS_ID, tokenizer=tok, fast=fast)
-        out[fast] = eng.generate(prompts, 3, params, torch.Generator().manual_seed(5))
+        out[fast] = eng.generate(
+            GenerationRequest(prompts, 3, params, torch.Generator().manual_seed(5))
+        )
     assert torch.equal(out[True].completion_ids, out[False].completion_ids)
     assert out[True].finish_reasons == out[False].finish_reasons
     torch.testing.assert_close(out[True].logprobs, out[False].logprobs, atol=1e-9, rtol=0)
@@ -109,8 +112,12 @@ def test_fast_engine_equals_hf_engine_float64(name, top_p, tok, prompts):
 def test_fast_engine_float32_and_greedy(tok, prompts):
     model = MODELS["qwen3"]()
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
-    a = TorchEngine(model, pad_id=PAD_ID, eos_id=EOS_ID, fast=True).generate(prompts, 2, params)
-    b = TorchEngine(model, pad_id=PAD_ID, eos_id=EOS_ID, fast=False).generate(prompts, 2, params)
+    a = TorchEngine(model, pad_id=PAD_ID, eos_id=EOS_ID, fast=True).generate(
+        GenerationRequest(prompts, 2, params)
+    )
+    b = TorchEngine(model, pad_id=PAD_ID, eos_id=EOS_ID, fast=False).generate(
+        GenerationRequest(prompts, 2, params)
+    )
     assert torch.equal(a.completion_ids, b.completion_ids)
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
 

@@ -11,6 +11,7 @@ from update_support import update_batch
 from gspo.config import TrainConfig, build
 from gspo.config.options_train import LossOptions
 from gspo.core.mismatch import correction_weights, mismatch_stats
+from gspo.rollout.base import GenerationRequest
 
 TRAIN = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], dtype=torch.float64)
 ENGINE = torch.tensor([[-1.5, -1.0, 0.0], [-0.5, -0.7, -0.4]], dtype=torch.float64)
@@ -84,7 +85,9 @@ def _update(weights, micro=0):
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
     prompts = [tok(t)["input_ids"] for t in ("1+2=", "30+4=")]
     params = SamplingParams(max_new_tokens=4)
-    rollout = engine.generate(prompts, 4, params, torch.Generator().manual_seed(0))
+    rollout = engine.generate(
+        GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(0))
+    )
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.3, -0.3])  # [N]
     opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)

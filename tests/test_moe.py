@@ -19,7 +19,7 @@ from gspo.config import TrainConfig, build
 from gspo.models import moe
 from gspo.models.char_tokenizer import build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 
@@ -278,7 +278,7 @@ def test_engine_routing_matches_full_forward_float64():
     prompts = [tok("12+34=")["input_ids"], tok("5+6=")["input_ids"]]  # left padding on row 1
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     rollout = moe.generate_with_routing(
-        engine, prompts, 3, params, torch.Generator().manual_seed(0)
+        engine, GenerationRequest(prompts, 3, params, torch.Generator().manual_seed(0))
     )
     eng = rollout.extras["routing"]
     n, p = rollout.prompt_ids.shape

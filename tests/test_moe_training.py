@@ -19,7 +19,7 @@ from gspo.compose.parts import build_policy_for
 from gspo.config import ConfigError, SFTConfig, TrainConfig, build
 from gspo.envs.tasks.base import Example, Task
 from gspo.models import moe
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 ALGOS = ("grpo", "gspo", "gspo_token", "luspo")
@@ -118,7 +118,10 @@ def one_update(cfg: TrainConfig) -> dict[str, torch.Tensor]:
     prompts = [tok(f"{i}+{i}=")["input_ids"] for i in range(cfg.rollout.prompts_per_step)]
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens)
     rollout = moe.generate_with_routing(
-        engine, prompts, cfg.rollout.group_size, params, torch.Generator().manual_seed(0)
+        engine,
+        GenerationRequest(
+            prompts, cfg.rollout.group_size, params, torch.Generator().manual_seed(0)
+        ),
     )
     advantages = torch.linspace(-1, 1, rollout.num_samples)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)

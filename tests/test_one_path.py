@@ -21,6 +21,7 @@ from gspo.models import moe
 from gspo.models.text import decode_completions
 from gspo.orchestration import steps
 from gspo.orchestration.state import StepState
+from gspo.rollout.base import GenerationRequest
 
 
 def even_share(text: str, example: Example) -> float:
@@ -88,7 +89,10 @@ def test_single_turn_collect_goes_through_the_driver_and_keeps_the_engine_rollou
     )
     gen = state.generator(0, engine.device)
     ref = moe.generate_with_routing(
-        engine, [parts.prompt_cache[i] for i in idx], cfg.rollout.group_size, parts.params, gen
+        engine,
+        GenerationRequest(
+            [parts.prompt_cache[i] for i in idx], cfg.rollout.group_size, parts.params, gen
+        ),
     )
     texts = decode_completions(parts.tokenizer, ref.completion_ids, ref.completion_mask)
     examples = [parts.train_set[i] for i in idx for _ in range(cfg.rollout.group_size)]

@@ -12,7 +12,7 @@ from gspo.models.fast_forward import FastDecoder
 from gspo.models.logprobs import positions_from_mask, token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams
-from gspo.rollout.base import NO_VERSION
+from gspo.rollout.base import NO_VERSION, GenerationRequest
 from gspo.rollout.partial import sample_versions
 from gspo.rollout.torch_decode import ResumableGeneration, sample_next
 from gspo.rollout.torch_engine import TorchEngine
@@ -84,7 +84,9 @@ def _reference(models, prompts, switch_at: int, seed: int):
 
 def _paused(models, prompts, switch_at: int, seed: int, fast: bool = True):
     engine = _engine(models[0], fast=fast)
-    g = ResumableGeneration(engine, prompts, N, PARAMS, torch.Generator().manual_seed(seed))
+    g = ResumableGeneration(
+        engine, GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(seed))
+    )
     assert g.run(switch_at, version=0) == switch_at
     g.pause()
     engine.update_weights(models[1])
@@ -96,8 +98,10 @@ def _paused(models, prompts, switch_at: int, seed: int, fast: bool = True):
 @pytest.mark.slow
 def test_uninterrupted_equals_engine_generate_bitwise(models, prompts):
     engine = _engine(models[0])
-    ref = engine.generate(prompts, N, PARAMS, torch.Generator().manual_seed(5))
-    g = ResumableGeneration(engine, prompts, N, PARAMS, torch.Generator().manual_seed(5))
+    ref = engine.generate(GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(5)))
+    g = ResumableGeneration(
+        engine, GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(5))
+    )
     while not g.done:
         g.run(3, version=7)  # chunks without a weight change keep the live cache
     r = g.result()
@@ -150,8 +154,10 @@ def test_each_token_keeps_the_logprob_and_version_of_its_engine(models, prompts)
 
 def test_pause_under_same_weights_changes_no_token(models, prompts):
     engine = _engine(models[0])
-    ref = engine.generate(prompts, N, PARAMS, torch.Generator().manual_seed(1))
-    g = ResumableGeneration(engine, prompts, N, PARAMS, torch.Generator().manual_seed(1))
+    ref = engine.generate(GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(1)))
+    g = ResumableGeneration(
+        engine, GenerationRequest(prompts, N, PARAMS, torch.Generator().manual_seed(1))
+    )
     g.run(2, version=0)
     g.run(3, version=1)  # a new version re-prefills even without an explicit pause
     g.pause()
@@ -163,16 +169,16 @@ def test_pause_under_same_weights_changes_no_token(models, prompts):
 
 
 def test_result_before_done_is_an_error(models, prompts):
-    g = ResumableGeneration(_engine(models[0]), prompts, N, PARAMS)
+    g = ResumableGeneration(_engine(models[0]), GenerationRequest(prompts, N, PARAMS))
     g.run(1, version=0)
     with pytest.raises(RuntimeError, match="not finished"):
         g.result()
     with pytest.raises(ValueError, match="n must be"):
-        ResumableGeneration(_engine(models[0]), prompts, 0, PARAMS)
+        ResumableGeneration(_engine(models[0]), GenerationRequest(prompts, 0, PARAMS))
 
 
 def test_stop_callback_pauses_after_the_token_it_fires_on(models, prompts):
-    g = ResumableGeneration(_engine(models[0]), prompts, N, PARAMS)
+    g = ResumableGeneration(_engine(models[0]), GenerationRequest(prompts, N, PARAMS))
     calls = []
 
     def stop() -> bool:

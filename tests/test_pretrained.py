@@ -35,7 +35,7 @@ from gspo.models.chat import prompt_format
 from gspo.models.logprobs import token_logprobs
 from gspo.models.model_io import save_model
 from gspo.models.policy import build_prompt_format
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 CHATML = (
@@ -206,12 +206,14 @@ def test_stop_on_end_token_when_pad_equals_eos(checkpoint, chat_tok):
     fmt = build_prompt_format(cfg.model, tok, model)
     prompts = fmt.encode(["Mia has 12 apples.", "Ken has 3 cards. He finds 4 more."])
     free = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id).generate(
-        prompts, 1, SamplingParams(max_new_tokens=6, temperature=0.0)
+        GenerationRequest(prompts, 1, SamplingParams(max_new_tokens=6, temperature=0.0))
     )
     # Make the token greedy decoding emits second in row 0 the model's "EOS" and its pad.
     stop = int(free.completion_ids[0, 1])
     engine = TorchEngine(model, pad_id=stop, eos_id=stop)
-    out = engine.generate(prompts, 1, SamplingParams(max_new_tokens=6, temperature=0.0))
+    out = engine.generate(
+        GenerationRequest(prompts, 1, SamplingParams(max_new_tokens=6, temperature=0.0))
+    )
     n0 = int(out.completion_mask[0].sum())
     assert out.finish_reasons[0] == "stop" and out.completion_ids[0, n0 - 1] == stop
     assert n0 <= 2 and out.completion_mask[0, n0:].sum() == 0
@@ -396,9 +398,11 @@ def test_smollm2_from_the_package():
     assert fmt.render("Hi").endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
     out = engine.generate(
-        fmt.encode(["What is the capital of France? Answer in one word."]),
-        1,
-        SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=fmt.stop_token_ids),
+        GenerationRequest(
+            fmt.encode(["What is the capital of France? Answer in one word."]),
+            1,
+            SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=fmt.stop_token_ids),
+        ),
     )
     text = tok.decode(
         out.completion_ids[0][out.completion_mask[0].bool()], skip_special_tokens=True

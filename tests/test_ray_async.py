@@ -84,7 +84,7 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
     from gspo.compose.parts import build_policy_for
     from gspo.models.logprobs import token_logprobs
     from gspo.orchestration.ray_parts import build_ray_parts
-    from gspo.rollout.base import SamplingParams
+    from gspo.rollout.base import GenerationRequest, SamplingParams
     from gspo.rollout.chunked import ChunkedGeneration
 
     tol, dtype = 1e-9, torch.float64
@@ -105,7 +105,10 @@ def test_ray_worker_chunks_carry_their_versions_logprobs(tmp_path, engine):
         params = SamplingParams(max_new_tokens=8, temperature=1.0)
         prompts = [tokenizer.encode(t) for t in ("1+2=", "13+4=", "7+7=")]
         g = ChunkedGeneration(
-            pool, prompts, 4, params, torch.Generator().manual_seed(3), 3, tokenizer.pad_token_id
+            pool,
+            GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(3)),
+            3,
+            tokenizer.pad_token_id,
         )
         g.run_chunk(0)
         new = model.__class__(model.config).to(dtype)

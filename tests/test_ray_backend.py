@@ -10,7 +10,7 @@ import pytest
 import torch
 from update_support import update_batch
 
-from gspo.backend.base import TrainingBackend
+from gspo.backend.base import CheckpointTarget, TrainingBackend
 from gspo.backend.local import LocalBackend
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
@@ -150,7 +150,7 @@ def test_checkpoint_resume_and_export(ray_session, tmp_path):
     try:
         first.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         path = first.save_checkpoint(
-            tmp_path, 1, tokenizer=tokenizer, config={}, keep=2, extra={"bad_streak": 0}
+            CheckpointTarget(tmp_path, tokenizer, {}, 2), 1, {"bad_streak": 0}
         )
         m_unbroken = first.update(update_batch(rollout, rollout.logprobs, advantages, 1))
         unbroken = first.full_state_dict()

@@ -20,7 +20,9 @@ import torch
 from test_ray_backend import _batch, _cfg
 from update_support import update_batch
 
+from gspo.backend.base import CheckpointTarget
 from gspo.compose.parts import build_policy_for
+from gspo.rollout.base import GenerationRequest
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -98,7 +100,7 @@ def test_killed_rank_named_and_nothing_left(tmp_path):
     assert set(pids) <= set(started)
     try:
         backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
-        backend.save_checkpoint(tmp_path, 1, tokenizer=tokenizer, config={}, keep=2, extra={})
+        backend.save_checkpoint(CheckpointTarget(tmp_path, tokenizer, {}, 2), 1, {})
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(WorkerLostError, match=r"training rank 1 .*step_000001"):
             backend.update(update_batch(rollout, rollout.logprobs, advantages, 1))
@@ -127,12 +129,13 @@ def test_killed_rollout_worker_named_and_nothing_left(tmp_path):
         assert set(pool.pids + backend.pids) <= set(started)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("3+4=")]
         params = SamplingParams(max_new_tokens=4)
-        assert pool.generate(prompts, 2, params, torch.Generator().manual_seed(0)).num_samples == 4
+        request = GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0))
+        assert pool.generate(request).num_samples == 4
         os.kill(pool.pids[1], signal.SIGKILL)
         with pytest.raises(
             WorkerLostError, match=r"rollout worker 1 \(pid \d+\) died during generation.*none yet"
         ):
-            pool.generate(prompts, 2, params, torch.Generator().manual_seed(0))
+            pool.generate(GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0)))
     finally:
         pool.close()
         backend.close()  # placement groups and the session go with the backend

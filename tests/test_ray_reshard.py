@@ -12,6 +12,7 @@ import pytest
 import torch
 from update_support import update_batch
 
+from gspo.backend.base import CheckpointTarget
 from gspo.backend.local import LocalBackend
 from gspo.compose.parts import build_policy_for
 from gspo.config import TrainConfig, build
@@ -94,7 +95,7 @@ def _continues(backend, path, saved, unbroken, metrics, lr, batch, what: str) ->
 def _run_two(backend, batch, out, tokenizer):
     """Update step 0, checkpoint, update step 1: (path, saved weights, final, metrics, lr)."""
     backend.update(update_batch(batch[0], batch[0].logprobs, batch[1], 0))
-    path = backend.save_checkpoint(out, 1, tokenizer=tokenizer, config={}, keep=2, extra={})
+    path = backend.save_checkpoint(CheckpointTarget(out, tokenizer, {}, 2), 1, {})
     saved = {k: v.clone() for k, v in _weights(backend).items()}
     metrics = backend.update(update_batch(batch[0], batch[0].logprobs, batch[1], 1))
     return path, saved, _weights(backend), metrics, backend.lr()
@@ -123,9 +124,7 @@ def test_resume_with_other_rank_counts_and_backends(ray_session, tmp_path):
     one = ray(1)
     try:  # 2 ranks -> 1, then that rank's own checkpoint -> 2 ranks
         state = one.load_checkpoint(path2)
-        path1 = one.save_checkpoint(
-            tmp_path / "one", 1, tokenizer=tokenizer, config={}, keep=2, extra={}
-        )
+        path1 = one.save_checkpoint(CheckpointTarget(tmp_path / "one", tokenizer, {}, 2), 1, {})
         one.close()
         one = ray(1)
         _continues(one, path2, saved, unbroken, metrics, lr, batch, "2 ranks -> 1 rank")

@@ -14,6 +14,7 @@ import torch
 from update_support import update_batch
 
 from gspo.config import TrainConfig, build
+from gspo.rollout.base import GenerationRequest
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
@@ -151,13 +152,15 @@ def test_worker_logprobs_equal_trainer_after_sync(tmp_path):
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4="), tokenizer.encode("7+7=")]
         gen = torch.Generator().manual_seed(3)
-        rollout = pool.generate(prompts, 4, params, gen)
+        rollout = pool.generate(GenerationRequest(prompts, 4, params, gen))
         assert rollout.num_samples == 12
         assert rollout.prompt_index.tolist() == [i for i in range(3) for _ in range(4)]
         advantages = torch.linspace(-1, 1, 12, dtype=torch.float64)  # [N]
         backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         backend.push_weights(pool)  # the gathered weights land in backend.model and the workers
-        after = pool.generate(prompts, 4, params, torch.Generator().manual_seed(4))
+        after = pool.generate(
+            GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(4))
+        )
         with torch.no_grad():
             trainer, _ = token_logprobs(backend.model, *_tensors(after))  # [N, L]
             other = model.__class__(model.config).double()  # an unrelated model: this can fail
@@ -207,11 +210,15 @@ def test_vllm_rollout_worker_logprobs_after_sync(tmp_path):
     try:
         params = SamplingParams(max_new_tokens=6, temperature=1.0)
         prompts = [tokenizer.encode("1+2="), tokenizer.encode("13+4=")]
-        rollout = pool.generate(prompts, 4, params, torch.Generator().manual_seed(3))
+        rollout = pool.generate(
+            GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(3))
+        )
         advantages = torch.linspace(-1, 1, 8)  # [N]
         backend.update(update_batch(rollout, rollout.logprobs, advantages, 0))
         backend.push_weights(pool)
-        after = pool.generate(prompts, 4, params, torch.Generator().manual_seed(4))
+        after = pool.generate(
+            GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(4))
+        )
         with torch.no_grad():
             trainer, _ = token_logprobs(backend.model, *_tensors(after))  # [N, L]
             stale, _ = token_logprobs(model.__class__(model.config), *_tensors(after))

@@ -17,6 +17,7 @@ import pytest
 import torch
 from update_support import update_batch
 
+from gspo.backend.base import CheckpointTarget
 from gspo.backend.checkpoint import write_checkpoint
 from gspo.backend.fsdp import FSDPRank
 from gspo.backend.local import LocalBackend
@@ -219,7 +220,7 @@ def test_a_local_checkpoint_reads_back_whole_on_two_ranks(tmp_path):
     rollout, advantages = _batch(model)
     local = LocalBackend(cfg, copy.deepcopy(model), torch.device("cpu"))
     local.update(update_batch(rollout, rollout.logprobs, advantages))
-    path = local.save_checkpoint(tmp_path / "local", 1, tokenizer=None, config={}, keep=2, extra={})
+    path = local.save_checkpoint(CheckpointTarget(tmp_path / "local", None, {}, 2), 1, {})
     want = {**_full_state(local.model, local.optimizer), "lr": local.lr()}
     converted = tmp_path / "converted"
     converted.mkdir()

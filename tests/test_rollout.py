@@ -12,6 +12,7 @@ from gspo.models.char_tokenizer import EOS_ID, PAD_ID
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import Rollout, RolloutEngine, SamplingParams
+from gspo.rollout.base import GenerationRequest
 
 # Fixtures shared with the other files split from test_rollout.py.
 model64 = rollout_support.model64
@@ -72,7 +73,7 @@ def test_logprobs_match_token_logprobs_float64(model64, prompts, temperature):
     eng = _engine(model64)
     params = SamplingParams(max_new_tokens=10, temperature=temperature)
     g = torch.Generator().manual_seed(0)
-    r = eng.generate(prompts, 3, params, generator=g)
+    r = eng.generate(GenerationRequest(prompts, 3, params, generator=g))
     _check_layout(r, prompts, 3, params)
     assert r.logprobs.dtype == torch.float64
     torch.testing.assert_close(r.logprobs, _rescore(model64, r, temperature), atol=1e-9, rtol=0)
@@ -81,7 +82,9 @@ def test_logprobs_match_token_logprobs_float64(model64, prompts, temperature):
 def test_logprobs_match_token_logprobs_float32(tok, prompts):
     m = build_tiny_model(len(tok), hidden_size=32, num_layers=2, seed=4)
     params = SamplingParams(max_new_tokens=12, temperature=0.8)
-    r = _engine(m).generate(prompts, 2, params, generator=torch.Generator().manual_seed(1))
+    r = _engine(m).generate(
+        GenerationRequest(prompts, 2, params, generator=torch.Generator().manual_seed(1))
+    )
     assert r.logprobs.dtype == torch.float32
     torch.testing.assert_close(r.logprobs, _rescore(m, r, 0.8), atol=1e-5, rtol=0)
 
@@ -92,7 +95,7 @@ def test_eos_finishes_rows_and_pads(model64, prompts):
     try:
         params = SamplingParams(max_new_tokens=8, temperature=1.0)
         r = _engine(model64).generate(
-            prompts, 4, params, generator=torch.Generator().manual_seed(2)
+            GenerationRequest(prompts, 4, params, generator=torch.Generator().manual_seed(2))
         )
         _check_layout(r, prompts, 4, params)
         lengths = r.completion_lengths()
@@ -115,7 +118,7 @@ def test_early_exit_when_all_rows_stop(model64, prompts):
     hook = EosBias(model64, bias=1e3)  # EOS is certain at the first step
     try:
         params = SamplingParams(max_new_tokens=20)
-        r = _engine(model64).generate(prompts, 2, params)
+        r = _engine(model64).generate(GenerationRequest(prompts, 2, params))
         assert r.completion_ids.shape[1] == 1
         assert (r.completion_ids[:, 0] == EOS_ID).all()
         assert r.finish_reasons == ["stop"] * r.num_samples
@@ -128,14 +131,16 @@ def test_max_new_tokens_gives_length(model64, prompts):
     hook = EosBias(model64, bias=-1e3)  # EOS never drawn: every row runs to the cap
     try:
         params = SamplingParams(max_new_tokens=5, temperature=1.0)
-        r = _engine(model64).generate(prompts, 2, params, torch.Generator().manual_seed(3))
+        r = _engine(model64).generate(
+            GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(3))
+        )
     finally:
         hook.remove()
     assert r.finish_reasons == ["length"] * r.num_samples
     assert r.completion_ids.shape == (r.num_samples, 5)
     assert (r.completion_mask == 1).all()
     _check_layout(r, prompts, 2, params)
-    r0 = _engine(model64).generate(prompts, 1, SamplingParams(max_new_tokens=0))
+    r0 = _engine(model64).generate(GenerationRequest(prompts, 1, SamplingParams(max_new_tokens=0)))
     assert r0.completion_ids.shape == (len(prompts), 0) == r0.logprobs.shape
     assert r0.finish_reasons == ["length"] * len(prompts)
 
@@ -144,10 +149,14 @@ def test_stop_token_ids(model64, prompts):
     # Take a token greedy decoding emits mid-way and make it a stop token.
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     eng = _engine(model64)
-    ref = eng.generate(prompts, 1, greedy)
+    ref = eng.generate(GenerationRequest(prompts, 1, greedy))
     stop_tok = int(ref.completion_ids[0, 2])
     r = eng.generate(
-        prompts, 1, SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(stop_tok,))
+        GenerationRequest(
+            prompts,
+            1,
+            SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(stop_tok,)),
+        )
     )
     for row in range(r.num_samples):
         full = ref.completion_ids[row].tolist()
@@ -169,7 +178,9 @@ def _find(seq: list[int], sub: list[int]) -> int:
 def test_stop_strings(tok, model64, prompts):
     eng = _engine(model64, tok)
     params = SamplingParams(max_new_tokens=12, temperature=1.0)
-    base = eng.generate(prompts, 4, params, generator=torch.Generator().manual_seed(5))
+    base = eng.generate(
+        GenerationRequest(prompts, 4, params, generator=torch.Generator().manual_seed(5))
+    )
     # A random model also samples special tokens; take the first bigram of plain characters
     # in row 0 as the stop string, so it is surely hit there.
     row0 = base.completion_ids[0].tolist()
@@ -178,7 +189,9 @@ def test_stop_strings(tok, model64, prompts):
     stop_ids = tok(stop, add_special_tokens=False)["input_ids"]
     assert len(stop) == 2 and stop_ids == row0[j : j + 2]
     params = SamplingParams(max_new_tokens=12, temperature=1.0, stop_strings=(stop,))
-    r = eng.generate(prompts, 4, params, generator=torch.Generator().manual_seed(5))
+    r = eng.generate(
+        GenerationRequest(prompts, 4, params, generator=torch.Generator().manual_seed(5))
+    )
     _check_layout(r, prompts, 4, params)
     # The same seed draws the same tokens up to the stop point.
     assert r.completion_ids[0, : int(r.completion_lengths()[0])].tolist() == row0[: j + 2]
@@ -207,7 +220,9 @@ def test_eos_still_stops_rows_when_stop_strings_are_set(tok, model64, prompts):
     hook = EosBias(model64, bias=1e3)
     try:
         params = SamplingParams(max_new_tokens=6, temperature=1.0, stop_strings=("~",))
-        r = _engine(model64, tok).generate(prompts, 2, params, torch.Generator().manual_seed(0))
+        r = _engine(model64, tok).generate(
+            GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0))
+        )
     finally:
         hook.handle.remove()
     assert r.finish_reasons == ["stop"] * r.num_samples
@@ -216,7 +231,9 @@ def test_eos_still_stops_rows_when_stop_strings_are_set(tok, model64, prompts):
 
 def test_stop_strings_need_tokenizer(model64, prompts):
     with pytest.raises(ValueError, match="tokenizer"):
-        _engine(model64).generate(prompts, 1, SamplingParams(stop_strings=("x",)))
+        _engine(model64).generate(
+            GenerationRequest(prompts, 1, SamplingParams(stop_strings=("x",)))
+        )
 
 
 def test_shared_weights_follow_the_trainer(tok, prompts):
@@ -225,13 +242,13 @@ def test_shared_weights_follow_the_trainer(tok, prompts):
     eng = _engine(m)
     assert eng.shares_weights and eng.model is m
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
-    before = eng.generate(prompts, 1, params)
+    before = eng.generate(GenerationRequest(prompts, 1, params))
     assert m.training  # training mode restored
     with torch.no_grad():
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.5)
     eng.update_weights(m)  # no-op for shared weights
-    after = eng.generate(prompts, 1, params)
+    after = eng.generate(GenerationRequest(prompts, 1, params))
     assert not torch.equal(before.logprobs, after.logprobs)
     m.eval()
     torch.testing.assert_close(after.logprobs, _rescore(m, after, 1.0), atol=1e-9, rtol=0)
@@ -241,7 +258,9 @@ def test_rollout_tensors_usable_with_autograd(tok, prompts):
     m = build_tiny_model(len(tok), hidden_size=32, num_layers=1, seed=8)
     m.train()
     r = _engine(m).generate(
-        prompts, 2, SamplingParams(max_new_tokens=5), torch.Generator().manual_seed(0)
+        GenerationRequest(
+            prompts, 2, SamplingParams(max_new_tokens=5), torch.Generator().manual_seed(0)
+        )
     )
     assert not any(
         t.is_inference()
@@ -261,7 +280,9 @@ def test_bf16_copy_is_close_but_not_equal_and_updates(tok, prompts):
     assert eng.model.lm_head.weight.dtype == torch.bfloat16
     assert m.lm_head.weight.dtype == torch.float32  # the trainer's model is untouched
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
-    r = eng.generate(prompts, 3, params, generator=torch.Generator().manual_seed(0))
+    r = eng.generate(
+        GenerationRequest(prompts, 3, params, generator=torch.Generator().manual_seed(0))
+    )
     assert r.logprobs.dtype == torch.float32
     ref = _rescore(m, r, 1.0)  # [N, L] float32 trainer log-probs of the bf16 samples
     diff = (r.logprobs - ref).abs()[r.completion_mask.bool()]
@@ -279,7 +300,9 @@ def test_bf16_copy_is_close_but_not_equal_and_updates(tok, prompts):
         assert p.dtype == torch.bfloat16
         assert torch.equal(p, m.state_dict()[name].to(torch.bfloat16)), name
     assert eng.model.lm_head.weight.data_ptr() == eng.model.model.embed_tokens.weight.data_ptr()
-    r2 = eng.generate(prompts, 3, params, generator=torch.Generator().manual_seed(0))
+    r2 = eng.generate(
+        GenerationRequest(prompts, 3, params, generator=torch.Generator().manual_seed(0))
+    )
     diff2 = (r2.logprobs - _rescore(m, r2, 1.0)).abs()[r2.completion_mask.bool()]
     assert diff2.max() < 0.2
 
@@ -292,20 +315,24 @@ def test_float32_copy_matches_exactly_after_update(tok, prompts):
         for p in m.parameters():
             p.add_(0.1)
     eng.update_weights(m)
-    r = eng.generate(prompts, 2, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(0))
+    r = eng.generate(
+        GenerationRequest(
+            prompts, 2, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(0)
+        )
+    )
     torch.testing.assert_close(r.logprobs, _rescore(m, r, 1.0), atol=1e-9, rtol=0)
 
 
 def test_invalid_arguments(model64, prompts):
     eng = _engine(model64)
     with pytest.raises(ValueError):
-        eng.generate([[]], 1, SamplingParams())
+        eng.generate(GenerationRequest([[]], 1, SamplingParams()))
     with pytest.raises(ValueError):
-        eng.generate(prompts, 0, SamplingParams())
+        eng.generate(GenerationRequest(prompts, 0, SamplingParams()))
     with pytest.raises(ValueError):
-        eng.generate(prompts, 1, SamplingParams(top_p=0.0))
+        eng.generate(GenerationRequest(prompts, 1, SamplingParams(top_p=0.0)))
     with pytest.raises(ValueError):
-        eng.generate(prompts, 1, SamplingParams(temperature=-1.0))
+        eng.generate(GenerationRequest(prompts, 1, SamplingParams(temperature=-1.0)))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -314,13 +341,21 @@ def test_cuda_engine(tok, prompts):
     eng = _engine(m, tok, device="cuda")
     assert eng.shares_weights and eng.model is m
     params = SamplingParams(max_new_tokens=16, temperature=0.9, top_p=0.95, stop_strings=("==",))
-    r = eng.generate(prompts, 4, params, generator=torch.Generator(device="cuda").manual_seed(0))
+    r = eng.generate(
+        GenerationRequest(
+            prompts, 4, params, generator=torch.Generator(device="cuda").manual_seed(0)
+        )
+    )
     assert r.completion_ids.is_cuda and r.logprobs.is_cuda
     _check_layout(r, prompts, 4, params)
     torch.testing.assert_close(r.logprobs, _rescore(m, r, 0.9), atol=1e-4, rtol=0)
     # A CPU generator with a CUDA model: sampling is drawn on CPU, still reproducible.
-    a = eng.generate(prompts, 2, params, generator=torch.Generator().manual_seed(1))
-    b = eng.generate(prompts, 2, params, generator=torch.Generator().manual_seed(1))
+    a = eng.generate(
+        GenerationRequest(prompts, 2, params, generator=torch.Generator().manual_seed(1))
+    )
+    b = eng.generate(
+        GenerationRequest(prompts, 2, params, generator=torch.Generator().manual_seed(1))
+    )
     assert torch.equal(a.completion_ids, b.completion_ids)
     # bf16 copy on the same GPU, refreshed by update_weights.
     eng16 = _engine(m, dtype=torch.bfloat16, share_weights=False)
@@ -328,6 +363,8 @@ def test_cuda_engine(tok, prompts):
         m.lm_head.weight.mul_(2.0)
     eng16.update_weights(m)
     assert torch.equal(eng16.model.lm_head.weight, m.lm_head.weight.to(torch.bfloat16))
-    r16 = eng16.generate(prompts, 2, params, generator=torch.Generator().manual_seed(1))
+    r16 = eng16.generate(
+        GenerationRequest(prompts, 2, params, generator=torch.Generator().manual_seed(1))
+    )
     diff = (r16.logprobs - _rescore(m, r16, 0.9)).abs()[r16.completion_mask.bool()]
     assert diff.max() < 0.2

@@ -13,6 +13,7 @@ from rollout_support import _engine, _rescore
 
 from gspo.models.char_tokenizer import EOS_ID
 from gspo.rollout import SamplingParams
+from gspo.rollout.base import GenerationRequest
 from gspo.rollout.torch_decode import inverse_cdf_sample, sample_next
 
 # Fixtures shared with the other files split from test_rollout.py.
@@ -25,8 +26,12 @@ tok = rollout_support.tok
 def test_greedy_is_deterministic_and_matches_manual_argmax(model64, prompts):
     eng = _engine(model64)
     params = SamplingParams(max_new_tokens=8, temperature=0.0)
-    a = eng.generate(prompts, 1, params, generator=torch.Generator().manual_seed(0))
-    b = eng.generate(prompts, 1, params, generator=torch.Generator().manual_seed(99))
+    a = eng.generate(
+        GenerationRequest(prompts, 1, params, generator=torch.Generator().manual_seed(0))
+    )
+    b = eng.generate(
+        GenerationRequest(prompts, 1, params, generator=torch.Generator().manual_seed(99))
+    )
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.equal(a.logprobs, b.logprobs)
     with torch.no_grad():
@@ -49,9 +54,15 @@ def test_greedy_is_deterministic_and_matches_manual_argmax(model64, prompts):
 def test_same_seed_same_samples(model64, prompts):
     eng = _engine(model64)
     params = SamplingParams(max_new_tokens=8, temperature=1.0)
-    a = eng.generate(prompts, 3, params, generator=torch.Generator().manual_seed(42))
-    b = eng.generate(prompts, 3, params, generator=torch.Generator().manual_seed(42))
-    c = eng.generate(prompts, 3, params, generator=torch.Generator().manual_seed(43))
+    a = eng.generate(
+        GenerationRequest(prompts, 3, params, generator=torch.Generator().manual_seed(42))
+    )
+    b = eng.generate(
+        GenerationRequest(prompts, 3, params, generator=torch.Generator().manual_seed(42))
+    )
+    c = eng.generate(
+        GenerationRequest(prompts, 3, params, generator=torch.Generator().manual_seed(43))
+    )
     assert torch.equal(a.completion_ids, b.completion_ids)
     assert torch.equal(a.logprobs, b.logprobs)
     assert not torch.equal(a.completion_ids, c.completion_ids)
@@ -62,12 +73,16 @@ def test_same_seed_same_samples(model64, prompts):
 @pytest.mark.slow
 def test_tiny_top_p_equals_greedy(model64, prompts):
     eng = _engine(model64)
-    greedy = eng.generate(prompts, 2, SamplingParams(max_new_tokens=8, temperature=0.0))
+    greedy = eng.generate(
+        GenerationRequest(prompts, 2, SamplingParams(max_new_tokens=8, temperature=0.0))
+    )
     nucleus = eng.generate(
-        prompts,
-        2,
-        SamplingParams(max_new_tokens=8, temperature=1.0, top_p=1e-6),
-        generator=torch.Generator().manual_seed(0),
+        GenerationRequest(
+            prompts,
+            2,
+            SamplingParams(max_new_tokens=8, temperature=1.0, top_p=1e-6),
+            generator=torch.Generator().manual_seed(0),
+        ),
     )
     assert torch.equal(greedy.completion_ids, nucleus.completion_ids)
     # Top-p does not change the recorded log-prob (untruncated T=1 distribution here).

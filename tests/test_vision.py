@@ -16,7 +16,7 @@ from gspo.models.logprobs import token_logprobs
 from gspo.models.model_io import load_model, load_tokenizer, save_model
 from gspo.models.policy import build_policy, build_prompt_format
 from gspo.models.vision import PixelInputs, is_vision_model, load_image
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 
@@ -94,7 +94,7 @@ def test_engine_logprobs_equal_training_forward_float64(vl64):
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=fmt.stop_token_ids)
     gen = torch.Generator().manual_seed(0)
-    out = engine.generate(ids, 2, params, gen, pixels=pixels)
+    out = engine.generate(GenerationRequest(ids, 2, params, gen, pixels=pixels))
     assert out.logprobs.dtype == torch.float64
     args = (out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
     lp, _ = token_logprobs(model, *args, prompt_index=out.prompt_index, pixels=pixels)
@@ -113,8 +113,12 @@ def test_resumable_generation_takes_the_pixels(vl64):
     ids, pixels = fmt.encode_images(PROMPTS, _images())
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
-    whole = engine.generate(ids, 2, params, torch.Generator().manual_seed(1), pixels=pixels)
-    part = engine.partial(ids, 2, params, torch.Generator().manual_seed(1), pixels=pixels)
+    whole = engine.generate(
+        GenerationRequest(ids, 2, params, torch.Generator().manual_seed(1), pixels=pixels)
+    )
+    part = engine.partial(
+        GenerationRequest(ids, 2, params, torch.Generator().manual_seed(1), pixels=pixels)
+    )
     part.run(3, version=0)
     part.pause()  # the re-prefill must take the images again
     part.run(None, version=0)
@@ -166,10 +170,14 @@ def test_rounds_join_pixels_at_their_prompt_offsets(vl64):
     params = SamplingParams(max_new_tokens=3, temperature=1.0)
     images = _images()
     ids, pixels = fmt.encode_images(PROMPTS[:2], images[:2])
-    first = engine.generate(ids, 2, params, torch.Generator().manual_seed(0), pixels=pixels)
+    first = engine.generate(
+        GenerationRequest(ids, 2, params, torch.Generator().manual_seed(0), pixels=pixels)
+    )
     first = first.select(torch.tensor([0, 1]))  # only prompt 0's group kept
     ids2, pixels2 = fmt.encode_images(PROMPTS[1:], images[1:])
-    second = engine.generate(ids2, 2, params, torch.Generator().manual_seed(1), pixels=pixels2)
+    second = engine.generate(
+        GenerationRequest(ids2, 2, params, torch.Generator().manual_seed(1), pixels=pixels2)
+    )
     joined = concat(
         [RolloutBatch(r, torch.zeros(r.num_samples, dtype=torch.float64)) for r in (first, second)],
         pad_id=tok.pad_token_id,

@@ -21,7 +21,7 @@ from gspo.envs.tasks.shapes import sample_shapes
 from gspo.envs.trajectory import make_encoder
 from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
-from gspo.rollout.base import PIXEL_INDEX, PIXELS, SamplingParams, pixel_rows
+from gspo.rollout.base import PIXEL_INDEX, PIXELS, GenerationRequest, SamplingParams, pixel_rows
 from gspo.rollout.torch_engine import TorchEngine
 
 
@@ -270,9 +270,12 @@ def test_partial_rollout_pauses_and_keeps_the_pixels(vl64):
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     ids, pixels = encode_examples(fmt, _examples(2))
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
-    whole = engine.generate(ids, 2, params, torch.Generator().manual_seed(3), pixels=pixels)
-    g = partial_generation(engine, ids, 2, params, torch.Generator().manual_seed(3), chunk=6,
-                           pixels=pixels)  # fmt: skip
+    whole = engine.generate(
+        GenerationRequest(ids, 2, params, torch.Generator().manual_seed(3), pixels=pixels)
+    )
+    g = partial_generation(
+        engine, GenerationRequest(ids, 2, params, torch.Generator().manual_seed(3), pixels), chunk=6
+    )
     g.run(2, version=0)
     g.pause()
     g.run(None, version=1)

@@ -19,7 +19,7 @@ from gspo.models.model_io import load_model, load_tokenizer, save_model
 from gspo.models.policy import build_policy, build_prompt_format
 from gspo.models.vision import is_vision_model
 from gspo.models.vision_qwen import QwenPixelInputs, QwenVLProcessor, mrope_positions
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 
@@ -86,7 +86,7 @@ def test_engine_logprobs_equal_training_forward_float64(qvl64):
     params = SamplingParams(max_new_tokens=8, temperature=1.0, stop_token_ids=fmt.stop_token_ids)
     for n, seed in ((3, 0), (1, 1)):  # the shared prefill (n > 1) and the per-row one
         out = _engine(model, tok).generate(
-            ids, n, params, torch.Generator().manual_seed(seed), pixels=pixels
+            GenerationRequest(ids, n, params, torch.Generator().manual_seed(seed), pixels=pixels)
         )
         assert out.logprobs.dtype == torch.float64 and out.completion_mask.sum() > 3 * n
         args = (out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
@@ -114,8 +114,12 @@ def test_paused_generation_re_prefills_with_the_positions(qvl64):
     ids, pixels = fmt.encode_images(PROMPTS, _images())
     engine = _engine(model, tok)
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
-    whole = engine.generate(ids, 2, params, torch.Generator().manual_seed(2), pixels=pixels)
-    part = engine.partial(ids, 2, params, torch.Generator().manual_seed(2), pixels=pixels)
+    whole = engine.generate(
+        GenerationRequest(ids, 2, params, torch.Generator().manual_seed(2), pixels=pixels)
+    )
+    part = engine.partial(
+        GenerationRequest(ids, 2, params, torch.Generator().manual_seed(2), pixels=pixels)
+    )
     part.run(3, version=0)
     part.pause()
     part.run(None, version=0)
@@ -133,10 +137,14 @@ def test_rounds_join_qwen_pixels_at_their_prompt_offsets(qvl64):
     engine = _engine(model, tok)
     params = SamplingParams(max_new_tokens=3, temperature=1.0)
     ids, pixels = fmt.encode_images(PROMPTS[:2], _images()[:2])
-    first = engine.generate(ids, 2, params, torch.Generator().manual_seed(0), pixels=pixels)
+    first = engine.generate(
+        GenerationRequest(ids, 2, params, torch.Generator().manual_seed(0), pixels=pixels)
+    )
     first = first.select(torch.tensor([0, 1]))  # only prompt 0's group kept
     ids2, pixels2 = fmt.encode_images(PROMPTS[1:], _images()[1:])
-    second = engine.generate(ids2, 2, params, torch.Generator().manual_seed(1), pixels=pixels2)
+    second = engine.generate(
+        GenerationRequest(ids2, 2, params, torch.Generator().manual_seed(1), pixels=pixels2)
+    )
     joined = concat(
         [RolloutBatch(r, torch.zeros(r.num_samples, dtype=torch.float64)) for r in (first, second)],
         pad_id=tok.pad_token_id,
@@ -162,7 +170,13 @@ def test_save_and_load_with_its_processor(qvl64, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(pixels.patches, pixels2.patches, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(pixels.grids, pixels2.grids, strict=True))
     out = _engine(model, tok).generate(
-        ids, 2, SamplingParams(max_new_tokens=4), torch.Generator().manual_seed(0), pixels=pixels
+        GenerationRequest(
+            ids,
+            2,
+            SamplingParams(max_new_tokens=4),
+            torch.Generator().manual_seed(0),
+            pixels=pixels,
+        )
     )
     args = (out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask)
     kw = dict(prompt_index=out.prompt_index, pixels=pixels)

@@ -16,7 +16,7 @@ pytest.importorskip("PIL")
 
 from gspo.config import TrainConfig, build
 from gspo.models.vision import PixelInputs
-from gspo.rollout.base import PIXELS, SamplingParams
+from gspo.rollout.base import PIXELS, GenerationRequest, SamplingParams
 
 # The tolerance of the text Ray-vs-local test (tests/test_ray_train.py): float64, 2 ranks sum
 # their gradients in another order than one process.
@@ -60,7 +60,9 @@ def test_pool_payloads_carry_one_ref_and_each_share(monkeypatch):
     pool.workers, pool.refs = [object(), object()], PixelRefs(fake_ray)
     pixels = _pixels(5)
     prompts = [[1, 2, 3]] * 5
-    requests = pool.requests(prompts, 4, SamplingParams(), torch.Generator(), pixels)
+    requests = pool.requests(
+        GenerationRequest(prompts, 4, SamplingParams(), torch.Generator(), pixels)
+    )
     assert [r[-1] for r in requests] == [(0, 3), (3, 5)]  # contiguous shares of 5 over 2
     assert all(isinstance(r[-2], Ref) for r in requests) and requests[0][-2] is requests[1][-2]
     assert all(_tensor_bytes(r) < pixels.values[0].nbytes for r in requests)
@@ -69,7 +71,9 @@ def test_pool_payloads_carry_one_ref_and_each_share(monkeypatch):
     assert sent.extras[PIXELS] is requests[0][-2]  # the ranks read the workers' copy
     assert len(puts) == 1 and puts[0] is pixels
     # Text prompts: the payload is what it always was.
-    assert all(len(r) == 4 for r in pool.requests(prompts, 4, SamplingParams(), None))
+    assert all(
+        len(r) == 4 for r in pool.requests(GenerationRequest(prompts, 4, SamplingParams(), None))
+    )
 
 
 def _cfg(tmp_path, name: str, **kw) -> TrainConfig:

@@ -13,7 +13,7 @@ import gspo.models.vision as vision
 from gspo.config.train import TrainConfig
 from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
-from gspo.rollout.base import SamplingParams
+from gspo.rollout.base import GenerationRequest, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 
 # One image, two images, none (padding images), and the first image again in another prompt.
@@ -39,7 +39,9 @@ def rollout():
     ids, pixels = fmt.encode_images(PROMPTS, _images())
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)
     params = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_ids=fmt.stop_token_ids)
-    out = engine.generate(ids, GROUP, params, torch.Generator().manual_seed(0), pixels=pixels)
+    out = engine.generate(
+        GenerationRequest(ids, GROUP, params, torch.Generator().manual_seed(0), pixels=pixels)
+    )
     # Rows out of prompt order, as a shuffled micro-batch holds them.
     order = torch.randperm(out.num_samples, generator=torch.Generator().manual_seed(1))
     rows = tuple(

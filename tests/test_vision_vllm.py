@@ -22,7 +22,7 @@ from gspo.envs.tasks.shapes import sample_shapes
 from gspo.interface.cli import main
 from gspo.models.logprobs import token_logprobs
 from gspo.models.policy import build_policy, build_prompt_format
-from gspo.rollout.base import PIXELS, SamplingParams
+from gspo.rollout.base import PIXELS, GenerationRequest, SamplingParams
 
 # Head size 64 / 2 = 32: the smallest vLLM's CPU attention runs (tiny-vl's default is 16).
 SHAPE = ["--num-heads", "2", "--num-kv-heads", "1"]
@@ -64,7 +64,9 @@ def _max_diff(engine, model, ids, pixels, temperature: float, seed: int, n: int 
     """Largest |vLLM - trainer| log-prob over n samples of each prompt; the trainer scores
     vLLM's sampled ids with the rollout's own pixel inputs."""
     params = SamplingParams(max_new_tokens=8, temperature=temperature)
-    r = engine.generate(ids, n, params, torch.Generator().manual_seed(seed), pixels=pixels)
+    r = engine.generate(
+        GenerationRequest(ids, n, params, torch.Generator().manual_seed(seed), pixels=pixels)
+    )
     assert r.extras[PIXELS] is pixels
     # The rollout's prompt ids are the trainer's expanded ids (vLLM expanded them the same).
     for i, p in enumerate(ids):
@@ -115,7 +117,7 @@ def test_image_prompt_logprobs_match_trainer_through_syncs(served):
         _perturb(model, seed=100 + sync, prefix=prefix)
         engine.update_weights(model)
     # Never samples the image placeholder (masked in vLLM as in the torch engine).
-    r = engine.generate(ids, 4, SamplingParams(max_new_tokens=8), pixels=pixels)
+    r = engine.generate(GenerationRequest(ids, 4, SamplingParams(max_new_tokens=8), pixels=pixels))
     assert not bool((r.completion_ids[r.completion_mask.bool()] == image_id).any())
     print(f"tiny-vl: max |vLLM - trainer| log-prob, image prompts, 3 syncs = {worst:.2e}")
 
@@ -146,10 +148,12 @@ def test_image_prompt_errors(served):
     with pytest.raises(ValueError, match="source images"):
         from gspo.models.vision import PixelInputs
 
-        engine.generate(ids, 1, params, pixels=PixelInputs(pixels.values, pixels.mask))
+        engine.generate(
+            GenerationRequest(ids, 1, params, pixels=PixelInputs(pixels.values, pixels.mask))
+        )
     with pytest.raises(ValueError, match="2 image block"):  # prompt 1 has 2 images, not 1
         bad = PixelInputs(pixels.values, pixels.mask, [list(x[:1]) for x in pixels.images])
-        engine.generate(ids, 1, params, pixels=bad)
+        engine.generate(GenerationRequest(ids, 1, params, pixels=bad))
 
 
 @needs_vllm

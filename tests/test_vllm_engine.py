@@ -19,6 +19,7 @@ from gspo.models.char_tokenizer import build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams
+from gspo.rollout.base import GenerationRequest
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99=", "ab cd"]
 
@@ -67,7 +68,7 @@ def perturb(model, seed: int, scale: float = 0.05) -> None:
 def max_diff(engine, model, prompts, temperature: float, seed: int = 0) -> float:
     """Largest |engine - trainer| log-prob over a rollout of 4 samples per prompt."""
     params = SamplingParams(max_new_tokens=8, temperature=temperature)
-    r = engine.generate(prompts, 4, params, torch.Generator().manual_seed(seed))
+    r = engine.generate(GenerationRequest(prompts, 4, params, torch.Generator().manual_seed(seed)))
     with torch.no_grad():
         ref, _ = token_logprobs(
             model,
@@ -113,7 +114,7 @@ def test_a_step_sized_batch_of_seeded_prompts(tok):
     assert 16 * 8 * min(map(len, prompts)) > 4096
     params = SamplingParams(max_new_tokens=4, temperature=1.0)
     with vllm_engine(model, tok) as engine:
-        r = engine.generate(prompts, 8, params, torch.Generator().manual_seed(0))
+        r = engine.generate(GenerationRequest(prompts, 8, params, torch.Generator().manual_seed(0)))
     with torch.no_grad():
         ref, _ = token_logprobs(
             model, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask
@@ -230,9 +231,9 @@ def test_top_p_refused_for_training_allowed_for_eval(tok, prompts):
     params = SamplingParams(max_new_tokens=4, top_p=0.8)
     with vllm_engine(model, tok) as engine:
         with pytest.raises(ValueError, match=r"top_p=0\.8 with the vLLM engine"):
-            engine.generate(prompts, 2, params)
+            engine.generate(GenerationRequest(prompts, 2, params))
         engine.strict_logprobs = False  # what `gspo eval` builds: log-probs unused
-        r = engine.generate(prompts, 2, params, torch.Generator().manual_seed(0))
+        r = engine.generate(GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0)))
         assert r.num_samples == 2 * len(prompts)
 
 
@@ -265,7 +266,9 @@ def test_prompt_longer_than_max_model_len_is_refused(tok, prompts):
         vllm_engine(model, tok, max_model_len=64) as engine,
         pytest.raises(ValueError, match="max_model_len=64"),
     ):
-        engine.generate([list(range(3, 63))], 1, SamplingParams(max_new_tokens=8))
+        engine.generate(
+            GenerationRequest([list(range(3, 63))], 1, SamplingParams(max_new_tokens=8))
+        )
 
 
 @needs_vllm

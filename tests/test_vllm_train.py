@@ -13,6 +13,7 @@ from cold_start import ADDITION_D128
 from vllm_support import needs_vllm
 
 from gspo.interface.cli import main
+from gspo.rollout.base import GenerationRequest
 
 # Head size 64 / 2 = 32: the smallest vLLM's CPU attention runs (the default tiny model has 16).
 SHAPE = ["--hidden-size", "64", "--num-heads", "2", "--num-kv-heads", "1"]
@@ -158,7 +159,7 @@ def test_smollm2_chat_prompts_stop_tokens_and_sync():
     options = VLLMOptions(cpu_kv_cache_gib=0.25, max_model_len=256)
 
     def diff(engine) -> float:
-        r = engine.generate(prompts, 2, params, torch.Generator().manual_seed(0))
+        r = engine.generate(GenerationRequest(prompts, 2, params, torch.Generator().manual_seed(0)))
         for ids, m, why in zip(r.completion_ids, r.completion_mask, r.finish_reasons, strict=True):
             last = int(ids[m.bool()][-1])
             assert (why == "stop") == (last in {tok.eos_token_id, *fmt.stop_token_ids})

@@ -228,8 +228,8 @@ def capture_rollouts(monkeypatch) -> list[Rollout]:
     seen: list[Rollout] = []
     inner = moe_module.generate_with_routing
 
-    def spy(engine, prompts, n, params, generator=None):
-        rollout = inner(engine, prompts, n, params, generator)
+    def spy(engine, request):
+        rollout = inner(engine, request)
         seen.append(rollout)
         return rollout
 

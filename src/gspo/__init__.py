@@ -47,6 +47,7 @@ _HOMES = {
     "RolloutEngine": "gspo.rollout.base",
     "Rollout": "gspo.rollout.base",
     "SamplingParams": "gspo.rollout.base",
+    "GenerationRequest": "gspo.rollout.base",
     "ResumableEngine": "gspo.rollout.base",
     "PartialGeneration": "gspo.rollout.base",
     "RolloutBatch": "gspo.rollout.batch",

@@ -10,6 +10,7 @@ one process's), placed by Ray.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,6 +18,21 @@ import torch
 
 from ..rollout.base import Rollout
 from ..rollout.batch import RolloutBatch
+
+
+@dataclass(frozen=True)
+class CheckpointTarget:
+    """Where a run's checkpoints go and what each holds beside the backend's own state: the
+    same for every checkpoint of the run."""
+
+    output_dir: Path
+    """The run folder: checkpoints are written under its ``checkpoints/``."""
+    tokenizer: Any
+    """Saved with the weights (None: none saved)."""
+    config: dict[str, Any]
+    """The run's config, in the checkpoint's state.json."""
+    keep: int
+    """How many of the newest checkpoints stay (older ones are pruned)."""
 
 
 @runtime_checkable
@@ -59,18 +75,10 @@ class TrainingBackend(Protocol):
         """The learning rate of the last optimizer step."""
         ...
 
-    def save_checkpoint(
-        self,
-        output_dir: Path,
-        step: int,
-        *,
-        tokenizer: Any,
-        config: dict[str, Any],
-        keep: int,
-        extra: dict[str, Any],
-    ) -> Path:
-        """Write the checkpoint of ``step`` under ``output_dir`` atomically (weights, optimizer,
-        schedule, RNG, ``extra``: the loop's state) and prune all but the ``keep`` newest."""
+    def save_checkpoint(self, target: CheckpointTarget, step: int, extra: dict[str, Any]) -> Path:
+        """Write the checkpoint of ``step`` under ``target.output_dir`` atomically (weights,
+        optimizer, schedule, RNG, ``extra``: the loop's state) and prune all but the
+        ``target.keep`` newest."""
         ...
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from gspo.core.atomic import replace_dir  # also gspo.backend.checkpoint.replace
 from gspo.core.checkpoint_paths import PREFIX, checkpoint_root, list_checkpoints
 from gspo.models.vision import save_processor
 
+from .base import CheckpointTarget
+
 FAULT_DELAY_S = float(os.environ.get("GSPO_FAULT_CHECKPOINT_DELAY_S", "0"))
 """Seconds to pause inside every checkpoint write, before it is renamed into place. Only for
 fault-injection tests (a SIGKILL during a write must never corrupt the last good checkpoint)."""
@@ -61,30 +63,26 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def save_checkpoint(
-    output_dir: str | Path,
+    target: CheckpointTarget,
     step: int,
-    *,
     model,
-    tokenizer,
     optimizer: torch.optim.Optimizer,
     scheduler,
-    config: dict[str, Any],
-    keep: int = 2,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune all but the ``keep`` newest."""
+    """Write the checkpoint of ``step`` (``model``, ``optimizer``, ``scheduler``, RNG and
+    ``extra``) atomically and prune all but the ``target.keep`` newest."""
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        save_processor(model, tokenizer, tmp)  # a VL model's image processor goes with it
+        if target.tokenizer is not None:
+            target.tokenizer.save_pretrained(tmp)
+        save_processor(model, target.tokenizer, tmp)  # a VL model's image processor goes with it
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
 
-    return write_checkpoint(
-        output_dir, step, write=write, state={"config": config, **(extra or {})}, keep=keep
-    )
+    state = {"config": target.config, **(extra or {})}
+    return write_checkpoint(target.output_dir, step, write=write, state=state, keep=target.keep)
 
 
 def write_checkpoint(

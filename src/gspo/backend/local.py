@@ -18,6 +18,7 @@ from ..models.model_io import save_model
 from ..models.moe import step_metrics as moe_step_metrics
 from ..rollout.base import Rollout
 from ..rollout.batch import RolloutBatch
+from .base import CheckpointTarget
 from .checkpoint import restore, save_checkpoint
 from .options import reference_logprobs, reward_kl_penalty
 from .reshard import is_sharded, restore_sharded
@@ -63,27 +64,8 @@ class LocalBackend:
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
-    def save_checkpoint(
-        self,
-        output_dir: Path,
-        step: int,
-        *,
-        tokenizer: Any,
-        config: dict[str, Any],
-        keep: int,
-        extra: dict[str, Any],
-    ) -> Path:
-        return save_checkpoint(
-            output_dir,
-            step,
-            model=self.model,
-            tokenizer=tokenizer,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            config=config,
-            keep=keep,
-            extra=extra,
-        )
+    def save_checkpoint(self, target: CheckpointTarget, step: int, extra: dict[str, Any]) -> Path:
+        return save_checkpoint(target, step, self.model, self.optimizer, self.scheduler, extra)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         if is_sharded(path):  # written by the Ray backend's ranks: read their shards here

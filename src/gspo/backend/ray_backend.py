@@ -26,6 +26,7 @@ from ..models.moe import is_moe
 from ..models.vision import save_processor
 from ..rollout.base import Rollout
 from ..rollout.batch import RolloutBatch
+from .base import CheckpointTarget
 from .checkpoint import (
     load_state,
     set_rng_state,
@@ -244,28 +245,19 @@ class RayFSDPBackend:
     def lr(self) -> float:
         return self._lr
 
-    def save_checkpoint(
-        self,
-        output_dir: Path,
-        step: int,
-        *,
-        tokenizer: Any,
-        config: dict[str, Any],
-        keep: int,
-        extra: dict[str, Any],
-    ) -> Path:
+    def save_checkpoint(self, target: CheckpointTarget, step: int, extra: dict[str, Any]) -> Path:
         """Each rank writes its shard (DCP) into a temporary folder; the driver adds tokenizer,
         RNG and state.json, then renames the folder into place (as gspo.backend.checkpoint does)."""
 
         def write(tmp: Path) -> None:
             self._all(lambda r: r.save.remote(str(tmp)), f"the checkpoint of step {step}")
             self.model.config.save_pretrained(tmp)  # the architecture, for `gspo` tools
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
-            save_processor(self.model, tokenizer, tmp)  # a VL model's image processor too
+            if target.tokenizer is not None:
+                target.tokenizer.save_pretrained(tmp)
+            save_processor(self.model, target.tokenizer, tmp)  # a VL model's image processor too
 
-        state = {"config": config, "ranks": len(self.ranks), **extra}
-        return write_checkpoint(output_dir, step, write=write, state=state, keep=keep)
+        state = {"config": target.config, "ranks": len(self.ranks), **extra}
+        return write_checkpoint(target.output_dir, step, write=write, state=state, keep=target.keep)
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Restore a checkpoint of any number of ranks (DCP reads each rank's pieces of the

@@ -31,7 +31,7 @@ from gspo.config.train import TrainConfig
 from gspo.core.losses import policy_loss
 from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
-from gspo.models import moe
+from gspo.models import compiled_forward, moe
 from gspo.models.forward_inputs import ForwardInputs, independent_rows
 from gspo.rollout.base import PIXELS, Rollout, pixel_rows
 from gspo.rollout.batch import RolloutBatch
@@ -82,13 +82,16 @@ def update_policy(
     """
     model.train()
     acc = Accumulator() if acc is None else acc
-    inputs = forward_inputs(cfg, model, batch.rollout)
+    inputs = forward_inputs(cfg, model, batch.rollout, compile_local=shard is None)
     idle = zero_gradient_rows(cfg, model, batch.advantages)  # [N] rows that only need metrics
     acc.add_scalar(
         "advantage/zero_fraction", float(_zero_advantage(batch.advantages).float().mean())
     )
+    compiled = inputs.buckets is not None
     for k, minibatch in enumerate(minibatches(cfg, batch)):
-        micros = micro_batches(cfg, batch, minibatch, idle, inputs.whole_width, shard)
+        micros = micro_batches(
+            cfg, batch, minibatch, idle, inputs.whole_width, shard, compiled=compiled
+        )
         if not any(micro.grad for micro in micros):
             _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
         counts = _Counts.of(batch.rollout, minibatch)
@@ -112,16 +115,31 @@ def minibatches(cfg: TrainConfig, batch: RolloutBatch) -> list[torch.Tensor]:
     )
 
 
-def forward_inputs(cfg: TrainConfig, model, rollout: Rollout) -> ForwardInputs:
-    """What the batch's forwards take beyond its tokens: image inputs, MoE routing."""
+def forward_inputs(
+    cfg: TrainConfig, model, rollout: Rollout, *, compile_local: bool = False
+) -> ForwardInputs:
+    """What the batch's forwards take beyond its tokens: image inputs, MoE routing, and with
+    the ``compile`` option on the local backend (``compile_local``) the compiled forward's
+    shape buckets, where it applies (text models of the lean forward; FSDP2 ranks: eager)."""
+    buckets = None
+    pixels = rollout.extras.get(PIXELS)
+    if cfg.optim.compile and compile_local and compiled_forward.applies(model, pixels):
+        # Caps: a minibatch's rows (randperm(N).chunk(k) sizes), the batch's distinct prompts.
+        rows = math.ceil(rollout.num_samples / cfg.optim.num_minibatches)
+        buckets = compiled_forward.Buckets(
+            rows=min(cfg.optim.micro_batch_size or rows, rows),
+            prompts=int(rollout.prompt_index.unique().numel()),
+            length=cfg.rollout.max_new_tokens,
+        )
     return ForwardInputs.of(
         model,
         rollout,
-        pixels=rollout.extras.get(PIXELS),
+        pixels=pixels,
         pixel_index=pixel_rows(rollout),
         routing_replay=cfg.model.routing_replay,
         aux_coef=cfg.model.router_aux_loss_coef,
         temperature=cfg.rollout.temperature,
+        buckets=buckets,
     )
 
 
@@ -132,12 +150,16 @@ def micro_batches(
     idle: torch.Tensor,
     whole_width: bool,
     shard: tuple[int, int] | None,
+    *,
+    compiled: bool = False,
 ) -> list[MicroBatch]:
     """The forwards of one minibatch, in order.
 
     Locally: rows with a gradient first; the idle ones run a no-grad forward for their metrics
     (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way). A few
-    idle rows stay in the gradient pass: a second forward costs more than they do.
+    idle rows stay in the gradient pass: a second forward costs more than they do. ``compiled``
+    (the compile option): all of them stay, when their metrics are wanted, since a compiled
+    pass pads its rows to a bucket anyway and they fill it in place of a second, eager pass.
 
     A data-parallel rank (``shard=(rank, world)``) must run as many forwards and backwards as
     every other (each is a collective): it takes its rows ``minibatch[rank::world]``, all in
@@ -152,7 +174,9 @@ def micro_batches(
         passes = rank_parts(own, shard, size, pad=minibatch[:1])
     else:
         live, rest = minibatch[~idle[minibatch]], minibatch[idle[minibatch]]
-        if idle_metrics and len(rest) < cfg.optim.zero_advantage_split * len(minibatch):
+        if idle_metrics and (
+            compiled or len(rest) < cfg.optim.zero_advantage_split * len(minibatch)
+        ):
             live, rest = minibatch, minibatch[:0]
         passes = [(rows, True) for rows in live.split(size) if len(rows)]
         if idle_metrics:  # (an empty split is [[]])

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..backend import checkpoint as ckpt
+from ..backend.base import CheckpointTarget
 from ..backend.update import lr_lambda
 from ..config import ConfigError, SFTConfig, to_dict
 from ..config.options import ModelOptions
@@ -118,17 +119,9 @@ def run_sft(cfg: SFTConfig, *, resume: bool = False) -> SFTResult:
     model.train()
 
     def save(step: int) -> Path:
-        return ckpt.save_checkpoint(
-            out,
-            step,
-            model=model,
-            tokenizer=tokenizer,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            config=to_dict(cfg),
-            keep=1,
-            extra={"losses": losses, "seconds": seconds + time.perf_counter() - t0},
-        )
+        target = CheckpointTarget(out, tokenizer, to_dict(cfg), keep=1)
+        extra = {"losses": losses, "seconds": seconds + time.perf_counter() - t0}
+        return ckpt.save_checkpoint(target, step, model, optimizer, scheduler, extra)
 
     with StopRequest() as stop:
         for step in range(start, cfg.steps):

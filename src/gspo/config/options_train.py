@@ -251,6 +251,16 @@ class OptimOptions(_Options):
         "Sequences per forward/backward inside a minibatch (gradient accumulation); 0: whole minibatch.",
         0,
     )
+    compile: bool = _doc(
+        "True: the training forward + backward runs under torch.compile (inductor; needs a C++ "
+        "compiler on CPU), each micro-batch padded to a bucket of shapes (rows, prompts, widths "
+        "up to powers of two) so a run compiles a handful of graphs; the first steps pay the "
+        "compile (minutes on a small CPU), a later run of the same shapes reuses inductor's "
+        "cache (TORCHINDUCTOR_CACHE_DIR). Text models of the lean forward on the local "
+        "backend; elsewhere, and for no-grad passes, eager. Same loss up to float rounding "
+        "(docs/performance.md, 'Compiled update').",
+        False,
+    )
     lr: float = _doc("AdamW learning rate.", 5e-5)
     warmup_steps: int = _doc("Optimizer steps of linear learning-rate warm-up.", 10)
     weight_decay: float = _doc("AdamW weight decay.", 0.0)

@@ -14,6 +14,12 @@ d_i = a_i - b_i over n seeds:
 - the verdict: a difference is called one only when the interval excludes 0 with at least
   ``MIN_SEEDS`` (10) seeds; otherwise "cannot tell at this power", with the MDE beside it.
 
+Speed is compared the same way, paired by round instead of by seed (``ratio_interval``): a
+round runs each system once, back to back, so a change of machine load falls on both; the
+statement is the geometric mean of the per-round time ratios with a 95% t-interval of the mean
+log-ratio. A t-interval, not the bootstrap: speed runs afford few rounds (3-20), where the
+percentile bootstrap is too narrow (with 2 rounds it is just the two ratios' range).
+
 Pure functions of floats (no torch), so benchmarks, experiments and the report share them.
 """
 
@@ -187,3 +193,62 @@ def compare_paired(
         problems=problems,
         shared_baseline=shared_baseline,
     )
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """A ratio of two systems' figures over paired rounds, with its 95% interval."""
+
+    ratio: float
+    """Geometric mean of the per-round ratios."""
+    low: float
+    high: float
+    """The interval (NaN with fewer than 2 rounds)."""
+    rounds: int
+
+    @property
+    def half_width(self) -> float:
+        """The interval's larger distance from the ratio, relative to it (0.05: about ±5%)."""
+        return max(self.high / self.ratio - 1, 1 - self.low / self.ratio)
+
+    def text(self, digits: int = 2) -> str:
+        """``1.94x (1.85-2.03)``; just ``1.94x`` with no interval."""
+        f = f".{digits}f"
+        if math.isnan(self.low):
+            return f"{self.ratio:{f}}x"
+        return f"{self.ratio:{f}}x ({self.low:{f}}-{self.high:{f}})"
+
+    def to_json(self) -> dict:
+        return {
+            "ratio": self.ratio,
+            "ci95": [self.low, self.high],
+            "half_width": self.half_width,
+            "rounds": self.rounds,
+        }
+
+
+def ratio_interval(
+    numerator: Sequence[float | None],
+    denominator: Sequence[float | None],
+    *,
+    level: float = LEVEL,
+) -> RatioInterval | None:
+    """``numerator[i] / denominator[i]`` paired by round i (e.g. the baseline's seconds per step
+    over the current commit's: above 1 is faster now): the geometric mean of the ratios and the
+    t-interval of the mean log-ratio, exp(mean ± t_{n-1} * sd / sqrt(n)). Rounds where either
+    figure is missing, NaN or not positive are dropped; None when no round is left."""
+    if len(numerator) != len(denominator):
+        raise ValueError(f"{len(numerator)} numerators but {len(denominator)} denominators")
+    logs = [
+        math.log(a / b)
+        for a, b in zip(numerator, denominator, strict=True)
+        if a is not None and b is not None and a > 0 and b > 0  # NaN fails both comparisons
+    ]
+    n = len(logs)
+    if n == 0:
+        return None
+    mean = statistics.fmean(logs)
+    if n < 2:
+        return RatioInterval(math.exp(mean), math.nan, math.nan, n)
+    half = t_quantile(1 - (1 - level) / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    return RatioInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)

@@ -46,13 +46,14 @@ import torch
 
 from gspo.core.advantages import group_advantages
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.base import Rollout
 from gspo.rollout.openai_errors import EpisodeLimit
 from gspo.rollout.openai_server import OpenAIEndpoint, ServerThread
 from gspo.rollout.openai_vllm import protocol_for
 from gspo.rollout.request_batcher import RequestBatcher, Sample
 
-from .agent import AgentClient, AgentEnvironment, AgentEpisodes, AgentOutcome, cut_reward
+from .agent import AgentClient, AgentEpisodes, AgentOutcome, cut_reward
+from .episode_request import EpisodeRequest
 from .trajectory import Trajectory, to_rollout
 
 logger = logging.getLogger(__name__)
@@ -136,27 +137,18 @@ class EpisodeBook:
 
 
 def run_agent_episodes(
-    engine,
-    env: AgentEnvironment,
-    encoder,
-    examples: list[Example],
-    n: int,
-    params: SamplingParams,
-    limits,
-    generator: torch.Generator | None = None,
-    version: int = 0,
-    generate: Callable[..., Rollout] | None = None,
-    prompts: list[list[int]] | None = None,
-    all_chains: bool = False,
+    request: EpisodeRequest, version: int = 0, all_chains: bool = False
 ) -> tuple[Rollout, list[Trajectory]]:
-    """``n`` agent episodes per example, returned as :func:`gspo.envs.driver.run_episodes`
-    returns them (group after group, ``extras["policy_version"]``): one row per episode, or
-    with ``all_chains`` one per chain of calls (see the module doc). The endpoint listens where
-    an :class:`~gspo.envs.agent.AgentEpisodes` says (the run's ``endpoint_host``/
+    """The request's agent episodes, returned as :func:`gspo.envs.driver.run_episodes` returns
+    them (group after group, ``extras["policy_version"]``): one row per episode, or with
+    ``all_chains`` one per chain of calls (see the module doc). The endpoint listens where an
+    :class:`~gspo.envs.agent.AgentEpisodes` says (the run's ``endpoint_host``/
     ``endpoint_port``), else on 127.0.0.1 at a free port."""
+    engine, env, encoder, examples = request.engine, request.env, request.encoder, request.examples
+    n, limits, generator, prompts = request.n, request.limits, request.generator, request.prompts
     host, port = (env.host, env.port) if isinstance(env, AgentEpisodes) else ("127.0.0.1", 0)
-    generate = engine.generate if generate is None else generate
-    params = replace(params, max_new_tokens=limits.max_tokens_per_turn)
+    generate = engine.generate if request.generate is None else request.generate
+    params = replace(request.params, max_new_tokens=limits.max_tokens_per_turn)
     book = EpisodeBook(limits)
     batcher = RequestBatcher(generate, generator=generator, patience_s=PATIENCE_S)
     endpoint = OpenAIEndpoint(batcher, encoder, MODEL_NAME, params, fixed=True, episodes=book,

@@ -20,7 +20,7 @@ earns the environment's ``cut_reward`` (0.0 without one), not its last step's re
 success. An environment with ``step_batch`` answers
 each round's turns at once (:func:`gspo.envs.env_round.step_round`) and bounds its own calls.
 
-Engines: anything with the rollout protocol's ``generate(prompts, n, params, generator)``, the
+Engines: anything with the rollout protocol's ``generate(request)``, the
 torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
 ids after the turn is sampled, so a turn can be sampled past its closing ``]]`` and is then
 cut there: correct, some wasted tokens). Not cached across turns: every round re-prefills its
@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import PIXELS, Rollout, SamplingParams
+from gspo.rollout.base import PIXELS, GenerationRequest, Rollout, SamplingParams
 
 from .agent import AgentEnvironment
 from .agent_driver import run_agent_episodes
@@ -56,12 +56,12 @@ from .episode_images import (
     add_reply_pixels,
     attach_pixels,
     episode_pixels,
-    generate_round,
     opening_ids,
     prompt_pixels,
     reply_ids,
     start_pixels,
 )
+from .episode_request import EpisodeRequest
 from .one_turn import run_one_turn
 from .trajectory import Trajectory, to_rollout
 
@@ -93,7 +93,7 @@ def run_episodes(
     limits: Limits,
     generator: torch.Generator | None = None,
     version: int = 0,
-    generate: Callable[..., Rollout] | None = None,
+    generate: Callable[[GenerationRequest], Rollout] | None = None,
     prompts: list[list[int]] | None = None,
     all_chains: bool = False,
 ) -> tuple[Rollout, list[Trajectory]]:
@@ -101,23 +101,20 @@ def run_episodes(
     group, ``loss_mask`` on policy tokens, ``extras["turn_ids"]`` and
     ``extras["policy_version"]``) and as :class:`Trajectory` records (rewards, turns, tools).
 
-    ``generate(prompts, n, params, generator)`` runs each round (default ``engine.generate``);
-    when its rollouts carry per-token ``versions``, so does the result. ``prompts``: the
-    examples' prompt ids when the caller has them (the trainer's prompt cache), else the
-    encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
+    ``generate(request)`` runs each round (default ``engine.generate``); when its rollouts
+    carry per-token ``versions``, so does the result. ``prompts``: the examples' prompt ids when
+    the caller has them (the trainer's prompt cache), else the encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
     the engine's rollout as it is (:mod:`gspo.envs.one_turn`). ``all_chains``: agent episodes
     train every chain of calls, one row each (:mod:`gspo.envs.agent_driver`)."""
+    request = EpisodeRequest(
+        engine, env, encoder, examples, n, params, limits, generator, prompts, generate
+    )
     if isinstance(env, AgentEnvironment):  # the agent calls the model over HTTP itself
         if any(e.images for e in examples):
             raise ValueError(f"{env.name}: agent environments do not take image prompts")
-        return run_agent_episodes(
-            engine, env, encoder, examples, n, params, limits, generator, version, generate,
-            prompts, all_chains,
-        )  # fmt: skip
+        return run_agent_episodes(request, version, all_chains)
     if not env.multi_turn:
-        return run_one_turn(
-            engine, env, encoder, examples, n, params, limits, generator, prompts, generate=generate
-        )
+        return run_one_turn(request)
     generate = engine.generate if generate is None else generate
     tokenizer = encoder.tokenizer
     params = replace(
@@ -162,13 +159,13 @@ def run_episodes(
         if not active:
             break
         if first and shared:  # every group starts from one prompt: n samples of each, as one-turn
-            out = generate_round(generate, starts, n, params, generator, pixels)
+            out = generate(GenerationRequest(starts, n, params, generator, pixels))
         elif first:  # openings of their own (Opening): one sample of each episode's prompt
             ctx = [t.prompt_ids for t in trajs]
-            out = generate_round(generate, ctx, 1, params, generator, episode_pixels(trajs))
+            out = generate(GenerationRequest(ctx, 1, params, generator, episode_pixels(trajs)))
         else:  # each context with its episode's images so far
             ctx, now = [trajs[k].context() for k in active], [trajs[k] for k in active]
-            out = generate_round(generate, ctx, 1, params, generator, episode_pixels(now))
+            out = generate(GenerationRequest(ctx, 1, params, generator, episode_pixels(now)))
         stamped = out.versions is not None
         if out.logprobs.dtype == torch.float64 and PIXELS in out.extras:
             dtype = torch.float64

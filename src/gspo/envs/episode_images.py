@@ -21,8 +21,6 @@ A reply's image tokens are environment tokens: loss mask 0 like the rest of the 
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -118,26 +116,6 @@ def episode_pixels(trajs: list[Trajectory]) -> Any:
     like = have[0]
     empty = PixelInputs(like.values[:, :0], like.mask[:, :0])  # [1, 0, ...]
     return PixelInputs.cat([empty if t.pixels is None else t.pixels for t in trajs])
-
-
-def generate_round(
-    generate: Callable[..., Rollout],
-    prompts: list[list[int]],
-    n: int,
-    params: Any,
-    generator: torch.Generator | None,
-    pixels: Any,
-) -> Rollout:
-    """One round of the driver, with the contexts' pixel inputs when they hold images (the
-    torch engine's ``generate`` and the async round hook take them)."""
-    if pixels is None:
-        return generate(prompts, n, params, generator)
-    if "pixels" not in inspect.signature(generate).parameters:
-        raise ValueError(
-            "episodes with images are sampled by the torch engine only (--rollout-engine "
-            "torch, backend='local'); this engine takes no pixel inputs"
-        )
-    return generate(prompts, n, params, generator, pixels=pixels)
 
 
 def attach_pixels(rollout: Rollout, trajs: list[Trajectory]) -> None:

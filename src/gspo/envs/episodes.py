@@ -18,7 +18,7 @@ import torch
 from gspo.config.combinations import multi_turn_combinations
 from gspo.config.names import format_bonus_refusal
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.base import GenerationRequest, Rollout, SamplingParams
 from gspo.rollout.batch import RolloutBatch
 
 from .agent import episode_env
@@ -122,7 +122,7 @@ class Episodes:
         generator: torch.Generator | None,
         version: int,
         prompts: list[list[int]] | None = None,
-        generate: Callable[..., Rollout] | None = None,
+        generate: Callable[[GenerationRequest], Rollout] | None = None,
     ) -> RolloutBatch:
         """``n`` episodes of each example (``prompts``: their ids, default the encoder's;
         ``generate`` runs each round instead of ``engine.generate``: the async producer's)."""

@@ -13,50 +13,37 @@ episode's tokens are exactly its completion.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-
-import torch
 
 from gspo.envs.tasks.base import Example
 from gspo.models import moe
 from gspo.models.chat import encode_examples
 from gspo.models.text import decode_completions
-from gspo.rollout.base import Rollout, SamplingParams
+from gspo.rollout.base import GenerationRequest, Rollout
 
 from .base import Environment, opening_of
 from .env_round import step_round
+from .episode_request import EpisodeRequest
 from .trajectory import Trajectory
 
 
 def run_one_turn(
-    engine,
-    env: Environment,
-    encoder,
-    examples: list[Example],
-    n: int,
-    params: SamplingParams,
-    limits: Any,
-    generator: torch.Generator | None = None,
-    prompts: list[list[int]] | None = None,
-    *,
-    routing: bool = True,
-    generate: Callable[..., Rollout] | None = None,
+    request: EpisodeRequest, *, routing: bool = True
 ) -> tuple[Rollout, list[Trajectory]]:
-    """``n`` one-turn episodes per example (see the module doc); ``prompts``: the examples'
-    prompt ids when the caller has them (the trainer's prompt cache), else the encoder's.
-    ``routing`` False: plain ``engine.generate``, no MoE routing record (evaluation);
-    ``generate``: runs the round instead (a caller's hook, as in the multi-turn driver)."""
+    """The request's one-turn episodes (see the module doc); its ``prompts`` when the caller
+    has them (the trainer's prompt cache), else the encoder's. ``routing`` False: plain
+    ``engine.generate``, no MoE routing record (evaluation); the request's ``generate`` runs
+    the round instead (a caller's hook, as in the multi-turn driver)."""
+    engine, env, encoder, examples = request.engine, request.env, request.encoder, request.examples
+    prompts, generate, limits = request.prompts, request.generate, request.limits
     pixels = None
     if any(e.images for e in examples):
         # Image prompts: the processor expands each <image> and makes the pixel inputs, once
         # per prompt for its whole group; the engine's rollout carries them to the update.
         ids, pixels = encode_examples(encoder.fmt, examples)
         prompts = ids if prompts is None else prompts
-        takes_pixels = "pixels" in inspect.signature(engine.generate).parameters
-        if generate is not None or not takes_pixels:
+        if generate is not None:
             raise ValueError(
                 "image prompts need an engine that takes pixel inputs: the torch engine (in this "
                 "process or on Ray rollout workers) or vLLM in this process"
@@ -64,18 +51,19 @@ def run_one_turn(
     if prompts is None:
         prompts = [encoder.start(e.prompt)[0] for e in examples]
     params = replace(
-        params,
+        request.params,
         max_new_tokens=min(limits.max_tokens_per_turn, limits.max_total_tokens),
-        stop_strings=tuple(params.stop_strings) + tuple(env.stop_strings),
+        stop_strings=tuple(request.params.stop_strings) + tuple(env.stop_strings),
     )
+    turn = GenerationRequest(prompts, request.n, params, request.generator, pixels)
     if pixels is not None:
-        rollout = engine.generate(prompts, n, params, generator, pixels=pixels)
+        rollout = engine.generate(turn)
     elif generate is not None:
-        rollout = generate(prompts, n, params, generator)
+        rollout = generate(turn)
     elif routing:
-        rollout = moe.generate_with_routing(engine, prompts, n, params, generator)
+        rollout = moe.generate_with_routing(engine, turn)
     else:
-        rollout = engine.generate(prompts, n, params, generator)
+        rollout = engine.generate(turn)
     trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
     return rollout, trajs
 

@@ -1,7 +1,7 @@
 """Side-by-side runs: several algorithms x several seeds with identical data, init and budget.
 
-``run_compare(["grpo", "gspo", "luspo"], [0, 1, 2], ...)`` runs every (algorithm, seed) pair with
-one shared training config that differs only in ``algo`` and ``seed``. The trainer draws the
+``run_compare(*plan(["grpo", "gspo", "luspo"], [0, 1, 2], out), out)`` runs every (algorithm,
+seed) pair with one shared training config that differs only in ``algo`` and ``seed``. The trainer draws the
 data order, sampling and minibatch shuffles from ``seed`` alone, so runs of one seed see the
 same prompts in the same order. The starting model is shared too: with ``sft_steps > 0`` a
 cold-start SFT runs once per seed (``<out>/sft/seed<k>``) and every algorithm of that seed starts
@@ -179,33 +179,19 @@ def plan(
 
 
 def run_compare(
-    algos: Sequence[str],
-    seeds: Sequence[int],
+    cfgs: list[TrainConfig],
+    sft_cfgs: dict[int, SFTConfig],
     output_dir: str | Path,
     *,
-    preset: str | None = None,
-    config_file: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
-    sft_steps: int = 0,
-    sft_overrides: dict[str, Any] | None = None,
     tail: float = 0.1,
     title: str = "",
     reference: str | None = None,
     log=print,
 ) -> CompareResult:
-    """Run every (algo, seed) pair from the same start and write ``<output_dir>/report``."""
+    """Run the planned (algo, seed) pairs (:func:`plan`'s configs) from the same start and
+    write ``<output_dir>/report``."""
     t0 = time.perf_counter()
     out = Path(output_dir)
-    cfgs, sft_cfgs = plan(  # every config checked before torch is imported
-        algos,
-        seeds,
-        out,
-        preset=preset,
-        config_file=config_file,
-        overrides=overrides,
-        sft_steps=sft_steps,
-        sft_overrides=sft_overrides,
-    )
     # Both load torch: the CLI stays torch-free until a run starts (every config is checked first).
     from gspo.compose.sft import run_sft
     from gspo.compose.train import train
@@ -346,7 +332,7 @@ def run_cli(args: Any, overrides_of: Any) -> int:
     if problems:
         raise ConfigError(problems[0])
     algos, seeds = parse_algos(args.algos), parse_seeds(args.seeds, base=base_seed)
-    plan(  # the configs' problems before transformers (and torch) is imported
+    cfgs, sft_cfgs = plan(  # the configs' problems before transformers (and torch) is imported
         algos,
         seeds,
         output_dir,
@@ -358,17 +344,7 @@ def run_cli(args: Any, overrides_of: Any) -> int:
     )
     quiet_transformers()  # checkpoint writes would print a bar each
     result = run_compare(
-        algos,
-        seeds,
-        output_dir,
-        preset=args.preset,
-        config_file=args.config,
-        overrides=overrides,
-        sft_steps=args.sft_steps,
-        sft_overrides=sft_overrides,
-        tail=args.tail,
-        title=args.title,
-        reference=args.reference,
+        cfgs, sft_cfgs, output_dir, tail=args.tail, title=args.title, reference=args.reference
     )
     _print_report(result.report_dir / "summary.md")
     print(f"compare: {len(result.run_dirs)} runs in {result.seconds:.0f} s")

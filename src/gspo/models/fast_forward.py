@@ -35,7 +35,9 @@ __all__ = [
     "FUSE_MAX_PARAMS",
     "FastDecoder",
     "completion_logits",
+    "distinct_prompts",
     "has_forward_hooks",
+    "shared_prompt_logits",
     "supports",
 ]
 
@@ -261,23 +263,52 @@ def completion_logits(
 
     Rows with equal ``prompt_index`` [N] must hold the same prompt (the samples of one group):
     that prompt's forward runs once, its keys and values are shared by those rows, and each row
-    then runs only its first L - 1 completion tokens (float64 models: no sharing, see below).
-    Differentiable. Needs :func:`supports`. ``causal`` picks the attention layout of the
-    completion tokens (None: by length, :data:`CAUSAL_MIN_TOKENS`); both compute the same
-    function, up to float rounding.
+    then runs only its first L - 1 completion tokens (float64 models: no sharing, see
+    :func:`distinct_prompts`). Differentiable. Needs :func:`supports`. ``causal`` picks the
+    attention layout of the completion tokens (None: by length, :data:`CAUSAL_MIN_TOKENS`);
+    both compute the same function, up to float rounding.
     """
-    n, p = prompt_ids.shape
-    length = completion_ids.shape[1]
-    stack = _Stack(model, max_len=p + length)
-    if stack.dtype == torch.float64:
+    first, inv = distinct_prompts(model, prompt_index)
+    return shared_prompt_logits(
+        model, prompt_ids, prompt_mask, completion_ids, completion_mask, first, inv, causal=causal
+    )
+
+
+def distinct_prompts(
+    model: torch.nn.Module, prompt_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first [U], inv [N]) of rows' ``prompt_index`` [N]: one row of each of the U distinct
+    prompts, and each row's distinct prompt. Its output shape depends on the values, so it runs
+    outside a compiled graph (:mod:`gspo.models.compiled_forward`)."""
+    n = prompt_index.shape[0]
+    if next(model.parameters()).dtype == torch.float64:
         # transformers' RMSNorm runs in float32 even in a float64 model, so its gradient carries
         # float32 rounding, and summing the samples' gradients before or after that cast differs
         # at ~1e-7. float64 runs exist to check invariances (micro-batching, resume) exactly:
         # there every row runs its own prompt, as the plain forward does.
-        prompt_index = torch.arange(n, device=prompt_ids.device)
+        prompt_index = torch.arange(n, device=prompt_index.device)
     uniq, inv = torch.unique(prompt_index, return_inverse=True)  # inv: row -> distinct prompt
-    first = torch.zeros(len(uniq), dtype=torch.long, device=prompt_ids.device)
-    first.scatter_(0, inv, torch.arange(n, device=prompt_ids.device))  # one row per prompt
+    first = torch.zeros(len(uniq), dtype=torch.long, device=prompt_index.device)
+    first.scatter_(0, inv, torch.arange(n, device=prompt_index.device))  # one row per prompt
+    return first, inv
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    first: torch.Tensor,
+    inv: torch.Tensor,
+    *,
+    causal: bool | None = None,
+) -> torch.Tensor:
+    """:func:`completion_logits` given its :func:`distinct_prompts` ``first`` [U] and ``inv``
+    [N]: every shape here is the inputs', so it compiles to one graph per shape."""
+    n, p = prompt_ids.shape
+    length = completion_ids.shape[1]
+    stack = _Stack(model, max_len=p + length)
     valid = prompt_mask.bool()  # [N, P]
     positions = (torch.cat([prompt_mask, completion_mask], dim=1).long().cumsum(-1) - 1).clamp(
         min=0

@@ -19,7 +19,7 @@ from torch import nn
 
 from gspo.models.logprobs import token_logprobs
 
-from . import moe
+from . import compiled_forward, moe
 
 Tokens = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """A micro-batch's prompt ids, prompt mask, completion ids, completion mask: [n, P'], [n, L']."""
@@ -59,6 +59,8 @@ class ForwardInputs:
     temperature: float
     whole_width: bool
     """Every forward keeps the batch's full width: MoE routing records are laid out over it."""
+    buckets: compiled_forward.Buckets | None = None
+    """Set (the ``compile`` option): gradient forwards run compiled, padded to these buckets."""
 
     @classmethod
     def of(
@@ -71,8 +73,10 @@ class ForwardInputs:
         routing_replay: str | None,
         aux_coef: float,
         temperature: float,
+        buckets: compiled_forward.Buckets | None = None,
     ) -> ForwardInputs:
-        """The inputs of ``rollout``'s forwards (its routing records read from its extras)."""
+        """The inputs of ``rollout``'s forwards (its routing records read from its extras);
+        ``buckets``: compile the gradient forwards (:mod:`gspo.models.compiled_forward`)."""
         return cls(
             prompt_index=rollout.prompt_index,
             pixels=pixels,
@@ -83,6 +87,7 @@ class ForwardInputs:
             aux_coef=aux_coef,
             temperature=temperature,
             whole_width=not independent_rows(model),
+            buckets=buckets,
         )
 
     def keywords(self, rows: torch.Tensor) -> dict[str, Any]:
@@ -103,13 +108,22 @@ class ForwardInputs:
             torch.set_grad_enabled(grad),
             moe.training_forward(model, self.replay, rows, aux=True) as routes,
         ):
-            logprobs, entropy = token_logprobs(
-                model,
-                *tokens,
-                temperature=self.temperature,
-                with_entropy=True,
-                **self.keywords(rows),
-            )  # [n, L'] each
+            if grad and self.buckets is not None:  # set only where it applies
+                logprobs, entropy = compiled_forward.token_logprobs(
+                    model,
+                    self.buckets,
+                    *tokens,
+                    self.prompt_index[rows],
+                    temperature=self.temperature,
+                )  # [n, L'] each
+            else:
+                logprobs, entropy = token_logprobs(
+                    model,
+                    *tokens,
+                    temperature=self.temperature,
+                    with_entropy=True,
+                    **self.keywords(rows),
+                )  # [n, L'] each
         prompt_mask, completion_mask = tokens[1], tokens[3]
         aux, metrics = moe.micro_batch_terms(
             model,

@@ -110,7 +110,22 @@ def token_logprobs(
         # Position t predicts token t+1: completion token j is predicted at P-1+j. With
         # logits_to_keep=L+1 that is every kept position but the last.
         logits = logits[:, -(length + 1) : -1]  # [N, L, V]
-    blocked = blocked_token_ids(model)
+    return completion_scores(
+        logits, completion_ids, completion_mask, temperature, with_entropy, blocked_token_ids(model)
+    )
+
+
+def completion_scores(
+    logits: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    blocked: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`token_logprobs`'s result from the completion's logits [N, L, V]: log-probs of
+    ``completion_ids`` [N, L] and (when ``with_entropy``) the detached entropy, 0 where
+    ``completion_mask`` is 0 or the token is ``blocked``."""
     logits = block_tokens(logits, blocked)  # [N, L, V] (VL: no image token)
     t = 1.0 if temperature == 0 else float(temperature)
     scaled = _upcast(logits) if t == 1.0 else _upcast(logits) / t  # [N, L, V]

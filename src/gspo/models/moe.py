@@ -136,15 +136,15 @@ def fit_experts_kernel(model: nn.Module) -> nn.Module:
 # --------------------------------------------------------------------------------------------
 
 
-def generate_with_routing(engine, prompts, n, params, generator=None):
+def generate_with_routing(engine, request):
     """``engine.generate`` with the engine model's routing (prefill + every decode step) stored
     as ``rollout.extras["routing"]`` (a [R, N, P+L, k] :class:`Routing`; the last completion
     token's position, never fed to the engine, is -1). This is what R3 replays. An engine
     without a torch module (vLLM) records no routing: plain ``engine.generate``."""
     if getattr(engine, "model", None) is None:
-        return engine.generate(prompts, n, params, generator)
+        return engine.generate(request)
     with capture_routing(engine.model) as rec:
-        rollout = engine.generate(prompts, n, params, generator)
+        rollout = engine.generate(request)
     if rec is not None:
         length = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
         rollout.extras["routing"] = rec.routing(rollout.num_samples, length)

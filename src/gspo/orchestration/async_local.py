@@ -20,7 +20,7 @@ import torch
 
 from gspo.config.train import TrainConfig
 
-from ..rollout.base import PartialGeneration, Rollout, SamplingParams
+from ..rollout.base import GenerationRequest, PartialGeneration, Rollout
 from ..rollout.engines import close_engine, policy_engine
 from ..rollout.partial import partial_generation
 from ..rollout.torch_engine import TorchEngine
@@ -29,9 +29,8 @@ from .async_rollout import WeightSync, snapshot
 from .async_source import AsyncSource, GroupProducer
 from .state import Parts
 
-Start = Callable[..., PartialGeneration]
-"""Starts a partial generation: (prompts, n, params, generator), and ``pixels=`` for contexts
-with images."""
+Start = Callable[[GenerationRequest], PartialGeneration]
+"""Starts a partial generation of a request (contexts with images: its pixels too)."""
 
 
 class SharedMemorySink:
@@ -66,30 +65,13 @@ class InProcess:
         self.engine, self.device = engine, engine.device
         self.chunk, self.tokenizer, self.owned = chunk, tokenizer, owned
 
-    def generation(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        pixels: Any = None,
-    ) -> PartialGeneration:
-        return partial_generation(
-            self.engine, prompts, n, params, generator, chunk=self.chunk,
-            tokenizer=self.tokenizer, pixels=pixels,
-        )  # fmt: skip
+    def generation(self, request: GenerationRequest) -> PartialGeneration:
+        return partial_generation(self.engine, request, chunk=self.chunk, tokenizer=self.tokenizer)
 
     def one_turn(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: Callable[[], torch.Generator],
-        weights: WeightSync,
-        mode: str,
-        pixels: Any = None,
+        self, request: Callable[[], GenerationRequest], weights: WeightSync, mode: str
     ) -> Rollout:
-        g = self.generation(prompts, n, params, generator(), pixels)
+        g = self.generation(request())
         while not g.done:
             g.run(None, weights.version, stop=weights.newer)  # to the end or new weights
             # Also after the last token: 'restart' then samples the step again (as it always did).
@@ -97,12 +79,12 @@ class InProcess:
                 g.pause()
                 weights.sync()
                 if mode == "restart":
-                    g = self.generation(prompts, n, params, generator(), pixels)
+                    g = self.generation(request())
         return g.result()
 
     def round_hook(
         self, weights: WeightSync, mode: str, counts: dict[str, float]
-    ) -> Callable[..., Rollout]:
+    ) -> Callable[[GenerationRequest], Rollout]:
         return round_generate(self.generation, weights, mode, counts)
 
     def close(self) -> None:
@@ -112,22 +94,16 @@ class InProcess:
 
 def round_generate(
     start: Start, weights: WeightSync, mode: str, counts: dict[str, float]
-) -> Callable[..., Rollout]:
+) -> Callable[[GenerationRequest], Rollout]:
     """The driver's ``generate`` hook: one round of turns (each a generation from ``start``)
     with weight loads at the turn boundary and mid-turn, each token tagged with its version;
     counts the loads in ``counts``."""
     rounds = [0]
 
-    def generate(
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        pixels: Any = None,
-    ) -> Rollout:
+    def generate(request: GenerationRequest) -> Rollout:
         turn_boundary(weights, mode, rounds, counts)
         # Contexts with images (gspo.envs.episode_images): their pixels, every re-prefill too.
-        g = start(prompts, n, params, generator, **({} if pixels is None else {"pixels": pixels}))
+        g = start(request)
         while not g.done:
             g.run(None, weights.version, stop=weights.newer)  # to the turn's end or new weights
             if weights.newer() and not g.done:

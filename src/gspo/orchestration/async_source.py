@@ -47,7 +47,7 @@ from gspo.config.train import TrainConfig
 
 from ..core.seeding import prompt_indices, step_generator
 from ..models.chat import encode_examples
-from ..rollout.base import NO_VERSION, Rollout, SamplingParams
+from ..rollout.base import NO_VERSION, GenerationRequest, Rollout
 from ..rollout.batch import RolloutBatch
 from ..rollout.partial import sample_versions
 from .async_buffer import Group
@@ -65,23 +65,17 @@ class Place(Protocol):
     """Where the step generators live."""
 
     def one_turn(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: Callable[[], torch.Generator],
-        weights: WeightSync,
-        mode: str,
-        pixels: Any = None,
+        self, request: Callable[[], GenerationRequest], weights: WeightSync, mode: str
     ) -> Rollout:
         """One-turn completions with every token's version, loading newer weights when they
-        arrive (``mode`` 'restart': then again from the start, with a fresh ``generator()``);
-        ``pixels``: the prompts' pixel inputs (image prompts), on the rollout's extras."""
+        arrive (``mode`` 'restart': then again from the start, with a fresh ``request()``: its
+        generator at the start of the step's stream); image prompts' pixel inputs go on the
+        rollout's extras."""
         ...
 
     def round_hook(
         self, weights: WeightSync, mode: str, counts: dict[str, float]
-    ) -> Callable[..., Rollout]:
+    ) -> Callable[[GenerationRequest], Rollout]:
         """The environment driver's ``generate`` hook for one round of turns."""
         ...
 
@@ -160,12 +154,13 @@ class GroupProducer(StepProducer):
         if any(e.images for e in examples):
             _, pixels = encode_examples(parts.episodes.encoder.fmt, examples)
 
-        def generator() -> torch.Generator:
-            return step_generator(cfg.run.seed, step, stream=0, device=place.device)
+        def request() -> GenerationRequest:
+            generator = step_generator(cfg.run.seed, step, stream=0, device=place.device)
+            return GenerationRequest(
+                prompts, cfg.rollout.group_size, parts.params, generator, pixels
+            )
 
-        rollout = place.one_turn(
-            prompts, cfg.rollout.group_size, parts.params, generator, weights, self.mode, pixels
-        )
+        rollout = place.one_turn(request, weights, self.mode)
         rollout, _, lo, hi = self.versions(rollout)
         sampled = score_round(parts, rollout.to(parts.device), examples)
         return Produced(lo, hi, sampled, time.perf_counter() - t0)

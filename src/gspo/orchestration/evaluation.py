@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
 from gspo.envs.base import Environment, SingleTurnEnv
 from gspo.envs.driver import Limits, episode_metrics, run_episodes
+from gspo.envs.episode_request import EpisodeRequest
 from gspo.envs.one_turn import run_one_turn
 from gspo.envs.rewards import reward_workers
 from gspo.envs.tasks.base import Example, RewardFn
@@ -69,9 +70,8 @@ def _generate_scored(engine, fmt, examples, env, params, n, generator, batch_siz
     for start in range(0, len(examples), per_batch):
         chunk = list(examples[start : start + per_batch])
         prompts, _ = encode_examples(fmt, chunk)
-        rollout, trajs = run_one_turn(
-            engine, env, encoder, chunk, n, params, limits, generator, prompts, routing=False
-        )
+        request = EpisodeRequest(engine, env, encoder, chunk, n, params, limits, generator, prompts)
+        rollout, trajs = run_one_turn(request, routing=False)
         r = [t.reward for t in trajs]
         texts = [t.history[-1]["content"] for t in trajs]
         errors += sum(t.finish == "failed" for t in trajs)

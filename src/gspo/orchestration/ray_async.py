@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..rollout.base import Rollout, SamplingParams
+from ..rollout.base import GenerationRequest, Rollout
 from ..rollout.chunked import ChunkedGeneration, stop_sequences
 from .async_episodes import EpisodeProducer, Restart, turn_boundary
 from .async_local import driver_engine
@@ -85,36 +85,24 @@ class RayWorkers:
         self.device = torch.device("cpu")  # the step generators (chunk generators derive)
         self.chunks = 0  # chunk calls made (for tests and benchmarks)
 
-    def generation(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> ChunkedGeneration:
-        stops = stop_sequences(self.tokenizer, params.stop_strings)
+    def generation(self, request: GenerationRequest) -> ChunkedGeneration:
+        stops = stop_sequences(self.tokenizer, request.params.stop_strings)
         pad = self.tokenizer.pad_token_id
-        return ChunkedGeneration(self.pool, prompts, n, params, generator, self.chunk, pad, stops)
+        return ChunkedGeneration(self.pool, request, self.chunk, pad, stops)
 
     def one_turn(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: Callable[[], torch.Generator],
-        weights: WeightSync,
-        mode: str,
-        pixels: Any = None,
+        self, request: Callable[[], GenerationRequest], weights: WeightSync, mode: str
     ) -> Rollout:
-        if pixels is not None:  # (refused before the run: config.combinations)
+        first = request()
+        if first.pixels is not None:  # (refused before the run: config.combinations)
             raise ValueError("image prompts do not travel to Ray rollout workers yet")
-        g = self.generation(prompts, n, params, generator())
+        g = self.generation(first)
         while not g.done:
             self.generate_chunk(g, weights.version)
             if weights.newer() and not g.done:  # new weights between two chunks
                 weights.sync()
                 if mode == "restart":
-                    g = self.generation(prompts, n, params, generator())
+                    g = self.generation(request())
         return g.result()
 
     def generate_chunk(self, g: ChunkedGeneration, version: int) -> None:
@@ -124,7 +112,7 @@ class RayWorkers:
 
     def round_hook(
         self, weights: WeightSync, mode: str, counts: dict[str, float]
-    ) -> Callable[..., Rollout]:
+    ) -> Callable[[GenerationRequest], Rollout]:
         return chunked_round_generate(self, weights, mode, counts)
 
     def close(self) -> None:
@@ -133,21 +121,21 @@ class RayWorkers:
 
 def chunked_round_generate(
     place: RayWorkers, weights: WeightSync, mode: str, counts: dict[str, float]
-) -> Callable[..., Rollout]:
+) -> Callable[[GenerationRequest], Rollout]:
     """The driver's ``generate`` hook on the workers: one round of turns, chunk by chunk, with
     weight loads at the turn boundary and between chunks, each token tagged with its version;
     counts the loads in ``counts``. Each round advances the step generator by one draw, so the
     rounds of an episode sample from different streams."""
     rounds = [0]
 
-    def generate(
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
+    def generate(request: GenerationRequest) -> Rollout:
+        if request.pixels is not None:  # (refused before the run: config.combinations)
+            raise ValueError(
+                "episodes with images are sampled by the torch engine only (--rollout-engine "
+                "torch, backend='local'); the Ray rollout workers take no pixel inputs"
+            )
         turn_boundary(weights, mode, rounds, counts)
-        g = place.generation(prompts, n, params, generator)
+        g = place.generation(request)
         while not g.done:
             place.generate_chunk(g, weights.version)
             if weights.newer() and not g.done:  # new weights between two chunks of a turn
@@ -155,8 +143,8 @@ def chunked_round_generate(
                     raise Restart
                 weights.sync()
                 counts["async/mid_turn_syncs"] += 1
-        if generator is not None:
-            torch.rand(1, generator=generator)  # the next round draws from a new state
+        if request.generator is not None:
+            torch.rand(1, generator=request.generator)  # the next round draws from a new state
         return g.result()
 
     return generate

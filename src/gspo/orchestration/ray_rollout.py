@@ -29,7 +29,7 @@ from ..backend.ray_backend import gather
 from ..backend.ray_refs import PixelRefs, resolve
 from ..models.logprobs import token_logprobs
 from ..models.policy import build_policy, set_threads
-from ..rollout.base import PIXELS, Rollout, SamplingParams
+from ..rollout.base import PIXELS, GenerationRequest, Rollout, SamplingParams
 from ..rollout.engines import close_engine, policy_engine
 
 
@@ -65,11 +65,11 @@ class RolloutWorker:
             generator = torch.Generator(device=self.engine.device)
             generator.set_state(gen_state)
         if pixels is None:
-            return self.engine.generate(prompts, n, params, generator)
+            return self.engine.generate(GenerationRequest(prompts, n, params, generator))
         start, stop = share
         step = resolve(pixels)
         mine = type(step)(step.values[start:stop], step.mask[start:stop])  # [k, I, ...]
-        rollout = self.engine.generate(prompts, n, params, generator, pixels=mine)
+        rollout = self.engine.generate(GenerationRequest(prompts, n, params, generator, mine))
         # The driver holds the pixels: they do not travel back.
         return replace(rollout, extras={k: v for k, v in rollout.extras.items() if k != PIXELS})
 
@@ -185,41 +185,27 @@ class RolloutPool:
         names = [self.names[self.workers.index(w)] for w in chosen]
         return gather(self.ray, [call(w) for w in chosen], names, what, self.output_dir)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        pixels: Any = None,
-    ) -> Rollout:
-        """``pixels``: image prompts' pixel inputs (one entry per prompt), sent by reference."""
-        split = shares(len(prompts), len(self.workers))
+    def generate(self, request: GenerationRequest) -> Rollout:
+        """Image prompts' pixel inputs (one entry per prompt) are sent by reference."""
+        split = shares(len(request.prompts), len(self.workers))
         busy = self.workers[: len(split)]
-        requests = self.requests(prompts, n, params, generator, pixels)
+        requests = self.requests(request)
         parts = self._all(lambda w: w.generate.remote(*requests[busy.index(w)]), "generation", busy)
         rollout = concat_in_order(parts, [s.start for s in split], self.pad_id)
-        if pixels is None:
+        if request.pixels is None:
             return rollout
-        return replace(rollout, extras={**rollout.extras, PIXELS: pixels})
+        return replace(rollout, extras={**rollout.extras, PIXELS: request.pixels})
 
-    def requests(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        pixels: Any = None,
-    ) -> list[tuple]:
+    def requests(self, request: GenerationRequest) -> list[tuple]:
         """Each busy worker's ``generate`` arguments: its share of the prompts, its generator
         state and, for image prompts, the ``ObjectRef`` of the step's pixel inputs (put once,
         never a tensor per worker) with its share's range."""
-        split = shares(len(prompts), len(self.workers))
-        ref = None if pixels is None else self.refs.ref(pixels)
-        out = []
+        split = shares(len(request.prompts), len(self.workers))
+        ref = None if request.pixels is None else self.refs.ref(request.pixels)
+        generator, out = request.generator, []
         for k, share in enumerate(split):
             state = None if generator is None else worker_generator_state(generator, k)
-            args: tuple = ([prompts[i] for i in share], n, params, state)
+            args: tuple = ([request.prompts[i] for i in share], request.n, request.params, state)
             if ref is not None:
                 args += (ref, (share.start, share.stop))
             out.append(args)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..backend.base import CheckpointTarget
 from ..core.advantages import group_advantages
 from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices
@@ -225,13 +226,11 @@ def checkpoint(parts: Parts, state: StepState, last: int, *, force: bool = False
     if due or state.step == last or force:
         from ..config.fields import to_dict
 
-        parts.backend.save_checkpoint(
-            parts.output_dir,
-            state.step,
-            tokenizer=parts.tokenizer,
-            config=to_dict(cfg),
-            keep=cfg.run.keep_checkpoints,
-            extra=state.to_checkpoint(),  # a resumed run continues the bad-step count
+        config = to_dict(cfg)
+        target = CheckpointTarget(
+            parts.output_dir, parts.tokenizer, config, cfg.run.keep_checkpoints
         )
+        # The loop's state: a resumed run continues the bad-step count.
+        parts.backend.save_checkpoint(target, state.step, state.to_checkpoint())
         return True
     return False

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -36,6 +36,23 @@ class SamplingParams:
     """Token ids that end a completion (the EOS id is added by the engine); they are kept in it."""
     stop_strings: tuple[str, ...] = ()
     """Strings that end a completion once they appear at its end (matched on token ids)."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to sample: ``n`` completions of each prompt (token ids, no padding) under
+    ``params``; the rollout's row ``i * n + j`` is sample j of prompt i. One object for every
+    engine, partial generation and async place, so that none spells the arguments out."""
+
+    prompts: list[list[int]]
+    n: int
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    """Seeds the sampling (a seeded one makes the rollout reproducible); None: the global RNG."""
+    pixels: Any = None
+    """Image prompts' :class:`gspo.models.vision.PixelInputs`, one entry per prompt (the
+    engine's rollout carries them on ``extras["pixels"]``); an engine or place without image
+    inputs refuses a request that has them."""
 
 
 @dataclass
@@ -144,14 +161,8 @@ def pixel_rows(rollout: Rollout) -> torch.Tensor:
 class RolloutEngine(Protocol):
     """Anything that samples completions with their log-probs and can take new weights."""
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> Rollout:
-        """Sample ``n`` completions for each prompt (token ids, no padding)."""
+    def generate(self, request: GenerationRequest) -> Rollout:
+        """Sample the request's completions."""
         ...
 
     def update_weights(self, model: torch.nn.Module) -> None:
@@ -194,12 +205,6 @@ class ResumableEngine(RolloutEngine, Protocol):
     for bit ``generate`` without one). Engines without it run partial rollouts as chunks of
     ``generate`` calls (:func:`gspo.rollout.partial.partial_generation`)."""
 
-    def partial(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-    ) -> PartialGeneration:
-        """A :class:`PartialGeneration` of ``n`` completions per prompt (rows ``i * n + j``)."""
+    def partial(self, request: GenerationRequest) -> PartialGeneration:
+        """A :class:`PartialGeneration` of the request's completions (rows ``i * n + j``)."""
         ...

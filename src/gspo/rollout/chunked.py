@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .base import NO_VERSION, Rollout, SamplingParams
+from .base import NO_VERSION, GenerationRequest, Rollout
 
 
 def chunk_generator(generator: torch.Generator | None, chunk: int) -> torch.Generator | None:
@@ -52,24 +52,26 @@ class ChunkedGeneration:
     def __init__(
         self,
         engine: Any,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
+        request: GenerationRequest,
         chunk: int,
         pad_id: int,
         stop_seqs: list[list[int]] | tuple = (),
     ) -> None:
         if chunk < 1:
             raise ValueError(f"async_chunk_tokens must be >= 1, got {chunk}")
-        self.engine, self.prompts, self.n, self.params = engine, prompts, n, params
-        self.chunk, self.pad_id = chunk, int(pad_id)
+        if request.pixels is not None:  # a chunk's continuation is a new request, no images
+            raise ValueError(
+                "partial rollouts of image prompts need the torch engine (--rollout-engine torch)"
+            )
+        self.engine, self.prompts, self.n = engine, request.prompts, request.n
+        self.params, self.chunk, self.pad_id = request.params, chunk, int(pad_id)
         self.stop_seqs = [list(q) for q in stop_seqs if q]
+        generator = request.generator
         # The initial state, so chunk c's generator does not depend on how far chunk 0 drew.
         self._gen_state = None if generator is None else generator.get_state()
         self._gen_device = None if generator is None else generator.device
-        self.max_new = max(int(params.max_new_tokens), 0)
-        rows = len(prompts) * n
+        self.max_new = max(int(self.params.max_new_tokens), 0)
+        rows = len(self.prompts) * self.n
         self.tokens: list[list[int]] = [[] for _ in range(rows)]
         self.logprobs: list[list[float]] = [[] for _ in range(rows)]
         self.versions: list[list[int]] = [[] for _ in range(rows)]
@@ -100,11 +102,13 @@ class ChunkedGeneration:
         params = replace(self.params, max_new_tokens=size)
         if self.calls == 0:
             rows = list(range(len(self.tokens)))
-            out = self.engine.generate(self.prompts, self.n, params, self._generator())
+            out = self.engine.generate(
+                GenerationRequest(self.prompts, self.n, params, self._generator())
+            )
         else:
             rows = [i for i, f in enumerate(self.finish) if f is None]
             cont = [self.prompts[i // self.n] + self.tokens[i] for i in rows]
-            out = self.engine.generate(cont, 1, params, self._generator())
+            out = self.engine.generate(GenerationRequest(cont, 1, params, self._generator()))
         self.logp_dtype = out.logprobs.dtype
         lengths = out.completion_mask.sum(dim=1).tolist()  # [rows]
         self.generated += size

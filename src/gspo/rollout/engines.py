@@ -52,42 +52,38 @@ def colocated_sleep(cfg: TrainConfig) -> bool:
     )
 
 
-def _torch_engine(
-    engine: EngineOptions,
-    model: Any,
-    tokenizer: Any,
-    *,
-    seed: int,
-    logprobs: bool,
-    pad_id: int,
-    eos_id: int,
-    sleep_mode: bool,
-    **torch_kw,
-):
-    return TorchEngine(model, pad_id=pad_id, eos_id=eos_id, tokenizer=tokenizer, **torch_kw)
+@dataclass(frozen=True)
+class EngineBuild:
+    """What a registered engine is built from: :func:`build_engine`'s arguments."""
+
+    engine: EngineOptions
+    model: Any
+    tokenizer: Any
+    seed: int
+    logprobs: bool
+    pad_id: int
+    eos_id: int
+    sleep_mode: bool
+    torch_kw: dict[str, Any]
+    """The torch engine's own keywords (``dtype``, ``share_weights``)."""
 
 
-def _vllm_engine(
-    engine: EngineOptions,
-    model: Any,
-    tokenizer: Any,
-    *,
-    seed: int,
-    logprobs: bool,
-    pad_id: int,
-    eos_id: int,
-    sleep_mode: bool,
-    **_torch_kw,
-):
+def _torch_engine(b: EngineBuild):
+    return TorchEngine(
+        b.model, pad_id=b.pad_id, eos_id=b.eos_id, tokenizer=b.tokenizer, **b.torch_kw
+    )
+
+
+def _vllm_engine(b: EngineBuild):
     # vllm_engine imports the vllm package only when an engine starts (an optional extra).
     return VLLMEngine(
-        model,
-        pad_id=pad_id,
-        eos_id=eos_id,
-        options=vllm_options(engine, sleep_mode=sleep_mode),
-        tokenizer=tokenizer,
-        seed=seed,
-        logprobs=logprobs,
+        b.model,
+        pad_id=b.pad_id,
+        eos_id=b.eos_id,
+        options=vllm_options(b.engine, sleep_mode=b.sleep_mode),
+        tokenizer=b.tokenizer,
+        seed=b.seed,
+        logprobs=b.logprobs,
     )
 
 
@@ -95,9 +91,8 @@ def _vllm_engine(
 class EngineSpec:
     """A registered rollout engine."""
 
-    build: Callable[..., Any]
-    """``build(engine, model, tokenizer, *, seed, logprobs, pad_id, eos_id, sleep_mode,
-    **torch_kw)`` -> the engine."""
+    build: Callable[[EngineBuild], Any]
+    """The engine from its :class:`EngineBuild`."""
     require: Callable[[], None] = lambda: None
     """Fails with an install hint when the engine's optional package is missing."""
     own_memory: bool = False
@@ -141,17 +136,10 @@ def build_engine(
     """The configured rollout engine for ``model``: ``TorchEngine(model, **torch_kw)`` or a
     ``VLLMEngine`` started from the model's current weights (``logprobs``: training, which
     reads them; evaluation samples with top-p < 1 and no log-probs)."""
-    return engine_spec(engine).build(
-        engine,
-        model,
-        tokenizer,
-        seed=seed,
-        logprobs=logprobs,
-        pad_id=pad_id,
-        eos_id=eos_id,
-        sleep_mode=sleep_mode,
-        **torch_kw,
+    build = EngineBuild(
+        engine, model, tokenizer, seed, logprobs, pad_id, eos_id, sleep_mode, torch_kw
     )
+    return engine_spec(engine).build(build)
 
 
 def policy_engine(cfg: TrainConfig, model: Any, tokenizer: Any, rollout_engine: str | None = None):

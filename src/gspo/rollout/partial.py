@@ -23,42 +23,29 @@ import torch
 
 from gspo.rollout.base import (
     NO_VERSION,
+    GenerationRequest,
     PartialGeneration,
     ResumableEngine,
     Rollout,
     RolloutEngine,
-    SamplingParams,
 )
 from gspo.rollout.chunked import ChunkedGeneration, stop_sequences
 
 
 def partial_generation(
-    engine: RolloutEngine,
-    prompts: list[list[int]],
-    n: int,
-    params: SamplingParams,
-    generator: torch.Generator | None,
-    *,
-    chunk: int,
-    tokenizer: Any = None,
-    pixels: Any = None,
+    engine: RolloutEngine, request: GenerationRequest, *, chunk: int, tokenizer: Any = None
 ) -> PartialGeneration:
     """A partial generation on ``engine``: its own (:class:`ResumableEngine`), else chunks of at
     most ``chunk`` new tokens through ``generate`` (``tokenizer`` encodes the stop strings, so
-    that one spanning a chunk boundary is matched). ``pixels``: the prompts' pixel inputs
-    (image prompts; the torch engine's own partial generation takes them, every re-prefill
-    after a pause again)."""
+    that one spanning a chunk boundary is matched). Image prompts (``request.pixels``) need the
+    torch engine's own partial generation, which takes them, every re-prefill after a pause
+    again."""
     if isinstance(engine, ResumableEngine):
-        if pixels is None:
-            return engine.partial(prompts, n, params, generator)
-        return engine.partial(prompts, n, params, generator, pixels=pixels)  # type: ignore[call-arg]
-    if pixels is not None:
-        raise ValueError(
-            "partial rollouts of image prompts need the torch engine (--rollout-engine torch)"
-        )
+        return engine.partial(request)
+    params = request.params
     stops = stop_sequences(tokenizer, params.stop_strings) if params.stop_strings else []
     pad = engine.pad_id  # type: ignore[attr-defined]
-    return ChunkedGeneration(engine, prompts, n, params, generator, chunk, pad, stops)
+    return ChunkedGeneration(engine, request, chunk, pad, stops)
 
 
 def sample_versions(rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:

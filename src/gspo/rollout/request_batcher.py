@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .base import Rollout, SamplingParams
+from .base import GenerationRequest, Rollout, SamplingParams
 
 
 @dataclass
@@ -64,7 +64,7 @@ class RequestBatcher:
 
     def __init__(
         self,
-        generate: Callable[..., Rollout],
+        generate: Callable[[GenerationRequest], Rollout],
         *,
         generator: Any = None,
         patience_s: float = 5.0,
@@ -162,9 +162,8 @@ class RequestBatcher:
             seed = items[0].seed
             generator = self.generator if seed is None else self._seeded(seed)
             try:
-                out = await asyncio.to_thread(
-                    self.generate, [p.prompt for p in items], n, params, generator
-                )
+                request = GenerationRequest([p.prompt for p in items], n, params, generator)
+                out = await asyncio.to_thread(self.generate, request)
             except Exception as err:  # every request of the group gets the error
                 for p in items:
                     if not p.future.done():

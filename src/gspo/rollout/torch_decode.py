@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gspo.rollout.base import NO_VERSION, PIXELS, Rollout, SamplingParams
+from gspo.rollout.base import NO_VERSION, PIXELS, GenerationRequest, Rollout
 
 
 @dataclass
@@ -103,8 +103,9 @@ def sample_next(
     return tokens, token_logp
 
 
-def check_request(prompts: list[list[int]], n: int, params: SamplingParams) -> None:
+def check_request(request: GenerationRequest) -> None:
     """A clear ValueError for a generation request no engine can serve."""
+    prompts, n, params = request.prompts, request.n, request.params
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -113,6 +114,20 @@ def check_request(prompts: list[list[int]], n: int, params: SamplingParams) -> N
         raise ValueError(f"temperature must be >= 0, got {params.temperature}")
     if not 0.0 < params.top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+
+
+def left_pad(
+    prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B, P], mask [B, P]) of the prompts, left-padded with ``pad_id`` to the longest,
+    on ``device``."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, P]
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P]
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
 
 
 class ResumableGeneration:
@@ -126,27 +141,14 @@ class ResumableGeneration:
     cache also re-prefills, so the old cache is never mixed with new weights.
     """
 
-    def __init__(
-        self,
-        engine: Any,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        pixels=None,
-    ) -> None:
-        check_request(prompts, n, params)
-        self.engine, self.n, self.params, self.generator = engine, n, params, generator
-        self.pixels = pixels  # image prompts: each re-prefill takes them again
+    def __init__(self, engine: Any, request: GenerationRequest) -> None:
+        check_request(request)
+        prompts, n, params = request.prompts, request.n, request.params
+        self.engine, self.n, self.params, self.generator = engine, n, params, request.generator
+        self.pixels = request.pixels  # image prompts: each re-prefill takes them again
         dev = engine.device
         stop_seqs = [engine._stop_ids(s) for s in params.stop_strings]
-        width = max(len(p) for p in prompts)
-        base_ids = torch.full((len(prompts), width), engine.pad_id, dtype=torch.long)  # [B, P]
-        base_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P]
-        for i, p in enumerate(prompts):
-            base_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            base_mask[i, width - len(p) :] = 1
-        self.base_ids, self.base_mask = base_ids.to(dev), base_mask.to(dev)
+        self.base_ids, self.base_mask = left_pad(prompts, engine.pad_id, dev)  # [B, P]
         self.prompt_ids = self.base_ids.repeat_interleave(n, dim=0)  # [N, P]
         self.prompt_mask = self.base_mask.repeat_interleave(n, dim=0)  # [N, P]
         self.prompt_index = torch.arange(len(prompts), device=dev).repeat_interleave(n)  # [N]

@@ -17,13 +17,14 @@ from gspo.models.fast_forward import FastDecoder, has_forward_hooks
 from gspo.models.logprobs import forward_kwargs_support, positions_from_mask
 from gspo.models.vision import block_tokens, blocked_token_ids, check_pixels
 from gspo.models.vision_qwen import decode_positions, mrope_positions
-from gspo.rollout.base import PIXELS, Rollout, SamplingParams
+from gspo.rollout.base import PIXELS, GenerationRequest, Rollout
 from gspo.rollout.stops import encode_stop
 from gspo.rollout.torch_decode import (
     DecodeState,
     ResumableGeneration,
     check_request,
     float_logits,
+    left_pad,
     sample_next,
 )
 
@@ -126,26 +127,19 @@ class TorchEngine:
         # A vision-language policy never samples its image placeholder (token_logprobs agrees).
         return block_tokens(float_logits(out.logits[:, -1]), blocked_token_ids(self.model))
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        pixels=None,
-    ) -> Rollout:
-        """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i.
+    def generate(self, request: GenerationRequest) -> Rollout:
+        """Sample the request's completions; row ``i * n + j`` is sample j of prompt i.
 
-        ``pixels`` (:class:`gspo.models.vision.PixelInputs`, one entry per prompt) are the
-        image inputs of vision-language prompts: the prefill takes them (once per prompt when
-        its samples share the prefill), the KV cache carries them through the decode."""
-        check_request(prompts, n, params)
-        stop_seqs = [self._stop_ids(s) for s in params.stop_strings]
+        ``request.pixels`` (:class:`gspo.models.vision.PixelInputs`, one entry per prompt) are
+        the image inputs of vision-language prompts: the prefill takes them (once per prompt
+        when its samples share the prefill), the KV cache carries them through the decode."""
+        check_request(request)
+        stop_seqs = [self._stop_ids(s) for s in request.params.stop_strings]
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
-                out = self._generate(prompts, n, params, generator, stop_seqs, pixels)
+                out = self._generate(request, stop_seqs)
         finally:
             self.model.train(was_training)
         # Tensors made under inference_mode cannot enter autograd later (the trainer feeds
@@ -159,21 +153,14 @@ class TorchEngine:
             finish_reasons=out["finish_reasons"],
             prompt_index=out["prompt_index"].clone(),
             # Image prompts: the pixel inputs (per prompt) go with the rollout to the update.
-            extras={} if pixels is None else {PIXELS: pixels},
+            extras={} if request.pixels is None else {PIXELS: request.pixels},
         )
 
-    def partial(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        pixels=None,
-    ) -> ResumableGeneration:
+    def partial(self, request: GenerationRequest) -> ResumableGeneration:
         """A generation that can stop after any token and continue under new weights
         (:class:`~gspo.rollout.base.PartialGeneration`); run to the end without a pause it
         equals :meth:`generate` bit for bit."""
-        return ResumableGeneration(self, prompts, n, params, generator, pixels)
+        return ResumableGeneration(self, request)
 
     def _start(
         self,
@@ -282,25 +269,12 @@ class TorchEngine:
         st.finished |= hit
         return tok
 
-    def _generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        stop_seqs: list[list[int]],
-        pixels=None,
-    ) -> dict:
+    def _generate(self, request: GenerationRequest, stop_seqs: list[list[int]]) -> dict:
+        prompts, n, params = request.prompts, request.n, request.params
         dev = self.device
         num = len(prompts) * n
-        width = max(len(p) for p in prompts)
         # Left-pad each prompt once, then repeat rows so sample j of prompt i is row i*n+j.
-        base_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, P]
-        base_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, P]
-        for i, p in enumerate(prompts):
-            base_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            base_mask[i, width - len(p) :] = 1
-        base_ids, base_mask = base_ids.to(dev), base_mask.to(dev)
+        base_ids, base_mask = left_pad(prompts, self.pad_id, dev)  # [B, P]
         prompt_ids = base_ids.repeat_interleave(n, dim=0)  # [N, P]
         prompt_mask = base_mask.repeat_interleave(n, dim=0)  # [N, P]
         prompt_index = torch.arange(len(prompts), device=dev).repeat_interleave(n)  # [N]
@@ -320,10 +294,10 @@ class TorchEngine:
         state = DecodeState(tokens, logps, cmask, finished, stopped, stop_tokens, stop_tensors)
         steps = 0
         if max_new > 0:
-            logits, advance = self._start(base_ids, base_mask, n, max_new, pixels)  # [N, V]
+            logits, advance = self._start(base_ids, base_mask, n, max_new, request.pixels)
             next_pos = prompt_mask.sum(dim=1)  # [N] position of the next token in each row
             for t in range(max_new):
-                tok, lp = sample_next(logits, params.temperature, params.top_p, generator)
+                tok, lp = sample_next(logits, params.temperature, params.top_p, request.generator)
                 tok = self._record(state, t, tok, lp)  # [N]
                 steps = t + 1
                 if t == max_new - 1 or bool(finished.all()):

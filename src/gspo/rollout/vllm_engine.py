@@ -32,10 +32,11 @@ Sleep mode. With ``VLLMOptions.sleep_mode`` (set for colocated vLLM on CUDA, see
 before the weight sync. On CPU vLLM refuses ``enable_sleep_mode`` and its sleep/wake only log a
 warning; this path has never run on a GPU.
 
-Image prompts (vision-language models, ``pixels=``): the image blocks of our expanded ids are
-collapsed to one ``<image>`` each and the images sent as ``multi_modal_data``; vLLM expands
-them back to the same ids (checked) with its copy of the saved processor; see
-``gspo.rollout.vllm_images``. A weight sync also resets vLLM's vision-encoder cache.
+Image prompts (vision-language models, a request's ``pixels``): the image blocks of our
+expanded ids are collapsed to one ``<image>`` each and the images sent as
+``multi_modal_data``; vLLM expands them back to the same ids (checked) with its copy of the
+saved processor; see ``gspo.rollout.vllm_images``. A weight sync also resets vLLM's
+vision-encoder cache.
 
 vLLM is imported lazily; without it ``VLLMEngine(...)`` raises an ImportError naming the
 install command.
@@ -57,7 +58,7 @@ from safetensors.torch import save
 
 from gspo.models.lora import has_lora, merged_copy
 from gspo.models.vision import is_vision_model
-from gspo.rollout.base import PIXELS, Rollout, SamplingParams
+from gspo.rollout.base import PIXELS, GenerationRequest, Rollout
 from gspo.rollout.stops import encode_stop, first_stop
 from gspo.rollout.torch_decode import check_request
 from gspo.rollout.vllm_images import ImagePrompts, check_expanded
@@ -272,8 +273,9 @@ class VLLMEngine:
     def _stop_ids(self, text: str) -> list[int]:
         return encode_stop(self.tokenizer, self._stop_seqs, text, "VLLMEngine")
 
-    def _check(self, prompts: list[list[int]], n: int, params: SamplingParams) -> None:
-        check_request(prompts, n, params)  # what no engine can serve; then vLLM's own limits
+    def _check(self, request: GenerationRequest) -> None:
+        check_request(request)  # what no engine can serve; then vLLM's own limits
+        prompts, params = request.prompts, request.params
         if params.top_p < 1.0 and self.strict_logprobs:
             raise ValueError(
                 f"top_p={params.top_p} with the vLLM engine: vLLM reports log-probs after top-p "
@@ -287,22 +289,18 @@ class VLLMEngine:
                 f"{params.max_new_tokens} exceeds the vLLM max_model_len={self.max_model_len}"
             )
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None = None,
-        pixels=None,
-    ) -> Rollout:
-        """Sample ``n`` completions per prompt; row ``i * n + j`` is sample j of prompt i.
+    def generate(self, request: GenerationRequest) -> Rollout:
+        """Sample the request's completions; row ``i * n + j`` is sample j of prompt i.
 
-        Prompt ``i`` gets a vLLM seed drawn from ``generator`` (its samples then get seed + j
-        inside vLLM), so a seeded generator makes the rollout reproducible. ``pixels``
-        (:class:`gspo.models.vision.PixelInputs` with its source ``images``, one entry per
-        prompt) go with image prompts; the rollout carries them on ``extras["pixels"]``.
+        Prompt ``i`` gets a vLLM seed drawn from the request's generator (its samples then get
+        seed + j inside vLLM), so a seeded generator makes the rollout reproducible. The
+        request's ``pixels`` (:class:`gspo.models.vision.PixelInputs` with its source
+        ``images``, one entry per prompt) go with image prompts; the rollout carries them on
+        ``extras["pixels"]``.
         """
-        self._check(prompts, n, params)
+        self._check(request)
+        prompts, n, params = request.prompts, request.n, request.params
+        generator, pixels = request.generator, request.pixels
         if pixels is not None and self.images is None:
             raise ValueError("image prompts need a vision-language model in the vLLM engine")
         # Called from a worker thread (the endpoint's rounds), OpenMP's per-thread count is the
@@ -315,7 +313,7 @@ class VLLMEngine:
             seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
         rows: list[tuple[list[int], list[float], str]] = []
         if params.max_new_tokens > 0:
-            rows = self._sample(prompts, n, params, seeds, stop_seqs, pixels)
+            rows = self._sample(request, seeds, stop_seqs)
         else:
             rows = [([], [], "length")] * (len(prompts) * n)
         rollout = self._to_rollout(prompts, n, rows)
@@ -323,12 +321,11 @@ class VLLMEngine:
             rollout.extras[PIXELS] = pixels
         return rollout
 
-    def _sample(
-        self, prompts, n, params, seeds, stop_seqs, pixels=None
-    ) -> list[tuple[list[int], list[float], str]]:
+    def _sample(self, request, seeds, stop_seqs) -> list[tuple[list[int], list[float], str]]:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
+        prompts, n, params = request.prompts, request.n, request.params
         stop_ids = sorted({self.eos_id, *params.stop_token_ids})
         # vLLM refuses n > 1 for greedy decoding: send each greedy prompt n times instead.
         copies = n if params.temperature == 0 else 1
@@ -351,7 +348,7 @@ class VLLMEngine:
         if self.images is None:
             base = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         else:
-            base = self.images.requests(prompts, pixels)
+            base = self.images.requests(prompts, request.pixels)
         requests = [r for r in base for _ in range(copies)]
         outputs = self.llm.generate(requests, sps, use_tqdm=False)
         rows = []

@@ -1,0 +1,139 @@
+"""The compiled training forward (gspo.models.compiled_forward): bucketing pads rows, prompts and
+columns without changing a real value (eager, float64: to 1e-12), and the compiled graph gives
+the eager log-probs and gradients (float32, slow: it compiles)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_fast_forward import MODELS, _batch
+
+from gspo.models import compiled_forward as cf
+from gspo.models.logprobs import token_logprobs
+
+# Caps above every micro-batch below: rows 12 -> 16, prompts 4 -> 6, prompt width 7 -> 8.
+BUCKETS = cf.Buckets(rows=16, prompts=6, length=16)
+
+
+def test_bucket_shapes():
+    b = cf.Buckets(rows=24, prompts=5, length=6)
+    assert b.shape(12, 4, 7, 5) == (16, 5, 8, 6)  # rows and width up to 2^k, length capped
+    assert b.shape(17, 5, 8, 6) == (24, 5, 8, 6)  # the cap itself is a bucket
+    assert b.shape(3, 3, 1, 1) == (6, 5, 1, 1)  # rows: at least a quarter of the cap
+    assert cf.Buckets(rows=8, prompts=5, length=6).shape(2, 2, 1, 1)[:2] == (
+        2,
+        2,
+    )  # prompts <= rows
+    assert b.shape(30, 5, 9, 7) == (32, 5, 16, 8)  # beyond a cap: powers of two again
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from gspo.models.char_tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+def _both(model, batch, **kw):
+    index = batch[4]
+    plain = token_logprobs(model, *batch[:4], prompt_index=index, with_entropy=True)
+    padded = cf.token_logprobs(model, BUCKETS, *batch[:4], index, temperature=1.0, **kw)
+    return plain, padded
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("length", [6, 12])  # masked and causal completion layouts
+def test_padding_changes_no_value_float64(name, length, tok):
+    model = MODELS[name]().double().train()
+    batch = _batch(tok, length=length, seed=4)
+    (lp, ent), (lp_pad, ent_pad) = _both(model, batch, eager=True)
+    assert lp_pad.shape == lp.shape == batch[3].shape
+    torch.testing.assert_close(lp_pad, lp, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ent_pad, ent, atol=1e-12, rtol=0)
+    params = list(model.parameters())
+    weights = torch.randn(lp.shape, dtype=lp.dtype, generator=torch.Generator().manual_seed(0))
+    for a, b in zip(
+        torch.autograd.grad((lp_pad * weights).sum(), params),
+        torch.autograd.grad((lp * weights).sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_padding_with_shared_prompts_float32(tok):
+    """float32 shares a group's prompt (float64 does not): the padded prompts are exercised."""
+    model = MODELS["qwen3"]().train()
+    batch = _batch(tok, length=6, seed=5)
+    (lp, ent), (lp_pad, ent_pad) = _both(model, batch, eager=True)
+    torch.testing.assert_close(lp_pad, lp, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ent_pad, ent, atol=2e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_compiled_equals_eager_float32(tok):
+    """One graph per bucket: log-probs to 2e-5 and gradients to 1e-4 relative of eager's; a second
+    micro-batch of another shape in the same bucket compiles nothing new. (~1 min: inductor.)"""
+    model = MODELS["qwen3"]().train()
+    params = list(model.parameters())
+    for seed, n_rep in ((6, 3), (7, 4)):  # 12 and 16 rows: one bucket
+        batch = _batch(tok, n_rep=n_rep, length=6, seed=seed)
+        (lp, _), (lp_c, _) = _both(model, batch)
+        torch.testing.assert_close(lp_c, lp, atol=2e-5, rtol=0)
+        weights = torch.randn(lp.shape, generator=torch.Generator().manual_seed(seed))
+        for a, b in zip(
+            torch.autograd.grad((lp_c * weights).sum(), params),
+            torch.autograd.grad((lp * weights).sum(), params),
+            strict=True,
+        ):
+            torch.testing.assert_close(a, b, atol=1e-4 * float(b.abs().max()) + 1e-7, rtol=1e-4)
+    assert len([k for k in cf.RECORD.keys if k[:4] == (16, 6, 8, 8)]) == 1
+
+
+def test_compiled_update_keeps_idle_rows_in_the_gradient_pass():
+    """Compiled: zero-advantage rows fill the bucket of the gradient pass, no second eager pass;
+    without their metrics (zero_advantage_metrics off) they still leave it."""
+    from types import SimpleNamespace
+
+    from gspo.backend.update import micro_batches
+    from gspo.config import TrainConfig
+
+    ones = torch.ones(8, 3, dtype=torch.long)
+    rollout = SimpleNamespace(
+        prompt_ids=ones, prompt_mask=ones, completion_ids=ones, completion_mask=ones,
+        policy_mask=ones.bool(),
+    )  # fmt: skip
+    batch = SimpleNamespace(rollout=rollout, num_samples=8)
+    idle = torch.tensor([True, True, True, True, False, False, False, False])  # half idle
+    minibatch = torch.arange(8)
+    for metrics, compiled, want in (
+        (True, False, [(4, True), (4, False)]),  # eager: half is over zero_advantage_split
+        (True, True, [(8, True)]),
+        (False, True, [(4, True)]),
+    ):
+        cfg = TrainConfig.of(zero_advantage_metrics=metrics)
+        micros = micro_batches(cfg, batch, minibatch, idle, False, None, compiled=compiled)
+        assert [(len(m.rows), m.grad) for m in micros] == want
+
+
+@pytest.mark.slow
+def test_sync_metrics_fixture_run_compiled_is_close(tmp_path, monkeypatch):
+    """The metrics fixtures' one-turn run (float64) with compile on: the same sampled tokens and
+    rewards, every float metric within 1e-6 relative or 1e-8 absolute of the before-file (the
+    differences are float32-sized: transformers' RMSNorm computes in float32 and inductor fuses
+    the casts around it). Seconds with a warm inductor cache; ~3 min cold (its graphs)."""
+    import json
+    import math
+
+    import test_metrics_fixtures as fx
+
+    monkeypatch.setitem(fx.RUNS, "sync", {**fx.RUNS["sync"], "compile": True})
+    got = fx._run("sync", tmp_path / "sync")
+    want = [json.loads(x) for x in (fx.FIXTURES / "sync.jsonl").read_text().splitlines()]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert set(g) == set(w)
+        for k, v in w.items():
+            if isinstance(v, float) and not math.isnan(v):
+                assert math.isclose(g[k], v, rel_tol=1e-6, abs_tol=1e-8), (k, g[k], v)
+            elif not isinstance(v, float):
+                assert g[k] == v, k
