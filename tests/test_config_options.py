@@ -38,7 +38,7 @@ def test_flat_and_nested_values_make_the_same_config_with_the_parts_docs():
     assert cfg == nested
     assert (cfg.model.lora_rank, cfg.reward.reward_workers, cfg.rollout.top_p) == (4, 3, 0.5)
     flat = to_dict(cfg)
-    assert TrainConfig.of(**flat) == cfg and len(flat) == 124
+    assert TrainConfig.of(**flat) == cfg and len(flat) == 125
     for part in cfg.parts():
         docs = field_docs(type(part))
         for f in fields(part):
