@@ -995,6 +995,35 @@ def speed_lines(paired: dict[str, dict[str, dict[str, dict[str, RatioInterval]]]
     return "\n".join(lines)
 
 
+def combine(paths: list[str], n_test: int, out: Path) -> None:
+    """Merge results files' runs (a run per seed and system; a later file's run of the same seed
+    replaces an earlier one) and compare them as one call of this script would have."""
+    runs: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
+    for path in paths:
+        for workload, by in json.loads(Path(path).read_text())["runs"].items():
+            for system, rs in by.items():
+                runs.setdefault(workload, {}).setdefault(system, {}).update(
+                    {r["seed"]: r for r in rs}
+                )
+    merged = {w: {s: list(rs.values()) for s, rs in by.items()} for w, by in runs.items()}
+    compared = learning(merged, n_test)
+    for by in compared.values():
+        for key, cs in by.items():
+            for c in cs:
+                print(f"{key}: {c.line()}")
+    report = {
+        "benchmark": "vs_trl",
+        "command": " ".join(["python benchmarks/vs_trl.py --combine", *paths, "--out", str(out)]),
+        "learning": {
+            w: {k: [c.to_json() for c in cs] for k, cs in by.items()} for w, by in compared.items()
+        },
+        "runs": merged,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--workloads", default="d64-add,d128-rev", help=f"of {', '.join(WORKLOADS)}")
@@ -1046,10 +1075,20 @@ def main(argv: list[str] | None = None) -> None:
         help=f"also {COMPILED}: gspo with compile=True (torch.compile of the training pass), "
         "with its compile seconds (cold, then warm) and break-even step in a second table",
     )
+    ap.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: merge the runs of these results files (e.g. seeds split across two "
+        "calls), print the paired learning comparisons and write them with the runs to --out",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.out is None:  # never overwrite committed results
         args.out = str(dated_result("vs_trl"))
+    if args.combine:
+        combine(args.combine, args.n_test, Path(args.out))
+        return
 
     if args.one:
         spec = json.loads(args.one)

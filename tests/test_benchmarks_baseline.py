@@ -142,3 +142,34 @@ def test_systems_alternate_with_their_baseline_twins(bench, repo, monkeypatch, t
     ]
     assert report["rounds"]["d64-add"][1]["step_s"] == {"trl": 4.0, twin: 2.0, "gspo": 1.0}
     assert str(tmp_path) not in report["command"]  # --out's folder is named by its label
+
+
+def test_combine_pairs_the_seeds_of_several_files(bench, tmp_path, capsys):
+    """--combine merges runs split across calls by seed and compares them as one call would."""
+    from gspo.core.comparison import compare_paired
+
+    _, vs_trl = bench
+    gspo = {0: 0.50, 1: 0.52, 2: 0.47, 3: 0.55}
+    trl = {0: 0.49, 1: 0.50, 2: 0.48, 3: 0.51}
+
+    def runs(seeds):
+        return {
+            "d64-add": {
+                system: [
+                    {"seed": s, "held_out_greedy": acc[s], "reward_last": acc[s] / 2} for s in seeds
+                ]
+                for system, acc in (("gspo", gspo), ("trl", trl))
+            }
+        }
+
+    paths = []
+    for name, seeds in (("a", [0, 1]), ("b", [2, 3])):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"runs": runs(seeds)}))
+    out = tmp_path / "merged.json"
+    vs_trl.main(["--combine", *map(str, paths), "--n-test", "800", "--out", str(out)])
+    merged = json.loads(out.read_text())
+    got = merged["learning"]["d64-add"]["held_out_greedy"][0]
+    want = compare_paired(gspo, trl, names=("gspo", "trl"), problems=800).to_json()
+    assert got == want and got["seeds"] == [0, 1, 2, 3]
+    assert "held_out_greedy: gspo - trl" in capsys.readouterr().out
