@@ -27,6 +27,7 @@ pytest.importorskip("PIL")
 
 from gspo.compose.sft import run_sft
 from gspo.config import SFTConfig, build
+from gspo.config.options import ModelOptions
 from gspo.envs.rewards import exact_match
 from gspo.envs.tasks import shapes
 from gspo.envs.tasks.base import Example, Task
@@ -99,8 +100,10 @@ def _sft(tmp_path, seed: int, steps: int):
 def _shuffled_score(cfg, task: Task) -> float:
     """Greedy accuracy of the saved model on the held-out prompts, each with an image of
     another colour (the images of the next held-out problem of a different colour)."""
-    model, tok = load_model(cfg.run.output_dir), load_tokenizer(cfg.run.output_dir)
-    fmt = build_prompt_format(dataclasses.replace(cfg.model, model=cfg.run.output_dir), tok, model)
+    model, tok = load_model(cfg.output_dir), load_tokenizer(cfg.output_dir)
+    fmt = build_prompt_format(
+        ModelOptions.of(dataclasses.replace(cfg, model=cfg.output_dir)), tok, model
+    )
     test, swapped = task.test, []
     for i, e in enumerate(test):
         after = test[i + 1 :] + test[:i]
@@ -111,7 +114,7 @@ def _shuffled_score(cfg, task: Task) -> float:
         tok,
         swapped,
         task.reward,
-        max_new_tokens=cfg.rollout.max_new_tokens,
+        max_new_tokens=cfg.max_new_tokens,
         prompt_format=fmt,
         generator=torch.Generator().manual_seed(0),
     )
@@ -122,7 +125,7 @@ def _shuffled_score(cfg, task: Task) -> float:
 def test_tiny_vl_learns_the_colour_from_the_image(tmp_path, monkeypatch):
     monkeypatch.setitem(TASKS, TASK, colour_task)
     cfg, result = _sft(tmp_path, seed=0, steps=STEPS)
-    task = colour_task(n_train=0, n_test=cfg.task.n_test, seed=cfg.run.seed)
+    task = colour_task(n_train=0, n_test=cfg.n_test, seed=cfg.seed)
     # What a model blind to the image can score at best: always the commonest answer.
     blind = max(Counter(e.answer for e in task.test).values()) / len(task.test)
     assert 0.3 <= blind <= 0.45
