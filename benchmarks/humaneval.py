@@ -26,19 +26,12 @@ earlier one) unless ``--out`` is given.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import sys
-import time
-from pathlib import Path
 
-from gspo.envs.rewards import score
+from _code_table import print_table, score_rows, write_record
+
 from gspo.envs.tasks import Example
-from gspo.sandbox import code_reward, isolation
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def load_problems() -> list[dict]:
@@ -77,17 +70,6 @@ def completions(problem: dict) -> dict[str, str]:
     }
 
 
-def out_path(given: str | None) -> Path:
-    """``--out``, else a new dated file: humaneval_<date>.json, then _2, _3... if taken."""
-    if given:
-        return Path(given)
-    stem = f"humaneval_{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}"
-    path, n = RESULTS / f"{stem}.json", 2
-    while path.exists():
-        path, n = RESULTS / f"{stem}_{n}.json", n + 1
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
@@ -106,60 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems
     ]
     texts = [completions(p) for p in problems]
-    print(isolation().summary())  # also warms the sandbox up
-    rows, failures = [], []
-    for kind in ("reference", "no imports", "wrong", "returns None"):
-        batch = [t[kind] for t in texts]
-        for workers in [int(w) for w in args.workers.split(",")]:
-            start = time.perf_counter()
-            rewards, errors = score(code_reward, batch, examples, workers=workers)
-            seconds = time.perf_counter() - start
-            want = 0.0 if kind == "wrong" else 1.0
-            bad = [e.meta["task_id"] for e, r in zip(examples, rewards, strict=True) if r != want]
-            if kind != "returns None":
-                failures += [f"{kind} (workers {workers}): {task_id}" for task_id in bad]
-            rows.append(
-                {
-                    "completion": kind,
-                    "workers": workers,
-                    "problems": len(problems),
-                    "as_expected": None if kind == "returns None" else len(problems) - len(bad),
-                    "full_score": sum(r == 1.0 for r in rewards),
-                    "zero_score": sum(r == 0.0 for r in rewards),
-                    "mean_reward": sum(rewards) / len(rewards),
-                    "errors": errors,
-                    "seconds": seconds,
-                    "seconds_per_problem": seconds / len(problems),
-                }
-            )
-    print(f"\nHumanEval through code_reward, {len(problems)} problems, {os.cpu_count()} cores\n")
-    print(
-        "| completion | workers | passed all tests | scored 0 | mean reward | seconds | s / problem |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(
-            f"| {row['completion']} | {row['workers']} | {row['full_score']}/{row['problems']} "
-            f"| {row['zero_score']}/{row['problems']} | {row['mean_reward']:.3f} "
-            f"| {row['seconds']:.1f} | {row['seconds_per_problem']:.3f} |"
-        )
-    out = out_path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "benchmark": "humaneval",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python benchmarks/humaneval.py", *(argv or sys.argv[1:])]),
-        "machine": platform.machine(),
-        "cores": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "isolation": sorted(isolation().mechanisms),
-        "rows": rows,
-        "unexpected": failures,
-    }
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {out}")
-    for line in failures[:20]:
-        print(f"unexpected score: {line}")
+    workers = [int(w) for w in args.workers.split(",")]
+    rows, failures = score_rows(examples, texts, workers)
+    print_table("HumanEval through code_reward", rows)
+    command = " ".join(["python benchmarks/humaneval.py", *(argv or sys.argv[1:])])
+    write_record("humaneval", command, args.out, rows, failures)
     return 1 if failures else 0
 
 

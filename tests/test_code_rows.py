@@ -230,7 +230,7 @@ def test_mbpp_rows_and_setup_columns() -> None:
     row = ex(MBPP_ROW["text"], **{k: v for k, v in MBPP_ROW.items() if k != "text"})
     assert len(TestSuite.from_meta(row.meta)) == 3
     assert code_reward(f"```python\n{MBPP_ROW['code']}\n```", row) == 1.0
-    # test_setup_code (MBPP's name), setup or preamble: run before the solution.
+    # setup or preamble run before the solution, test_setup_code (MBPP's) after it.
     for key in ("test_setup_code", "setup", "preamble"):
         meta = {"test_list": ["assert f() == 3"], key: "import math\nK = 3"}
         assert code_reward("def f():\n    return K", ex(**meta)) == 1.0, key
@@ -240,6 +240,46 @@ def test_mbpp_rows_and_setup_columns() -> None:
     assert code_reward("def f():\n    return 3", ex(**broken)) == 0.0
     challenge = {**MBPP_ROW, "challenge_test_list": ["assert similar_elements((1,), (2,)) == ()"]}
     assert len(TestSuite.from_meta(challenge)) == 4
+
+
+@linux
+def test_mbpp_rows_that_build_objects_return_containers_or_pass_types() -> None:
+    """MBPP rows the judge once failed with their own reference solutions (367/927: the
+    setup builds a tree of the solution's Node class; 40, 88, 653, 902: a Counter or a
+    defaultdict compared with a dict; 533: `int` passed to the solution). Wrong answers
+    still score 0."""
+    tree = {
+        "test_setup_code": "root = Node(1)\nroot.left = Node(2)\nroot.left.left = Node(3)",
+        "test_list": ["assert height(root) == 3", "assert height(root.left) == 2"],
+    }
+    node = "class Node:\n    def __init__(self, v):\n        self.v, self.left, self.right = v, None, None\n"
+    good = (
+        node
+        + "def height(n):\n    return 0 if n is None else 1 + max(height(n.left), height(n.right))"
+    )
+    assert code_reward(good, ex(**tree)) == 1.0
+    assert code_reward(node + "def height(n):\n    return 2", ex(**tree)) == 0.5
+    assert code_reward("def height(n):\n    return 3", ex(**tree)) == 0.0  # no Node: setup fails
+    counts = {"test_list": ["assert freq([1, 1, 2]) == {1: 2, 2: 1}"]}
+    counter = "from collections import Counter\ndef freq(xs):\n    return Counter(xs)"
+    assert code_reward(counter, ex(**counts)) == 1.0
+    assert code_reward(counter.replace("(xs)", "(xs[1:])"), ex(**counts)) == 0.0
+    # Only the standard library's own classes cross as values: a subclass is a handle.
+    forged = "from collections import Counter\nclass C(Counter):\n    def __eq__(self, o):\n        return True\ndef freq(xs):\n    return C()"
+    assert code_reward(forged, ex(**counts)) == 0.0
+    grouped = {"test_list": ["assert group([('a', 1), ('a', 2)]) == {'a': [1, 2]}"]}
+    default = (
+        "from collections import defaultdict\ndef group(pairs):\n    d = defaultdict(list)\n"
+        "    for k, v in pairs:\n        d[k].append(v)\n    return d"
+    )
+    assert code_reward(default, ex(**grouped)) == 1.0
+    typed = {"test_list": ["assert drop((4, 1.5, 'x'), int) == [1.5, 'x']"]}
+    drop = "def drop(t, kind):\n    return [x for x in t if not isinstance(x, kind)]"
+    assert code_reward(drop, ex(**typed)) == 1.0
+    assert (
+        code_reward("def drop(t, kind):\n    return [1.5, 'x'] if kind is str else []", ex(**typed))
+        == 0.0
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -164,6 +164,7 @@ def run_tests(
         "output_bytes": OUTPUT_CAP_BYTES,
         "code": code,
         "setup": suite.setup,
+        "fixture": suite.fixture,
         "test_setup": suite.test_setup,
         "audit_hook": AUDIT_HOOK,
     }

@@ -147,7 +147,7 @@ class Judge:
             os.close(resp_w)
             self.fds = [req_w, resp_r]
         req_w, resp_r = self.fds
-        init = {k: self.cfg[k] for k in ("code", "setup", "kind", "func_name")}
+        init = {k: self.cfg[k] for k in ("code", "setup", "fixture", "kind", "func_name")}
         send(req_w, {**init, "audit_hook": self.hook})
         return req_w, resp_r
 
@@ -210,8 +210,9 @@ class Judge:
                     if module.split(".")[0] in sys.stdlib_module_names:
                         with contextlib.suppress(ImportError):
                             namespace[name] = importlib.import_module(module)
-                else:
-                    namespace[name] = decode(self.request({"op": "get", "name": name})["value"])
+                else:  # a value (a copy) or an object of the solution's (a handle)
+                    value = self.request({"op": "get", "name": name})["value"]
+                    namespace[name] = decode(value, lambda n: Handle(self, n))
             exec(compile(cfg["test_setup"], "<test setup>", "exec"), namespace)
         except BaseException as exc:
             for i in range(len(cases)):

@@ -4,6 +4,7 @@
 """
 
 import builtins
+import collections
 import contextlib
 import io
 import json
@@ -23,6 +24,13 @@ class WorkerGone(Exception):
 
 
 # --- plain values between judge and worker -----------------------------------------------
+
+# Builtin types may cross by name (MBPP passes `int` to a solution); each side maps the name
+# to its own type, taken before any solution ran.
+TYPES = {
+    t.__name__: t
+    for t in (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, object)
+}
 
 
 def encode(value, other=None):
@@ -45,6 +53,20 @@ def encode(value, other=None):
         return {"b": value.hex()}
     if kind is complex:
         return {"c": [value.real, value.imag]}
+    if kind is type and TYPES.get(value.__name__) is value:
+        return {"T": value.__name__}
+    # The standard library's containers (MBPP's answers are Counters and defaultdicts): each
+    # side rebuilds its own, so their equality is the standard library's.
+    if kind in (collections.Counter, collections.OrderedDict):
+        tag = "C" if kind is collections.Counter else "O"
+        return {tag: [[encode(k, other), encode(v, other)] for k, v in value.items()]}
+    if kind is collections.defaultdict:
+        factory = value.default_factory
+        name = getattr(factory, "__name__", None)
+        name = name if type(factory) is type and TYPES.get(name) is factory else None
+        return {"D": [name, [[encode(k, other), encode(v, other)] for k, v in value.items()]]}
+    if kind is collections.deque:
+        return {"Q": [[encode(v, other) for v in value], value.maxlen]}
     if other is not None:
         return {"h": other(value)}
     raise TypeError(f"a {kind.__name__} cannot pass between the tests and the solution")
@@ -69,6 +91,20 @@ def decode(data, handle=None):
         return bytes.fromhex(body)
     if tag == "c":
         return complex(*body)
+    if tag == "T" and body in TYPES:
+        return TYPES[body]
+    if tag in ("C", "O"):
+        kind = collections.Counter if tag == "C" else collections.OrderedDict
+        return kind({decode(k, handle): decode(v, handle) for k, v in body})
+    if tag == "D":
+        name, items = body
+        factory = TYPES.get(name)
+        return collections.defaultdict(
+            factory, ((decode(k, handle), decode(v, handle)) for k, v in items)
+        )
+    if tag == "Q":
+        items, maxlen = body
+        return collections.deque((decode(v, handle) for v in items), maxlen)
     if tag == "h" and handle is not None and type(body) is int:
         return handle(body)
     raise ValueError(f"unknown value tag {tag!r}")
@@ -122,6 +158,8 @@ def load(init, namespace):
     exec(compile(init["setup"], "<setup>", "exec"), namespace)
     before = dict(namespace)
     exec(code, namespace)
+    # MBPP's test_setup_code: objects built from the solution's classes, for the tests.
+    exec(compile(init["fixture"], "<fixture>", "exec"), namespace)
     defined = {}
     for name, value in namespace.items():
         if name.startswith("__") or before.get(name, before) is value:
@@ -133,11 +171,11 @@ def load(init, namespace):
         elif callable(value):
             defined[name] = "call"
         else:
-            try:  # other objects stay the solution's own
+            try:
                 encode(value)
                 defined[name] = "value"
             except (TypeError, ValueError, RecursionError):
-                pass
+                defined[name] = "object"  # stays here; the tests get a handle
     return defined
 
 
@@ -259,7 +297,7 @@ def worker(req, resp):
                 text = json.dumps(value, default=repr)
                 reply = {"json": text}
             elif op == "get":
-                reply = {"value": encode(namespace[request["name"]])}
+                reply = {"value": encode(namespace[request["name"]], keep)}
             elif op == "attr":
                 reply = {"value": encode(getattr(kept[request["h"]], request["name"]), keep)}
             else:

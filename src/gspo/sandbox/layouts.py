@@ -12,7 +12,7 @@ import ast
 from collections.abc import Mapping
 from typing import Any
 
-SETUP_KEYS = ("setup", "preamble", "test_setup_code")
+SETUP_KEYS = ("setup", "preamble")
 """Row fields holding code run before the solution (imports it relies on), first one present."""
 
 
@@ -83,6 +83,15 @@ def mbpp_tests(meta: Mapping[str, Any]) -> tuple[str, ...]:
     if not tests:
         raise ValueError("meta['test_list'] is empty")
     return tuple(tests)
+
+
+def mbpp_fixture(meta: Mapping[str, Any]) -> str:
+    """MBPP's ``test_setup_code``: it builds the tests' objects from the solution's classes
+    (``root = Node(1)`` in 367 and 927), so it runs after the solution, in its process."""
+    value = meta.get("test_setup_code") or ""
+    if not isinstance(value, str):
+        raise ValueError("meta['test_setup_code'] must be Python source")
+    return value
 
 
 def prompt_preamble(prompt: str | None) -> str:

@@ -19,7 +19,13 @@ from typing import Any
 from gspo.sandbox.compare import check_mode
 from gspo.sandbox.compare import loads as _loads
 from gspo.sandbox.extract import extract_code
-from gspo.sandbox.layouts import humaneval_tests, mbpp_tests, prompt_preamble, row_setup
+from gspo.sandbox.layouts import (
+    humaneval_tests,
+    mbpp_fixture,
+    mbpp_tests,
+    prompt_preamble,
+    row_setup,
+)
 
 __all__ = ["TestSuite", "extract_code"]
 
@@ -87,9 +93,12 @@ class TestSuite:
     (call); never sent into the sandbox."""
     func_name: str | None = None
     setup: str = ""
-    """Code run before the solution, in its namespace (a row's ``setup`` / ``preamble`` /
-    ``test_setup_code``; HumanEval: the prompt's stub, imports and helpers). If it fails,
-    every test fails."""
+    """Code run before the solution, in its namespace (a row's ``setup`` / ``preamble``;
+    HumanEval: the prompt's stub, imports and helpers). If it fails, every test fails."""
+    fixture: str = ""
+    """Code run after the solution, in its process and namespace (MBPP's ``test_setup_code``:
+    objects built from the solution's classes, which the tests pass back as handles). If it
+    fails, every test fails."""
     test_setup: str = ""
     """Code run after the solution and before the tests (assert kind; HumanEval: the test
     field outside ``check`` and ``candidate = <entry_point>``). If it fails, every test fails."""
@@ -126,9 +135,9 @@ class TestSuite:
           input's lines, on ``Solution()`` if the code defines that class (LeetCode style),
           and compares the return value with the JSON output.
 
-        Any layout may add a setup field (``setup``, ``preamble`` or MBPP's
-        ``test_setup_code``: code run before the solution) and ``compare`` (the comparison
-        mode of :mod:`~gspo.sandbox.compare`).
+        Any layout may add a setup field (``setup`` or ``preamble``: code run before the
+        solution; MBPP's ``test_setup_code`` runs after it, in its process) and ``compare``
+        (the comparison mode of :mod:`~gspo.sandbox.compare`).
         """
         suite = cls._tests_from_meta(meta, prompt)
         compare = meta.get("compare")
@@ -166,7 +175,7 @@ class TestSuite:
                 entry_point=meta["entry_point"],
             )
         if "test_list" in meta:
-            return cls("assert", mbpp_tests(meta))
+            return cls("assert", mbpp_tests(meta), fixture=mbpp_fixture(meta))
         if "inputs" in meta or "outputs" in meta:
             inputs, outputs = meta.get("inputs"), meta.get("outputs")
             if not (isinstance(inputs, list) and isinstance(outputs, list)):
