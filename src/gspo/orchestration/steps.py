@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..backend.base import CheckpointTarget
+from ..config.fields import to_dict
 from ..core.advantages import group_advantages
 from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices
@@ -224,8 +225,6 @@ def checkpoint(parts: Parts, state: StepState, last: int, *, force: bool = False
     cfg = parts.cfg
     due = cfg.run.checkpoint_every > 0 and state.step % cfg.run.checkpoint_every == 0
     if due or state.step == last or force:
-        from ..config.fields import to_dict
-
         config = to_dict(cfg)
         target = CheckpointTarget(
             parts.output_dir, parts.tokenizer, config, cfg.run.keep_checkpoints
