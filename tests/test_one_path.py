@@ -159,8 +159,7 @@ def test_single_turn_env_scores_a_round_at_once_with_the_task_reward_beside():
 
 def test_dynamic_sampling_rounds_of_episodes_keep_their_masks_and_turns():
     from gspo.orchestration.dynamic_sampling import concat, select_groups
-    from gspo.rollout.base import Rollout
-    from gspo.rollout.batch import RolloutBatch
+    from gspo.rollout.base import Rollout, RolloutBatch
 
     def episodes(width: int, version: int) -> RolloutBatch:
         n = 4  # 2 groups of 2

@@ -1,4 +1,4 @@
-"""The one scored-rollout type (``gspo.rollout.batch.RolloutBatch``): its row selection and its
+"""The one scored-rollout type (``gspo.rollout.base.RolloutBatch``): its row selection and its
 move to a device keep every per-row and per-token field aligned, and the old per-stage types
 are gone (one object from generation through reward, advantages and update)."""
 
@@ -9,8 +9,7 @@ import importlib
 import pytest
 import torch
 
-from gspo.rollout.base import Rollout
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import Rollout, RolloutBatch
 
 
 def episodes_batch() -> RolloutBatch:

@@ -50,7 +50,7 @@ _HOMES = {
     "GenerationRequest": "gspo.rollout.base",
     "ResumableEngine": "gspo.rollout.base",
     "PartialGeneration": "gspo.rollout.base",
-    "RolloutBatch": "gspo.rollout.batch",
+    "RolloutBatch": "gspo.rollout.base",
     "TorchEngine": "gspo.rollout.torch_engine",
     # models: a policy and its prompt format from a config, and log-probs of completions
     "build_policy": "gspo.models.policy",

@@ -16,8 +16,7 @@ from gspo.config.train import TrainConfig
 
 from ..models.model_io import save_model
 from ..models.moe import step_metrics as moe_step_metrics
-from ..rollout.base import Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import Rollout, RolloutBatch
 from .base import CheckpointTarget
 from .checkpoint import restore, save_checkpoint
 from .options import reference_logprobs, reward_kl_penalty

@@ -24,8 +24,7 @@ from ..core.mismatch import mismatch_stats
 from ..models.model_io import save_model
 from ..models.moe import is_moe
 from ..models.vision import save_processor
-from ..rollout.base import Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import Rollout, RolloutBatch
 from .base import CheckpointTarget
 from .checkpoint import (
     load_state,

@@ -6,7 +6,7 @@
         micro_batch_step    forward ─► loss ─► backward, metrics into the accumulator
         optimizer_step      clip, step (skipped when non-finite), zero the gradients
 
-The batch is the loop's :class:`~gspo.rollout.batch.RolloutBatch`: rollout, old log-probs,
+The batch is the loop's :class:`~gspo.rollout.base.RolloutBatch`: rollout, old log-probs,
 advantages, correction weights and step. What a forward takes beyond a micro-batch's tokens
 (image inputs, MoE routing to replay and record, the load-balancing loss) is the model side's
 :class:`~gspo.models.forward_inputs.ForwardInputs`, so the update runs every model the same
@@ -33,8 +33,7 @@ from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
 from gspo.models import compiled_forward, moe
 from gspo.models.forward_inputs import ForwardInputs, independent_rows
-from gspo.rollout.base import PIXELS, Rollout, pixel_rows
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import PIXELS, Rollout, RolloutBatch, pixel_rows
 
 from .accumulator import Accumulator
 from .shard import all_ranks_sum, rank_parts

@@ -18,8 +18,7 @@ import torch
 from gspo.config.combinations import multi_turn_combinations
 from gspo.config.names import format_bonus_refusal
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import GenerationRequest, Rollout, SamplingParams
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import GenerationRequest, Rollout, RolloutBatch, SamplingParams
 
 from .agent import episode_env
 from .agent_driver import chain_advantages

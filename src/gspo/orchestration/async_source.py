@@ -47,8 +47,7 @@ from gspo.config.train import TrainConfig
 
 from ..core.seeding import prompt_indices, step_generator
 from ..models.chat import encode_examples
-from ..rollout.base import NO_VERSION, GenerationRequest, Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import NO_VERSION, GenerationRequest, Rollout, RolloutBatch
 from ..rollout.partial import sample_versions
 from .async_buffer import Group
 from .async_rollout import Produced, RolloutThread, WeightSink, WeightSync

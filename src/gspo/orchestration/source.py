@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import RolloutBatch
 from . import steps
 from .async_local import local_source
 from .async_source import AsyncSource

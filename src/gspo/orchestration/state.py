@@ -1,5 +1,5 @@
 """What the loop works on: the built parts of a run and the per-step state (one step's batch
-is a :class:`gspo.rollout.batch.RolloutBatch`)."""
+is a :class:`gspo.rollout.base.RolloutBatch`)."""
 
 from __future__ import annotations
 

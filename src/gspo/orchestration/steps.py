@@ -3,7 +3,7 @@
     collect (rollout + score) ─► old_logprobs ─► advantages ─► update ─► sync
         ─► step_metrics ─► evaluate ─► checkpoint
 
-Each takes the run's :class:`Parts` and the step's :class:`~gspo.rollout.batch.RolloutBatch`
+Each takes the run's :class:`Parts` and the step's :class:`~gspo.rollout.base.RolloutBatch`
 (one object from the rollout through the update) and can be opened and tested alone. The
 algorithm enters only through the backend's update (the loss registry).
 """
@@ -21,7 +21,7 @@ from ..core.advantages import group_advantages
 from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices
 from ..envs.rewards import overlong_penalty
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import RolloutBatch
 from .dynamic_sampling import fill_batch, round_generator, round_prompts
 from .evaluation import evaluate
 from .state import Parts, StepState
