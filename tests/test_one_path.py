@@ -20,7 +20,7 @@ from gspo.envs.tasks.base import Example, Task
 from gspo.models import moe
 from gspo.models.text import decode_completions
 from gspo.orchestration import steps
-from gspo.orchestration.state import StepState
+from gspo.orchestration.steps import StepState
 from gspo.rollout.base import GenerationRequest
 
 

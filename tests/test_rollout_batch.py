@@ -91,7 +91,7 @@ def test_to_moves_what_the_update_reads_and_keeps_the_rewards_where_they_were_sc
     ("module", "name"),
     [
         ("gspo.orchestration.dynamic_sampling", "Sampled"),
-        ("gspo.orchestration.state", "Batch"),
+        ("gspo.orchestration.steps", "Batch"),
         ("gspo.orchestration.async_episodes", "EpisodeBatch"),
         ("gspo.orchestration.async_source", "select_rows"),
         ("gspo.backend.update", "_to_device"),

@@ -45,7 +45,7 @@ from ..rollout.base import RolloutBatch
 from .async_buffer import Group
 from .async_rollout import Produced, WeightSync
 from .async_source import Place, StepProducer
-from .state import Parts
+from .steps import Parts
 
 
 class Restart(Exception):

@@ -51,8 +51,7 @@ from ..rollout.base import NO_VERSION, GenerationRequest, Rollout, RolloutBatch
 from ..rollout.partial import sample_versions
 from .async_buffer import Group
 from .async_rollout import Produced, RolloutThread, WeightSink, WeightSync
-from .state import Parts, StepState
-from .steps import score_round
+from .steps import Parts, StepState, score_round
 
 
 class Place(Protocol):
