@@ -15,10 +15,10 @@ import gspo.envs.episodes as episodes_module
 from gspo.config import ConfigError, TrainConfig, build, to_dict
 from gspo.core.seeding import prompt_indices
 from gspo.envs import ENVIRONMENTS, SingleTurnEnv, Step
+from gspo.envs.driver import decode_completions
 from gspo.envs.rewards import score
 from gspo.envs.tasks.base import Example, Task
 from gspo.models import moe
-from gspo.models.text import decode_completions
 from gspo.orchestration import steps
 from gspo.orchestration.steps import StepState
 from gspo.rollout.base import GenerationRequest

@@ -56,7 +56,7 @@ _HOMES = {
     "build_policy": "gspo.models.policy",
     "build_prompt_format": "gspo.models.policy",
     "token_logprobs": "gspo.models.logprobs",
-    "decode_completions": "gspo.models.text",
+    "decode_completions": "gspo.envs.driver",
     # runs
     "TrainConfig": "gspo.config.train",
     "SFTConfig": "gspo.config.train",

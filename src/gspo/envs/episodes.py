@@ -24,8 +24,7 @@ from .agent import episode_env
 from .agent_driver import chain_advantages
 from .base import Environment, SingleTurnEnv
 from .credit import check_credit, turn_advantages
-from .driver import Limits, episode_metrics, run_episodes
-from .one_turn import answer_round
+from .driver import Limits, answer_round, episode_metrics, run_episodes
 from .rewards import reward_workers
 from .trajectory import Trajectory, make_encoder
 
