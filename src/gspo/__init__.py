@@ -17,10 +17,10 @@ __version__ = "0.1.0"
 _HOMES = {
     # losses and advantages (pure torch functions, registries of objectives)
     "policy_loss": "gspo.core.losses",
-    "register_loss": "gspo.core.loss_terms",
+    "register_loss": "gspo.core.objectives",
     "get_loss": "gspo.core.losses",
-    "LossSpec": "gspo.core.loss_terms",
-    "sequence_log_ratio": "gspo.core.loss_terms",
+    "LossSpec": "gspo.core.objectives",
+    "sequence_log_ratio": "gspo.core.objectives",
     "group_advantages": "gspo.core.advantages",
     # the run's random streams (a loop of your own draws what gspo train draws)
     "prompt_indices": "gspo.core.seeding",

@@ -19,8 +19,8 @@ import torch
 
 from gspo.config.train import TrainConfig
 
+from ..backend.options import mismatch_stats
 from ..core.checkpoint_paths import latest_checkpoint
-from ..core.mismatch import mismatch_stats
 from ..models.model_io import save_model
 from ..models.moe import is_moe
 from ..models.vision import save_processor

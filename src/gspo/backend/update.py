@@ -24,12 +24,17 @@ from dataclasses import dataclass
 
 import torch
 
-from gspo.backend.options import loss_kl_coef, loss_options, rollout_logprobs, sequence_weights
+from gspo.backend.options import (
+    loss_kl_coef,
+    loss_options,
+    mismatch_stats,
+    rollout_logprobs,
+    sequence_weights,
+)
 from gspo.config.fields import MINIBATCH_GROUPINGS
 from gspo.config.options_train import OptimOptions
 from gspo.config.train import TrainConfig
 from gspo.core.losses import policy_loss
-from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
 from gspo.models import compiled_forward, moe
 from gspo.models.forward_inputs import ForwardInputs, independent_rows

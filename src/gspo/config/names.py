@@ -180,9 +180,9 @@ def losses() -> Mapping[str, Any]:
     registry = getattr(module, "LOSSES", None)
     if registry:
         return registry
-    # A plugin that registered a loss loaded only the registry's module (gspo.core.loss_terms),
+    # A plugin that registered a loss loaded only the registry's module (gspo.core.objectives),
     # which holds the built-ins once gspo.core.losses is imported: both, until then.
-    registered = getattr(sys.modules.get("gspo.core.loss_terms"), "LOSSES", None) or {}
+    registered = getattr(sys.modules.get("gspo.core.objectives"), "LOSSES", None) or {}
     return {**BUILTIN_LOSSES, **registered} if registered else BUILTIN_LOSSES
 
 

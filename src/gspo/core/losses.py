@@ -1,7 +1,7 @@
 """Policy losses: GRPO, GSPO, GSPO-token and LUSPO, as pure functions of tensors.
 
 (The term functions live in ``gspo.core.objectives`` (GRPO, GSPO, LUSPO, GSPO-token) and
-``gspo.core.losses_family`` (CISPO, SAPO, GMPO) and register in ``gspo.core.loss_terms``, which
+``gspo.core.losses_family`` (CISPO, SAPO, GMPO) and register in ``gspo.core.objectives``, which
 also holds their shared building blocks; importing this module loads them, so ``LOSSES`` and
 ``get_loss`` read from here are complete. KL estimators live in ``gspo.core.kl``.)
 
@@ -42,7 +42,7 @@ from gspo.core import losses_family as _losses_family  # noqa: F401
 # isort: on
 from gspo.config.names import BUILTIN_LOSSES, declared
 from gspo.core.kl import KL_ESTIMATORS, kl_estimate
-from gspo.core.loss_terms import (
+from gspo.core.objectives import (
     AGGREGATIONS,
     LOG_RATIO_CLAMP,
     LOSSES,

@@ -22,9 +22,9 @@ import torch
 from gspo.config.train import TrainConfig
 
 from ..backend.base import CheckpointTarget, TrainingBackend
+from ..backend.options import correction_weights
 from ..config.fields import to_dict
 from ..core.advantages import group_advantages
-from ..core.mismatch import correction_weights
 from ..core.seeding import prompt_indices, step_generator
 from ..envs.episodes import Episodes
 from ..envs.rewards import overlong_penalty
