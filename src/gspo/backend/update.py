@@ -38,6 +38,7 @@ from gspo.core.losses import policy_loss
 from gspo.core.seeding import step_generator
 from gspo.models import compiled_forward, moe
 from gspo.models.forward_inputs import ForwardInputs, independent_rows
+from gspo.models.logprobs import model_kind
 from gspo.rollout.base import PIXELS, Rollout, RolloutBatch, pixel_rows
 
 from .accumulator import Accumulator
@@ -93,9 +94,7 @@ def update_policy(
     )
     compiled = inputs.buckets is not None
     for k, minibatch in enumerate(minibatches(cfg, batch)):
-        micros = micro_batches(
-            cfg, batch, minibatch, idle, inputs.whole_width, shard, compiled=compiled
-        )
+        micros = micro_batches(cfg, batch, minibatch, idle, inputs.moe, shard, compiled=compiled)
         if not any(micro.grad for micro in micros):
             _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
         counts = _Counts.of(batch.rollout, minibatch)
@@ -328,6 +327,10 @@ def _old_logprobs(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     if cfg.rollout.old_logprobs == "engine":
         return rollout.logprobs, {}
+    if not model_kind(model).moe:
+        with torch.no_grad():
+            recomputed = rollout_logprobs(model, rollout, cfg.rollout.temperature)  # [N, L]
+        return recomputed, mismatch_stats(recomputed, rollout.logprobs, rollout.policy_mask)
     # MoE: the same pass records the pre-update policy's routing (what R2 replays).
     with torch.no_grad(), moe.capture_routing(model) as routes:
         recomputed = rollout_logprobs(model, rollout, cfg.rollout.temperature)  # [N, L]

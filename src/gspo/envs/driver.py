@@ -57,6 +57,7 @@ import torch
 from gspo.envs.tasks.base import Example
 from gspo.models import moe
 from gspo.models.chat import encode_examples
+from gspo.models.logprobs import model_kind
 from gspo.rollout.base import PIXELS, GenerationRequest, Rollout, SamplingParams
 
 from .agent import AgentEnvironment
@@ -319,12 +320,18 @@ def run_one_turn(
         rollout = engine.generate(turn)
     elif generate is not None:
         rollout = generate(turn)
-    elif routing:
+    elif routing and _routes(engine):
         rollout = moe.generate_with_routing(engine, turn)
     else:
         rollout = engine.generate(turn)
     trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
     return rollout, trajs
+
+
+def _routes(engine: Any) -> bool:
+    """Whether the engine runs an MoE torch model in this process (whose routing R3 replays)."""
+    model = getattr(engine, "model", None)
+    return model is not None and model_kind(model).moe
 
 
 def answer_round(
