@@ -21,7 +21,7 @@ _HOMES = {
     "get_loss": "gspo.core.losses",
     "LossSpec": "gspo.core.objectives",
     "sequence_log_ratio": "gspo.core.objectives",
-    "group_advantages": "gspo.core.advantages",
+    "group_advantages": "gspo.core.losses",
     # the run's random streams (a loop of your own draws what gspo train draws)
     "prompt_indices": "gspo.core.seeding",
     "step_generator": "gspo.core.seeding",

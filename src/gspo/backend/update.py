@@ -94,7 +94,9 @@ def update_policy(
     )
     compiled = inputs.buckets is not None
     for k, minibatch in enumerate(minibatches(cfg, batch)):
-        micros = micro_batches(cfg, batch, minibatch, idle, inputs.moe, shard, compiled=compiled)
+        micros = micro_batches(
+            cfg, batch, minibatch, idle, inputs.whole_width, shard, compiled=compiled
+        )
         if not any(micro.grad for micro in micros):
             _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
         counts = _Counts.of(batch.rollout, minibatch)

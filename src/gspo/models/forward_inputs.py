@@ -58,9 +58,8 @@ class ForwardInputs:
     old_routing: moe.Routing | None  # the pre-update policy's, for moe/routing_change_loss
     aux_coef: float  # router_aux_loss_coef
     temperature: float
-    moe: bool
-    """An MoE model: its forwards replay and record routing and add the load-balancing term;
-    every forward keeps the batch's full width (the routing records are laid out over it)."""
+    routed: bool
+    """An MoE model: its forwards replay and record routing and add the load-balancing term."""
     buckets: compiled_forward.Buckets | None = None
     """Set (the ``compile`` option): gradient forwards run compiled, padded to these buckets."""
 
@@ -92,9 +91,14 @@ class ForwardInputs:
             old_routing=moe.old_routing(rollout) if routed else None,
             aux_coef=aux_coef,
             temperature=temperature,
-            moe=routed,
+            routed=routed,
             buckets=buckets,
         )
+
+    @property
+    def whole_width(self) -> bool:
+        """Every forward keeps the batch's full width: MoE routing records are laid out over it."""
+        return self.routed
 
     def keywords(self, rows: torch.Tensor) -> dict[str, Any]:
         """:func:`token_logprobs` keywords of batch rows ``rows`` [n]."""
@@ -109,7 +113,7 @@ class ForwardInputs:
     ) -> Forward:
         """The training forward of batch rows ``rows`` (under grad when ``grad``); ``share``:
         their part of the minibatch's sequences (weights the MoE aux loss)."""
-        if not self.moe:  # a dense model: the scores alone
+        if not self.routed:  # a dense model: the scores alone
             with torch.set_grad_enabled(grad):
                 logprobs, entropy = self._scores(model, tokens, rows, grad)
             return Forward(logprobs, entropy, None, {})

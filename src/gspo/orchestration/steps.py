@@ -24,7 +24,7 @@ from gspo.config.train import TrainConfig
 from ..backend.base import CheckpointTarget, TrainingBackend
 from ..backend.options import correction_weights
 from ..config.fields import to_dict
-from ..core.advantages import group_advantages
+from ..core.losses import group_advantages
 from ..core.seeding import prompt_indices, step_generator
 from ..envs.episodes import Episodes
 from ..envs.rewards import overlong_penalty
