@@ -252,7 +252,7 @@ def micro_batch_loss(
         ref_logprobs=ref,
         kl_coef=loss_kl_coef(cfg),
         kl_estimator=cfg.loss.kl_estimator,
-        weights=_product(keep, _part_weights(batch.weights, micro.rows, cols)),
+        weights=_product(keep, _row_weights(batch.weights, micro.rows, cols)),
         options=loss_options(cfg),
     )
     metrics.update(opsm)
@@ -350,11 +350,11 @@ def _product(keep: torch.Tensor | None, weights: torch.Tensor | None) -> torch.T
     return keep[:, None] * weights if weights.dim() == 2 else keep * weights
 
 
-def _part_weights(weights: torch.Tensor | None, part: torch.Tensor, cols: slice):
+def _row_weights(weights: torch.Tensor | None, rows: torch.Tensor, cols: slice):
     """A micro-batch's rows (and kept columns, for token-level weights) of the correction."""
     if weights is None:
         return None
-    w = weights[part]  # [n] or [n, L]
+    w = weights[rows]  # [n] or [n, L]
     return w[:, cols] if w.dim() == 2 else w
 
 
