@@ -38,8 +38,9 @@ _KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def model_kind(model: torch.nn.Module) -> ModelKind:
-    """``model``'s :class:`ModelKind`, probed on its first forward and remembered for the model
-    object (its routers, type and image token are fixed once it is built)."""
+    """``model``'s :class:`ModelKind`, probed once (by ``build_policy``, else on the model's first
+    forward) and remembered for the model object (its routers, type and image token are fixed
+    once it is built)."""
     try:
         kind = _KINDS.get(model)
     except TypeError:  # a stand-in that cannot be weakly referenced: probed every time
