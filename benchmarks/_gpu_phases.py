@@ -153,7 +153,7 @@ def scored(rollout, old_logprobs, advantages, step: int):
     advantages [N] and the step (the rewards are not read by the update)."""
     import torch
 
-    from gspo.rollout.batch import RolloutBatch
+    from gspo.rollout.base import RolloutBatch
 
     rewards = torch.zeros(rollout.num_samples, dtype=torch.float64)  # [N]
     return RolloutBatch(

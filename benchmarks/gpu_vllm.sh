@@ -93,7 +93,7 @@ from gspo.config import TrainConfig, build
 from gspo.models.logprobs import token_logprobs
 from gspo.orchestration.ray_parts import build_ray_parts
 from gspo.rollout.base import SamplingParams
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import RolloutBatch
 cfg = build(TrainConfig, overrides=dict(
     model="smollm2-135m-instruct", device="cuda", dtype="float32", output_dir=f"{sys.argv[1]}/sleep-check",
     backend="ray", trainer_workers=1, rollout_workers=1, placement="colocated",

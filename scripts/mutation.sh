@@ -41,7 +41,7 @@ cli()' "$@"
 module_of() {
     case "$1" in
         losses) echo "src/gspo/core/losses.py" ;;
-        advantages) echo "src/gspo/core/advantages.py" ;;
+        advantages) echo "src/gspo/core/losses.py" ;;
         trainer) echo "src/gspo/backend/update.py" ;;
         engine) echo "src/gspo/rollout/torch_engine.py" ;;
         *) echo "unknown target $1 (losses, advantages, trainer, engine, all)" >&2; exit 2 ;;

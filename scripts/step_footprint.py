@@ -1,8 +1,9 @@
 """How many of gspo's files and lines one synchronous single-turn local training step runs.
 
-Traces the second step of a 3-step `smoke` run (the first one also builds the parts; the last
-one also writes the final model), from the end of step 1's metrics to the end of step 2's, in
-every thread. Prints the files touched, their total lines and the lines executed, then one row
+Traces the second step of a 3-step `smoke` run (the first one also builds the parts and probes
+the model once; the last one also writes the final model), from the end of step 1's metrics to
+the end of step 2's, in every thread. (The loop also logs the data counts at step 0, before any
+training step: the window is keyed on the step of each record, not on how many were logged.) Prints the files touched, their total lines and the lines executed, then one row
 per file. Used to show what a layout change does to the reach of one step:
 
     python scripts/step_footprint.py
@@ -22,14 +23,14 @@ from gspo.config import TrainConfig, build
 
 ROOT = os.path.dirname(gspo.__file__)
 hits: dict[str, set[int]] = {}
-logged = {"records": 0}
+logged = {"step": -1}
 
 
 def tracer(frame, event, arg):
     name = frame.f_code.co_filename
     if not name.startswith(ROOT):
         return None
-    if logged["records"] == 1:  # between step 1's metrics and step 2's
+    if logged["step"] == 1:  # between step 1's metrics and step 2's
         hits.setdefault(name, set()).add(frame.f_lineno)
     return tracer
 
@@ -37,9 +38,9 @@ def tracer(frame, event, arg):
 def main() -> None:
     original = metrics_logging.MetricsLogger.log
 
-    def counting_log(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        logged["records"] += 1
+    def counting_log(self, step, *args, **kwargs):
+        result = original(self, step, *args, **kwargs)
+        logged["step"] = step
         return result
 
     metrics_logging.MetricsLogger.log = counting_log

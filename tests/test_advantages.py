@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gspo.core.advantages import broadcast_to_tokens, group_advantages
 from gspo.core.correction import mismatch_weights
+from gspo.core.losses import broadcast_to_tokens, group_advantages
 
 F64 = torch.float64
 

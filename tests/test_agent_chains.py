@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx", reason="the agents call the endpoint with h
 
 from endpoint_support import TEMPERATURE, TOK, float64_policy  # noqa: E402
 
-from gspo.core.advantages import group_advantages  # noqa: E402
+from gspo.core.losses import group_advantages  # noqa: E402
 from gspo.envs.agent import AgentOutcome  # noqa: E402
 from gspo.envs.agent_driver import chain_advantages  # noqa: E402
 from gspo.envs.driver import Limits, episode_metrics, run_episodes  # noqa: E402

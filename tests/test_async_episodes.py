@@ -24,7 +24,7 @@ from gspo.models.tiny_model import build_tiny_model
 from gspo.orchestration.async_episodes import Restart
 from gspo.orchestration.async_local import round_generate
 from gspo.orchestration.async_rollout import WeightSync, snapshot
-from gspo.orchestration.source import build_async
+from gspo.orchestration.loop import build_async
 from gspo.rollout.base import NO_VERSION, SamplingParams
 from gspo.rollout.torch_engine import TorchEngine
 

@@ -15,7 +15,7 @@ from gspo.config import ConfigError, TrainConfig, build
 from gspo.core.checkpoint_paths import latest_checkpoint
 from gspo.envs.tasks.base import Example, Task
 from gspo.orchestration.logging import read_metrics
-from gspo.orchestration.source import build_async
+from gspo.orchestration.loop import build_async
 
 TIMING_PREFIXES = ("time/", "throughput/", "async/")
 
@@ -195,7 +195,7 @@ def test_forced_thread_at_k0_resumes_exactly(tmp_path, monkeypatch):
 def test_the_loop_pulls_every_batch_from_its_source(tmp_path, monkeypatch):
     """One BatchSource for sync and async: K = 0 builds the synchronous source, and the loop
     takes each step's batch from the run's source and publishes version step + 1 to it."""
-    from gspo.orchestration.source import BatchSource, SyncSource, build_source
+    from gspo.orchestration.loop import BatchSource, SyncSource, build_source
 
     calls = []
 

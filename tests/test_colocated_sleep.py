@@ -14,7 +14,7 @@ import pytest
 import torch
 from update_support import update_batch
 
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import RolloutBatch
 
 if os.environ.get("GSPO_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")

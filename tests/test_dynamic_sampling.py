@@ -19,8 +19,7 @@ from gspo.orchestration.dynamic_sampling import (
     informative_groups,
     round_prompts,
 )
-from gspo.rollout.base import Rollout
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import Rollout, RolloutBatch
 
 G = 2
 

@@ -25,7 +25,7 @@ from update_support import update_batch
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
 from gspo.config import TrainConfig, build
-from gspo.core.advantages import group_advantages
+from gspo.core.losses import group_advantages
 from gspo.envs.tasks.base import Example, Task
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs

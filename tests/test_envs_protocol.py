@@ -9,9 +9,8 @@ from envs_support import TOK, ScriptedEngine
 
 from gspo import Opening, Step
 from gspo.envs.base import SingleTurnEnv
-from gspo.envs.driver import Limits, run_episodes
+from gspo.envs.driver import Limits, answer_round, run_episodes
 from gspo.envs.guess import GuessEnv
-from gspo.envs.one_turn import answer_round
 from gspo.envs.tasks.base import Example
 from gspo.envs.trajectory import PlainEncoder
 from gspo.rollout.base import GenerationRequest, SamplingParams
@@ -123,7 +122,7 @@ def test_one_turn_trajectories_keep_exactly_the_masked_tokens_of_each_row():
     is 1 (as plain lists now, no per-row tensor indexing): holes and padding are left out."""
     import torch
 
-    from gspo.models.text import decode_completions
+    from gspo.envs.driver import decode_completions
     from gspo.rollout.base import Rollout
 
     ids = TOK(["abc", "de"], add_special_tokens=False)["input_ids"]

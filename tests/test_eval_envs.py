@@ -10,8 +10,7 @@ from gspo.compose.evaluate import evaluate as gspo_eval
 from gspo.compose.sft import run_sft
 from gspo.compose.train import build_parts
 from gspo.config import EvalConfig, SFTConfig, TrainConfig, build
-from gspo.orchestration.state import StepState
-from gspo.orchestration.steps import evaluate_now
+from gspo.orchestration.steps import StepState, evaluate_now
 
 COMMON = dict(
     task="guess",

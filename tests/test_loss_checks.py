@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from gspo.core.loss_terms import LOG_RATIO_CLAMP, LossTerms, register_loss
 from gspo.core.losses import LOSSES, aggregate, k3_kl, policy_loss
+from gspo.core.objectives import LOG_RATIO_CLAMP, LossTerms, register_loss
 
 F64 = torch.float64
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from losses_support import ADV, F64, MASK, NEW_OFF, OLD, TOL, grad_of_j, mask_for, padded
 
-from gspo.core.loss_terms import (
+from gspo.core.losses import aggregate, policy_loss
+from gspo.core.objectives import (
     LOG_RATIO_CLAMP,
     sequence_log_ratio,
 )
-from gspo.core.losses import aggregate, policy_loss
 
 WIDE = dict(clip_low=0.2, clip_high=0.2)
 

@@ -17,9 +17,9 @@ import math
 import pytest
 import torch
 
-from gspo.core.loss_terms import sequence_log_ratio
 from gspo.core.losses import LOSSES, policy_loss
 from gspo.core.losses_family import sapo_gate
+from gspo.core.objectives import sequence_log_ratio
 
 F64 = torch.float64
 TOL = dict(rtol=1e-12, atol=1e-12)

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from losses_support import F64, TOL, grad_of_j, mask_for
 
-from gspo.core.loss_terms import (
+from gspo.core.losses import LOSSES, policy_loss
+from gspo.core.objectives import (
     AGGREGATIONS,
     sequence_log_ratio,
 )
-from gspo.core.losses import LOSSES, policy_loss
 
 # ---------------------------------------------------------------- gradient checks (finite diff)
 

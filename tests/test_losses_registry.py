@@ -10,11 +10,11 @@ import pytest
 import torch
 from losses_support import ADV, F64, MASK, NEW_OFF, OLD, TOL, grad_of_j, padded
 
-from gspo.core.loss_terms import (
+from gspo.core.losses import LOSSES, aggregate, get_loss, policy_loss
+from gspo.core.objectives import (
     LossTerms,
     register_loss,
 )
-from gspo.core.losses import LOSSES, aggregate, get_loss, policy_loss
 
 
 def test_registry_and_defaults():

@@ -1,4 +1,4 @@
-"""Mismatch metrics and the TIS/MIS correction wired into the trainer (gspo.core.mismatch)."""
+"""Mismatch metrics and the TIS/MIS correction wired into the trainer (gspo.backend.options)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from update_support import update_batch
 
+from gspo.backend.options import correction_weights, mismatch_stats
 from gspo.config import TrainConfig, build
 from gspo.config.options_train import LossOptions
-from gspo.core.mismatch import correction_weights, mismatch_stats
 from gspo.rollout.base import GenerationRequest
 
 TRAIN = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, -0.5, -0.5]], dtype=torch.float64)

@@ -15,12 +15,12 @@ import gspo.envs.episodes as episodes_module
 from gspo.config import ConfigError, TrainConfig, build, to_dict
 from gspo.core.seeding import prompt_indices
 from gspo.envs import ENVIRONMENTS, SingleTurnEnv, Step
+from gspo.envs.driver import decode_completions
 from gspo.envs.rewards import score
 from gspo.envs.tasks.base import Example, Task
 from gspo.models import moe
-from gspo.models.text import decode_completions
 from gspo.orchestration import steps
-from gspo.orchestration.state import StepState
+from gspo.orchestration.steps import StepState
 from gspo.rollout.base import GenerationRequest
 
 
@@ -159,8 +159,7 @@ def test_single_turn_env_scores_a_round_at_once_with_the_task_reward_beside():
 
 def test_dynamic_sampling_rounds_of_episodes_keep_their_masks_and_turns():
     from gspo.orchestration.dynamic_sampling import concat, select_groups
-    from gspo.rollout.base import Rollout
-    from gspo.rollout.batch import RolloutBatch
+    from gspo.rollout.base import Rollout, RolloutBatch
 
     def episodes(width: int, version: int) -> RolloutBatch:
         n = 4  # 2 groups of 2

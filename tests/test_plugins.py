@@ -269,7 +269,7 @@ def terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high):
 
 @pytest.mark.slow
 def test_a_loss_a_plugin_registers_validates_before_the_loss_module_loads(tmp_path):
-    # The plugin imports only the registry's module (gspo.core.loss_terms), not gspo.core.losses
+    # The plugin imports only the registry's module (gspo.core.objectives), not gspo.core.losses
     # where the config's check used to look: a fresh interpreter, so neither is loaded before.
     (tmp_path / "plug_loss.py").write_text(LOSS_PLUGIN)
     code = (

@@ -1,4 +1,4 @@
-"""The one scored-rollout type (``gspo.rollout.batch.RolloutBatch``): its row selection and its
+"""The one scored-rollout type (``gspo.rollout.base.RolloutBatch``): its row selection and its
 move to a device keep every per-row and per-token field aligned, and the old per-stage types
 are gone (one object from generation through reward, advantages and update)."""
 
@@ -9,8 +9,7 @@ import importlib
 import pytest
 import torch
 
-from gspo.rollout.base import Rollout
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import Rollout, RolloutBatch
 
 
 def episodes_batch() -> RolloutBatch:
@@ -92,7 +91,7 @@ def test_to_moves_what_the_update_reads_and_keeps_the_rewards_where_they_were_sc
     ("module", "name"),
     [
         ("gspo.orchestration.dynamic_sampling", "Sampled"),
-        ("gspo.orchestration.state", "Batch"),
+        ("gspo.orchestration.steps", "Batch"),
         ("gspo.orchestration.async_episodes", "EpisodeBatch"),
         ("gspo.orchestration.async_source", "select_rows"),
         ("gspo.backend.update", "_to_device"),

@@ -8,7 +8,7 @@ import gspo.compose.train as trainer_module
 from gspo.compose.train import train
 from gspo.config import TrainConfig, build
 from gspo.envs.tasks.base import Example, Task
-from gspo.orchestration.signals import PATIENCE, SignalWatch
+from gspo.orchestration.loop import PATIENCE, SignalWatch
 
 
 def test_watch_warns_once_after_several_truncated_steps():

@@ -15,7 +15,7 @@ from gspo.backend.local import LocalBackend
 from gspo.config import TrainConfig, build
 from gspo.envs.tasks.base import Example, Task
 from gspo.orchestration import steps
-from gspo.orchestration.state import StepState
+from gspo.orchestration.steps import StepState
 
 
 def even_share(text: str, example: Example) -> float:

@@ -12,7 +12,7 @@ import gspo.backend.update as update_module
 from gspo.backend.base import TrainingBackend
 from gspo.backend.fsdp import FSDPRank
 from gspo.backend.local import LocalBackend
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import RolloutBatch
 
 STAGES = ("update_policy", "minibatches", "micro_batches", "micro_batch_step", "micro_batch_loss",
           "optimizer_step")  # fmt: skip

@@ -162,8 +162,7 @@ def test_rounds_join_pixels_at_their_prompt_offsets(vl64):
     """Dynamic sampling joins rounds: a round that kept only its first prompt's group still
     shifts the next round's prompt indices past all of its prompts' pixels."""
     from gspo.orchestration.dynamic_sampling import concat
-    from gspo.rollout.base import PIXELS
-    from gspo.rollout.batch import RolloutBatch
+    from gspo.rollout.base import PIXELS, RolloutBatch
 
     model, tok, fmt = vl64
     engine = TorchEngine(model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, tokenizer=tok)

@@ -327,7 +327,7 @@ def test_rounds_of_episodes_join_their_pixel_entries(vl64):
     """Dynamic sampling joins rounds of episodes: each row still reads its own episode's
     images (pixel_index offset past the earlier rounds' entries), prompt indices stay apart."""
     from gspo.orchestration.dynamic_sampling import concat
-    from gspo.rollout.batch import RolloutBatch
+    from gspo.rollout.base import RolloutBatch
 
     first, trajs1, _ = _episodes(vl64, seed=4)
     first = first.select(torch.tensor([2, 3]))  # only the second group kept

@@ -130,8 +130,7 @@ def test_paused_generation_re_prefills_with_the_positions(qvl64):
 
 def test_rounds_join_qwen_pixels_at_their_prompt_offsets(qvl64):
     from gspo.orchestration.dynamic_sampling import concat
-    from gspo.rollout.base import PIXELS
-    from gspo.rollout.batch import RolloutBatch
+    from gspo.rollout.base import PIXELS, RolloutBatch
 
     model, tok, fmt = qvl64
     engine = _engine(model, tok)

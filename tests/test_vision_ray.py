@@ -194,8 +194,7 @@ def test_dynamic_sampling_keeps_groups_of_image_prompts():
     """Dynamic sampling drops whole groups of an image rollout; the per-prompt pixels stay
     whole (rows keep their prompt indices) instead of being refused as MoE routing."""
     from gspo.orchestration.dynamic_sampling import select_groups
-    from gspo.rollout.base import Rollout
-    from gspo.rollout.batch import RolloutBatch
+    from gspo.rollout.base import Rollout, RolloutBatch
 
     prompts, group = 3, 2
     n = prompts * group

@@ -25,7 +25,6 @@ from wiring_support import SOURCES, cli_cfg
 
 import gspo.backend.update as update_module
 import gspo.compose.train as trainer_module
-import gspo.models.moe as moe_module
 import gspo.orchestration.steps as steps_module
 from gspo.compose.parts import build_policy_for
 from gspo.config import ConfigError, TrainConfig
@@ -35,6 +34,7 @@ from gspo.envs.tasks.base import Task
 from gspo.interface import cli
 from gspo.models.logprobs import token_logprobs
 from gspo.rollout.base import Rollout
+from gspo.rollout.torch_engine import TorchEngine
 
 # --------------------------------------------------------------------------------------------
 # One minibatch with ratios set by hand: clip ranges, aggregation, KL coefficient
@@ -226,14 +226,14 @@ def _tensors(rollout: Rollout):
 def capture_rollouts(monkeypatch) -> list[Rollout]:
     """Every rollout the trainer's engine produces, as it produced it (a pass-through)."""
     seen: list[Rollout] = []
-    inner = moe_module.generate_with_routing
+    inner = TorchEngine.generate
 
     def spy(engine, request):
         rollout = inner(engine, request)
         seen.append(rollout)
         return rollout
 
-    monkeypatch.setattr(moe_module, "generate_with_routing", spy)
+    monkeypatch.setattr(TorchEngine, "generate", spy)
     return seen
 
 

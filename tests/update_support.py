@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import RolloutBatch
 
 
 def update_batch(rollout, old_logprobs, advantages, step: int = 0, weights=None) -> RolloutBatch:

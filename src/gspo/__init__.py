@@ -17,11 +17,11 @@ __version__ = "0.1.0"
 _HOMES = {
     # losses and advantages (pure torch functions, registries of objectives)
     "policy_loss": "gspo.core.losses",
-    "register_loss": "gspo.core.loss_terms",
+    "register_loss": "gspo.core.objectives",
     "get_loss": "gspo.core.losses",
-    "LossSpec": "gspo.core.loss_terms",
-    "sequence_log_ratio": "gspo.core.loss_terms",
-    "group_advantages": "gspo.core.advantages",
+    "LossSpec": "gspo.core.objectives",
+    "sequence_log_ratio": "gspo.core.objectives",
+    "group_advantages": "gspo.core.losses",
     # the run's random streams (a loop of your own draws what gspo train draws)
     "prompt_indices": "gspo.core.seeding",
     "step_generator": "gspo.core.seeding",
@@ -50,13 +50,13 @@ _HOMES = {
     "GenerationRequest": "gspo.rollout.base",
     "ResumableEngine": "gspo.rollout.base",
     "PartialGeneration": "gspo.rollout.base",
-    "RolloutBatch": "gspo.rollout.batch",
+    "RolloutBatch": "gspo.rollout.base",
     "TorchEngine": "gspo.rollout.torch_engine",
     # models: a policy and its prompt format from a config, and log-probs of completions
     "build_policy": "gspo.models.policy",
     "build_prompt_format": "gspo.models.policy",
     "token_logprobs": "gspo.models.logprobs",
-    "decode_completions": "gspo.models.text",
+    "decode_completions": "gspo.envs.driver",
     # runs
     "TrainConfig": "gspo.config.train",
     "SFTConfig": "gspo.config.train",

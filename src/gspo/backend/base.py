@@ -2,7 +2,7 @@
 
 A backend owns the policy's weights, its optimizer and LR schedule, the frozen reference model
 (KL), and their checkpoint. The loop hands it the step's
-:class:`~gspo.rollout.batch.RolloutBatch` and gets metrics back; it never touches the model
+:class:`~gspo.rollout.base.RolloutBatch` and gets metrics back; it never touches the model
 itself. The local backend runs in this process; the FSDP2 backend shards the
 same update over N ranks (all-reduced sequence and token denominators, so the update equals
 one process's), placed by Ray.
@@ -16,8 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..rollout.base import Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import Rollout, RolloutBatch
 
 
 @dataclass(frozen=True)

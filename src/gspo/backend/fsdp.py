@@ -34,8 +34,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from ..models.logprobs import token_logprobs
 from ..models.policy import build_policy, set_threads
 from ..models.vision import is_vision_model
-from ..rollout.base import PIXELS, Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import PIXELS, Rollout, RolloutBatch
 from .accumulator import Accumulator
 from .options import reference_logprobs, reward_kl_penalty
 from .ray_refs import with_pixels

@@ -14,10 +14,10 @@ import torch
 
 from gspo.config.train import TrainConfig
 
+from ..models.logprobs import model_kind
 from ..models.model_io import save_model
 from ..models.moe import step_metrics as moe_step_metrics
-from ..rollout.base import Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import Rollout, RolloutBatch
 from .base import CheckpointTarget
 from .checkpoint import restore, save_checkpoint
 from .options import reference_logprobs, reward_kl_penalty
@@ -59,7 +59,7 @@ class LocalBackend:
 
     def step_metrics(self, rollout: Rollout) -> dict[str, float]:
         # MoE: share of expert choices the update changed, on this rollout ({} for dense models).
-        return moe_step_metrics(self.model, rollout)
+        return moe_step_metrics(self.model, rollout) if model_kind(self.model).moe else {}
 
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]

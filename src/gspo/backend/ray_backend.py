@@ -19,13 +19,12 @@ import torch
 
 from gspo.config.train import TrainConfig
 
+from ..backend.options import mismatch_stats
 from ..core.checkpoint_paths import latest_checkpoint
-from ..core.mismatch import mismatch_stats
 from ..models.model_io import save_model
 from ..models.moe import is_moe
 from ..models.vision import save_processor
-from ..rollout.base import Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import Rollout, RolloutBatch
 from .base import CheckpointTarget
 from .checkpoint import (
     load_state,

@@ -6,7 +6,7 @@
         micro_batch_step    forward ─► loss ─► backward, metrics into the accumulator
         optimizer_step      clip, step (skipped when non-finite), zero the gradients
 
-The batch is the loop's :class:`~gspo.rollout.batch.RolloutBatch`: rollout, old log-probs,
+The batch is the loop's :class:`~gspo.rollout.base.RolloutBatch`: rollout, old log-probs,
 advantages, correction weights and step. What a forward takes beyond a micro-batch's tokens
 (image inputs, MoE routing to replay and record, the load-balancing loss) is the model side's
 :class:`~gspo.models.forward_inputs.ForwardInputs`, so the update runs every model the same
@@ -24,17 +24,22 @@ from dataclasses import dataclass
 
 import torch
 
-from gspo.backend.options import loss_kl_coef, loss_options, rollout_logprobs, sequence_weights
+from gspo.backend.options import (
+    loss_kl_coef,
+    loss_options,
+    mismatch_stats,
+    rollout_logprobs,
+    sequence_weights,
+)
 from gspo.config.fields import MINIBATCH_GROUPINGS
 from gspo.config.options_train import OptimOptions
 from gspo.config.train import TrainConfig
 from gspo.core.losses import policy_loss
-from gspo.core.mismatch import mismatch_stats
 from gspo.core.seeding import step_generator
 from gspo.models import compiled_forward, moe
 from gspo.models.forward_inputs import ForwardInputs, independent_rows
-from gspo.rollout.base import PIXELS, Rollout, pixel_rows
-from gspo.rollout.batch import RolloutBatch
+from gspo.models.logprobs import model_kind
+from gspo.rollout.base import PIXELS, Rollout, RolloutBatch, pixel_rows
 
 from .accumulator import Accumulator
 from .shard import all_ranks_sum, rank_parts
@@ -247,7 +252,7 @@ def micro_batch_loss(
         ref_logprobs=ref,
         kl_coef=loss_kl_coef(cfg),
         kl_estimator=cfg.loss.kl_estimator,
-        weights=_product(keep, _part_weights(batch.weights, micro.rows, cols)),
+        weights=_product(keep, _row_weights(batch.weights, micro.rows, cols)),
         options=loss_options(cfg),
     )
     metrics.update(opsm)
@@ -324,6 +329,10 @@ def _old_logprobs(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     if cfg.rollout.old_logprobs == "engine":
         return rollout.logprobs, {}
+    if not model_kind(model).moe:
+        with torch.no_grad():
+            recomputed = rollout_logprobs(model, rollout, cfg.rollout.temperature)  # [N, L]
+        return recomputed, mismatch_stats(recomputed, rollout.logprobs, rollout.policy_mask)
     # MoE: the same pass records the pre-update policy's routing (what R2 replays).
     with torch.no_grad(), moe.capture_routing(model) as routes:
         recomputed = rollout_logprobs(model, rollout, cfg.rollout.temperature)  # [N, L]
@@ -341,11 +350,11 @@ def _product(keep: torch.Tensor | None, weights: torch.Tensor | None) -> torch.T
     return keep[:, None] * weights if weights.dim() == 2 else keep * weights
 
 
-def _part_weights(weights: torch.Tensor | None, part: torch.Tensor, cols: slice):
+def _row_weights(weights: torch.Tensor | None, rows: torch.Tensor, cols: slice):
     """A micro-batch's rows (and kept columns, for token-level weights) of the correction."""
     if weights is None:
         return None
-    w = weights[part]  # [n] or [n, L]
+    w = weights[rows]  # [n] or [n, L]
     return w[:, cols] if w.dim() == 2 else w
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..config.combinations import combination_problems
 from ..config.eval_config import EvalConfig
 from ..config.options import ModelOptions, RewardOptions, TaskOptions
 from ..config.train import SFTConfig, TrainConfig
@@ -11,6 +14,7 @@ from ..envs.tasks.base import Task
 from ..envs.tasks.checks import check_duplicates, check_held_out
 from ..envs.tasks.files import options_file_task
 from ..models.policy import build_policy
+from ..models.vision_qwen import uses_mrope
 from ..sandbox import with_code_limits
 
 
@@ -25,11 +29,6 @@ def refuse_mrope_paths(cfg: TrainConfig, model) -> None:
     """A Qwen2.5-VL checkpoint (``--model PATH``) gets the refusals ``tiny-qwen-vl`` gets before
     torch (config/combinations.py): its M-RoPE positions are built by the torch engine and the
     training forward only. Its type is known only once it is loaded."""
-    from dataclasses import replace
-
-    from ..config.combinations import combination_problems
-    from ..models.vision_qwen import uses_mrope
-
     if not uses_mrope(model):
         return
     as_tiny = combination_problems(replace(cfg, model=replace(cfg.model, model="tiny-qwen-vl")))

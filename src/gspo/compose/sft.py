@@ -26,7 +26,7 @@ from ..models.model_io import save_model
 from ..models.policy import build_prompt_format, resolve_device, set_threads
 from ..orchestration.evaluation import evaluate_model
 from ..orchestration.logging import progress_bar
-from ..orchestration.signals import StopRequest
+from ..orchestration.loop import StopRequest
 from .evaluate import eval_env
 from .parts import build_policy_for, build_task
 from .sft_prompts import fit_demonstrations, sft_held_out

@@ -3,7 +3,7 @@
 It turns a config into built parts (policy backend, rollout engine, task and rewards, prompts,
 logger) and hands them to the loop (:func:`gspo.orchestration.loop.run`), which never builds
 anything itself. Resuming restores the backend's checkpoint and the loop's
-:class:`~gspo.orchestration.state.StepState`.
+:class:`~gspo.orchestration.steps.StepState`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ from ..envs.rewards import reward_workers, uses_sandbox
 from ..models import moe
 from ..models.policy import build_policy, build_prompt_format, resolve_device, set_threads
 from ..orchestration.logging import MetricsLogger, read_metrics
-from ..orchestration.loop import NonFiniteTrainingError, RunResult, run
+from ..orchestration.loop import NonFiniteTrainingError, RunResult, build_source, run
 from ..orchestration.ray_parts import build_ray_parts, ray_scorer
 from ..orchestration.ray_rewards import use_ray_tasks
-from ..orchestration.source import build_source
-from ..orchestration.state import Parts, StepState
+from ..orchestration.steps import Parts, StepState
 from ..rollout.base import SamplingParams
 from ..rollout.engines import check_engine_available, close_engine, policy_engine
 from ..sandbox import isolation

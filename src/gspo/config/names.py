@@ -29,7 +29,7 @@ prompts; ``always``: require a chat template (an error if the tokenizer has none
 ROUTING_REPLAY = ("none", "old", "engine")
 """gspo.models.moe's ``routing_replay`` values: none (also None: off); old = R2 (the recompute
 pass of the pre-update policy); engine = R3 (the rollout engine's own routing during generation)."""
-ADVANTAGE_SCALES = ("std", "sample_std", "none")  # gspo.core.advantages.SCALES
+ADVANTAGE_SCALES = ("std", "sample_std", "none")  # gspo.core.losses.SCALES
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # gspo.core.kl
 MISMATCH_LEVELS = ("token", "sequence", "geometric")  # gspo.core.correction.LEVELS
 CREDITS = ("episode", "turn")  # gspo.envs.credit
@@ -180,9 +180,9 @@ def losses() -> Mapping[str, Any]:
     registry = getattr(module, "LOSSES", None)
     if registry:
         return registry
-    # A plugin that registered a loss loaded only the registry's module (gspo.core.loss_terms),
+    # A plugin that registered a loss loaded only the registry's module (gspo.core.objectives),
     # which holds the built-ins once gspo.core.losses is imported: both, until then.
-    registered = getattr(sys.modules.get("gspo.core.loss_terms"), "LOSSES", None) or {}
+    registered = getattr(sys.modules.get("gspo.core.objectives"), "LOSSES", None) or {}
     return {**BUILTIN_LOSSES, **registered} if registered else BUILTIN_LOSSES
 
 

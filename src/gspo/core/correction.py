@@ -18,7 +18,7 @@ import torch
 
 from gspo.config.fields import CORRECTIONS as MODES
 from gspo.config.names import MISMATCH_LEVELS as LEVELS
-from gspo.core.loss_terms import LOG_RATIO_CLAMP, masked_log_ratio
+from gspo.core.objectives import LOG_RATIO_CLAMP, masked_log_ratio
 
 
 def mismatch_weights(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gspo.core.loss_terms import (
+from gspo.core.objectives import (
     LOG_RATIO_CLAMP,
     LossTerms,
     builtin_loss,

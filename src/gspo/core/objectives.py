@@ -1,22 +1,173 @@
-"""GRPO, GSPO, LUSPO and GSPO-token: the registered term functions of ``gspo.core.losses``.
+"""What a policy-loss term function is, the registry of them, the ratio building blocks they
+share, and the built-in GRPO, GSPO, LUSPO and GSPO-token term functions.
 
-Each turns log-probs, old log-probs and advantages into a per-token objective matrix [B, T] plus
-its clip decisions; ``gspo.core.losses.policy_loss`` aggregates it. Registered in this order on
-import of ``gspo.core.losses`` (the rest of the family: ``gspo.core.losses_family``).
+Each term function turns log-probs, old log-probs and advantages into a per-token objective
+matrix [B, T] plus its clip decisions; ``gspo.core.losses.policy_loss`` aggregates it. They
+register with the defaults ``gspo.config.names.BUILTIN_LOSSES`` declares for each
+(:func:`builtin_loss`), these four in this order, then the rest of the family
+(``gspo.core.losses_family``: CISPO, SAPO, GMPO). Read the registry through
+``gspo.core.losses`` (``get_loss``, ``LOSSES``): that module is the one that loads both term
+modules, kept apart from it so that the term modules and the loss need not import each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
-from gspo.core.loss_terms import (
-    LOG_RATIO_CLAMP,
-    LossTerms,
-    builtin_loss,
-    clipped_surrogate,
-    masked_log_ratio,
-    sequence_log_ratio,
-)
+from gspo.config.names import AGGREGATIONS, BUILTIN_LOSSES
+
+LOG_RATIO_CLAMP = 20.0
+"""Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, so a ratio is at most
+e^20 ≈ 4.9e8: large enough never to bind for sane runs, small enough that exp never overflows into
+inf and 0·inf never turns a gradient into NaN."""
+
+
+@dataclass
+class LossTerms:
+    """What a term function returns: the per-token objective and the data for clip metrics."""
+
+    objective: torch.Tensor  # [B, T] per-token contribution to J, 0 where mask is 0
+    clipped_low: torch.Tensor  # [B, T] bool: gradient zeroed by the lower clip bound
+    clipped_high: torch.Tensor  # [B, T] bool: gradient zeroed by the upper clip bound
+    ratio: torch.Tensor  # [B] sequence ratios (GSPO family) or [B, T] token ratios (GRPO), detached
+    ratio_mask: torch.Tensor  # same shape as ratio: which entries are real
+
+
+TermFn = Callable[..., LossTerms]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered policy loss and its paper defaults."""
+
+    name: str
+    terms: TermFn
+    clip_low: float
+    clip_high: float
+    default_aggregation: str
+    aggregations: tuple[str, ...]
+    token_advantages: bool
+    """Whether [B, T] per-token advantages are meaningful for this loss."""
+    doc: str
+    sequence_advantages: bool = False
+    """Whether the term function takes one advantage per sequence as [B] (GSPO, LUSPO: their
+    term is one clipped value per sequence); otherwise it gets [B, 1] or [B, T]."""
+    token_clip: bool = False
+    """Whether clip_low/clip_high bound per-token quantities (token ratios, log-ratios or IS
+    weights), whose useful ranges are orders of magnitude wider than a sequence ratio's."""
+    formula: str = ""
+    """One line, for ``gspo algos``."""
+    source: str = ""
+    """The paper (and arXiv id) the formula and defaults come from."""
+    clip_meaning: str = "ratio"
+    """What clip_low/clip_high bound: 'ratio' (r in [1-ε_low, 1+ε_high]), 'log-ratio'
+    (log r in [-ε_low, ε_high]), 'weight' (a detached IS weight truncated to that band) or
+    'unused' (the loss has no clip; setting one is an error)."""
+    options: tuple[tuple[str, float | None], ...] = ()
+    """Extra keyword options of the term function and their paper defaults (None: off)."""
+
+
+LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(
+    name: str,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregations: tuple[str, ...],
+    token_advantages: bool,
+    sequence_advantages: bool = False,
+    token_clip: bool = False,
+    formula: str = "",
+    source: str = "",
+    clip_meaning: str = "ratio",
+    options: dict[str, float | None] | None = None,
+) -> Callable[[TermFn], TermFn]:
+    """Register a term function under ``name``; the first aggregation listed is the default."""
+    for agg in aggregations:
+        if agg not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {agg!r}; valid: {', '.join(AGGREGATIONS)}")
+
+    def decorator(fn: TermFn) -> TermFn:
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is already registered")
+        LOSSES[name] = LossSpec(
+            name=name,
+            terms=fn,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            default_aggregation=aggregations[0],
+            aggregations=aggregations,
+            token_advantages=token_advantages,
+            doc=(fn.__doc__ or "").strip(),
+            sequence_advantages=sequence_advantages,
+            token_clip=token_clip,
+            formula=formula,
+            source=source,
+            clip_meaning=clip_meaning,
+            options=tuple((options or {}).items()),
+        )
+        return fn
+
+    return decorator
+
+
+def builtin_loss(name: str) -> Callable[[TermFn], TermFn]:
+    """Register a built-in term function with its entry in ``gspo.config.names.BUILTIN_LOSSES``
+    (clip defaults, aggregations, formula, paper), declared there once for the torch-free
+    config checks and ``gspo algos``."""
+    if name not in BUILTIN_LOSSES:
+        raise RuntimeError(f"built-in loss {name!r} is not declared in gspo.config.names")
+    info = dataclasses.asdict(BUILTIN_LOSSES[name])
+    del info["name"]
+    return register_loss(name, **{**info, "options": dict(info["options"])})
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+# --------------------------------------------------------------------------------------------
+
+
+def masked_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """l - o on response tokens, exactly 0 elsewhere (padding may hold any value, even inf/NaN)."""
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    return torch.where(mask, logprobs - old_logprobs, zero)  # [B, T]
+
+
+def sequence_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """GSPO's length-normalized log-ratio: log s_i = (1/|y_i|) Σ_t (l - o), clamped.
+
+    This is the log of the *geometric mean* of token ratios (GSPO Eq. 7), not the full-product
+    sequence ratio used by mismatch corrections (see ``gspo.core.correction``). Empty rows give 0.
+    """
+    lengths = mask.sum(dim=1).clamp(min=1)  # [B]
+    mean = masked_log_ratio(logprobs, old_logprobs, mask).sum(dim=1) / lengths  # [B]
+    return mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B]
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic term min(r A, clip(r, 1-ε_low, 1+ε_high) A) and where it is clipped.
+
+    A term is *clipped* when the min picks the clipped branch with a constant value, i.e. its
+    gradient is zero: r > 1+ε_high with A > 0, or r < 1-ε_low with A < 0.
+    """
+    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    term = torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    r = ratio.detach()
+    high = (r > 1.0 + clip_high) & (advantages > 0)
+    low = (r < 1.0 - clip_low) & (advantages < 0)
+    return term, low, high
 
 
 @builtin_loss("grpo")

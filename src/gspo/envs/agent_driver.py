@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from gspo.core.advantages import group_advantages
+from gspo.core.losses import group_advantages
 from gspo.envs.tasks.base import Example
 from gspo.rollout.base import Rollout
 from gspo.rollout.openai_errors import EpisodeLimit

@@ -27,7 +27,9 @@ these environments and one driver (:mod:`gspo.envs.driver`).
 Optional: ``step_batch(states, texts, finished) -> list[Step]`` answers a whole round of turns
 at once (the driver calls it when an environment has it; else ``step`` per episode, each with
 the driver's timeout). :class:`SingleTurnEnv` implements it with the reward workers and the
-reward timeout of :func:`gspo.envs.rewards.score`.
+reward timeout of :func:`gspo.envs.rewards.score`. :func:`step_round` is the environment's
+side of a round for both the multi-turn and the one-turn driver: its answers to every episode's
+turn, each call bounded by a timeout.
 
 Environments are plain Python objects; they never see token ids (the driver tokenizes their
 messages, :mod:`gspo.envs.trajectory`) and never touch the model.
@@ -46,6 +48,7 @@ from gspo.envs.rewards import score_each
 if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
     from gspo.config.options import TaskOptions
     from gspo.envs.tasks.base import Example, RewardFn, Task
+import threading
 
 Message = dict[str, str]
 """A chat message: ``{"role": "user" | "tool" | ..., "content": str}``."""
@@ -252,3 +255,36 @@ def env_for(task: Task, opts: TaskOptions, chat: bool = False) -> Environment:
     if factory is None:
         return SingleTurnEnv(task.reward, name=task.name)
     return factory(task, opts, chat)
+
+
+def _step(env: Environment, state: Any, text: str, finished: bool, timeout_s: float) -> Step:
+    """``env.step`` with a timeout; a hang or an exception is a failed step with reward 0."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["step"] = env.step(state, text, finished)
+        except BaseException as exc:  # the environment failing fails the episode
+            box["err"] = exc
+
+    thread = threading.Thread(target=target, daemon=True, name="gspo-env-step")
+    thread.start()
+    thread.join(timeout_s if timeout_s > 0 else None)
+    if thread.is_alive() or "err" in box:
+        return Step(done=True, failed=True, tool_errors=1)
+    return box["step"]
+
+
+def step_round(
+    env: Environment, states: list, texts: list[str], finished: list[bool], timeout_s: float
+) -> list[Step]:
+    """The environment's answers to a round of turns: its ``step_batch`` when it has one (the
+    whole round at once: parallel reward workers), else ``step`` per episode, each bounded by
+    ``timeout_s`` (a hang or a raise fails that episode)."""
+    batched = getattr(env, "step_batch", None)
+    if batched is None:
+        return [_step(env, *a, timeout_s) for a in zip(states, texts, finished, strict=True)]
+    steps = list(batched(states, texts, finished))
+    if len(steps) != len(states):
+        raise ValueError(f"{env.name}: step_batch answered {len(steps)} steps for {len(states)}")
+    return steps

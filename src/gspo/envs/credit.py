@@ -1,7 +1,7 @@
 """Credit assignment for episodes: one advantage per episode, or one per policy turn.
 
 ``episode`` (every algorithm): the episode's return R_i = Σ_k r_{i,k} + final reward is
-group-normalized as in the single-turn case (:func:`gspo.core.advantages.group_advantages`).
+group-normalized as in the single-turn case (:func:`gspo.core.losses.group_advantages`).
 
 ``turn`` (``gspo_token`` and ``grpo`` only, the losses that take [B, T] advantages): turn k of
 episode i gets its discounted return-to-go G_{i,k} = Σ_{k'≥k} γ^{k'-k} r'_{i,k'} (r' = turn
@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 
 from gspo.config.names import CREDITS
-from gspo.core.advantages import SCALES, group_advantages
-from gspo.core.losses import get_loss
+from gspo.core.losses import SCALES, get_loss, group_advantages
 
 
 def credit_problem(algo: str, credit: str) -> str | None:

@@ -1,5 +1,5 @@
 """The rollout driver: runs episodes of an environment over any rollout engine. Every task
-trains through it; a single-turn task is the one-turn case (:mod:`gspo.envs.one_turn`: one
+trains through it; a single-turn task is the one-turn case (:func:`run_one_turn`: one
 batched round, the engine's rollout kept as it is).
 
 Each round, every unfinished episode's whole context (prompt + turns + replies so far) goes to
@@ -18,7 +18,7 @@ after the prompt (policy + environment tokens; the turn that crosses it is cut),
 is counted in ``episode/failed``; the run goes on). An episode cut by the turn or a token limit
 earns the environment's ``cut_reward`` (0.0 without one), not its last step's reward, and is no
 success. An environment with ``step_batch`` answers
-each round's turns at once (:func:`gspo.envs.env_round.step_round`) and bounds its own calls.
+each round's turns at once (:func:`gspo.envs.base.step_round`) and bounds its own calls.
 
 Engines: anything with the rollout protocol's ``generate(request)``, the
 torch engine and the vLLM engine alike (vLLM applies the environment's stop strings on token
@@ -35,6 +35,15 @@ carries ``Rollout.versions``, every policy token keeps its version and the packe
 runs each round on the rollout workers (torch or vLLM) chunk by chunk, new weights entering at
 chunk boundaries (:func:`gspo.orchestration.ray_async.chunked_round_generate`); a local vLLM
 engine has no such hook (async runs on the local backend need the torch engine).
+
+One-turn episodes (``multi_turn = False``: single-turn tasks as
+:class:`gspo.envs.base.SingleTurnEnv`, or a user's own one-turn environment) take one batched
+round (:func:`run_one_turn`): ``n`` samples of each prompt from the engine in one ``generate``
+call (an MoE policy's routing in ``extras["routing"]``, when the engine holds the torch model),
+the completions decoded together (:func:`decode_completions`), and the environment's answers
+to the whole round. Every episode ends there, whatever its step says. The rollout is the
+engine's own, not repacked (no ``turn_ids``, ``loss_mask`` or policy version): a one-turn
+episode's tokens are exactly its completion.
 """
 
 from __future__ import annotations
@@ -46,12 +55,14 @@ from typing import Any
 import torch
 
 from gspo.envs.tasks.base import Example
+from gspo.models import moe
+from gspo.models.chat import encode_examples
+from gspo.models.logprobs import model_kind
 from gspo.rollout.base import PIXELS, GenerationRequest, Rollout, SamplingParams
 
 from .agent import AgentEnvironment
 from .agent_driver import run_agent_episodes
-from .base import Environment, Step, cut_reward, opening_with_images
-from .env_round import step_round
+from .base import Environment, Step, cut_reward, opening_of, opening_with_images, step_round
 from .episode_images import (
     add_reply_pixels,
     attach_pixels,
@@ -62,7 +73,6 @@ from .episode_images import (
     start_pixels,
 )
 from .episode_request import EpisodeRequest
-from .one_turn import run_one_turn
 from .trajectory import Trajectory, to_rollout
 
 
@@ -104,7 +114,7 @@ def run_episodes(
     ``generate(request)`` runs each round (default ``engine.generate``); when its rollouts
     carry per-token ``versions``, so does the result. ``prompts``: the examples' prompt ids when
     the caller has them (the trainer's prompt cache), else the encoder's. One-turn environments (``multi_turn`` False) take one batched round and keep
-    the engine's rollout as it is (:mod:`gspo.envs.one_turn`). ``all_chains``: agent episodes
+    the engine's rollout as it is (:mod:`gspo.envs.driver`). ``all_chains``: agent episodes
     train every chain of calls, one row each (:mod:`gspo.envs.agent_driver`)."""
     request = EpisodeRequest(
         engine, env, encoder, examples, n, params, limits, generator, prompts, generate
@@ -276,3 +286,113 @@ def episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         values = [t.info[key] for t in trajs if key in t.info]
         out[key] = sum(values) / len(values)
     return out
+
+
+def run_one_turn(
+    request: EpisodeRequest, *, routing: bool = True
+) -> tuple[Rollout, list[Trajectory]]:
+    """The request's one-turn episodes (see the module doc); its ``prompts`` when the caller
+    has them (the trainer's prompt cache), else the encoder's. ``routing`` False: plain
+    ``engine.generate``, no MoE routing record (evaluation); the request's ``generate`` runs
+    the round instead (a caller's hook, as in the multi-turn driver)."""
+    engine, env, encoder, examples = request.engine, request.env, request.encoder, request.examples
+    prompts, generate, limits = request.prompts, request.generate, request.limits
+    pixels = None
+    if any(e.images for e in examples):
+        # Image prompts: the processor expands each <image> and makes the pixel inputs, once
+        # per prompt for its whole group; the engine's rollout carries them to the update.
+        ids, pixels = encode_examples(encoder.fmt, examples)
+        prompts = ids if prompts is None else prompts
+        if generate is not None:
+            raise ValueError(
+                "image prompts need an engine that takes pixel inputs: the torch engine (in this "
+                "process or on Ray rollout workers) or vLLM in this process"
+            )
+    if prompts is None:
+        prompts = [encoder.start(e.prompt)[0] for e in examples]
+    params = replace(
+        request.params,
+        max_new_tokens=min(limits.max_tokens_per_turn, limits.max_total_tokens),
+        stop_strings=tuple(request.params.stop_strings) + tuple(env.stop_strings),
+    )
+    turn = GenerationRequest(prompts, request.n, params, request.generator, pixels)
+    if pixels is not None:
+        rollout = engine.generate(turn)
+    elif generate is not None:
+        rollout = generate(turn)
+    elif routing and _routes(engine):
+        rollout = moe.generate_with_routing(engine, turn)
+    else:
+        rollout = engine.generate(turn)
+    trajs = answer_round(env, encoder.tokenizer, rollout, examples, limits.env_timeout_s, prompts)
+    return rollout, trajs
+
+
+def _routes(engine: Any) -> bool:
+    """Whether the engine runs an MoE torch model in this process (whose routing R3 replays)."""
+    model = getattr(engine, "model", None)
+    return model is not None and model_kind(model).moe
+
+
+def answer_round(
+    env: Environment,
+    tokenizer: Any,
+    rollout: Rollout,
+    examples: list[Example],
+    timeout_s: float,
+    prompts: list[list[int]] | None = None,
+) -> list[Trajectory]:
+    """Every row of a one-turn ``rollout`` (row i*n + j: sample j of ``examples[i]``) as a
+    finished trajectory with the environment's reward for it (``history``: the prompt and the
+    decoded completion; ``prompt_ids``: ``prompts``' when given, else empty)."""
+    texts = decode_completions(tokenizer, rollout.completion_ids, rollout.completion_mask)
+    rows = rollout.prompt_index.tolist()
+    states = [_state(env, examples[i]) for i in rows]
+    finished = [f == "stop" for f in rollout.finish_reasons]
+    steps = step_round(env, states, texts, finished, timeout_s)
+    # Plain lists, one host copy each: per-row tensor indexing costs several ops per row.
+    ids = rollout.completion_ids.cpu().tolist()  # [N][L]
+    mask = rollout.completion_mask.cpu().bool().tolist()  # [N][L]
+    logprobs = rollout.logprobs.cpu().tolist()  # [N][L]
+    trajs = []
+    for k, (i, step) in enumerate(zip(rows, steps, strict=True)):
+        history = [{"role": "user", "content": examples[i].prompt}]
+        history.append({"role": "assistant", "content": texts[k]})
+        t = Trajectory(prompt_ids=list(prompts[i]) if prompts is not None else [], history=history)
+        keep = mask[k]
+        t.add_policy(
+            [x for x, m in zip(ids[k], keep, strict=True) if m],
+            [x for x, m in zip(logprobs[k], keep, strict=True) if m],
+        )
+        t.turn_rewards[-1] = step.turn_reward
+        t.tool_calls, t.tool_errors, t.info = step.tool_calls, step.tool_errors, step.info
+        t.done, t.reward, t.success = True, step.reward, False if step.failed else step.success
+        t.finish = "failed" if step.failed else rollout.finish_reasons[k]
+        trajs.append(t)
+    return trajs
+
+
+def decode_completions(
+    tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor
+) -> list[str]:
+    """Completion texts without padding and special tokens (EOS is not part of the answer)."""
+    # One host copy of each tensor, then plain lists: indexing every row as a tensor costs
+    # several ops per row (~1k ops per 128-row rollout).
+    keep = completion_mask.cpu().bool().tolist()  # [N][L]
+    rows = [
+        [t for t, k in zip(ids, m, strict=True) if k]
+        for ids, m in zip(completion_ids.cpu().tolist(), keep, strict=True)
+    ]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+def _state(env: Environment, example: Example) -> Any:
+    """The state of a one-turn episode. Its prompt is the example's (the round samples every
+    group from one prompt), so an opening observation is refused rather than ignored."""
+    state, opening = opening_of(env, example)
+    if opening is not None:
+        raise ValueError(
+            f"{env.name}: reset returned an Opening, but a one-turn environment (multi_turn "
+            "False) is prompted with the example's prompt; set multi_turn = True to use openings"
+        )
+    return state

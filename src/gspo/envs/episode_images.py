@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from gspo.models.chat import encode_examples
+from gspo.models.vision import PixelInputs, encode_vision_prompts
 from gspo.rollout.base import PIXEL_INDEX, PIXELS, Rollout
 
 from .base import Message, Step
@@ -64,8 +65,6 @@ def opening_ids(
     if processor is None or (not images and PLACEHOLDER not in shown):
         ids, history = encoder.start_messages(messages)
         return ids, history, None
-    from gspo.models.vision import encode_vision_prompts
-
     text, history, special = encoder.start_text(messages)
     try:
         ids, pixels = encode_vision_prompts(processor, [text], [images], special=special)
@@ -89,8 +88,6 @@ def reply_ids(
     shown = "".join(m["content"] for m in step.messages)
     if processor is None or (not images and PLACEHOLDER not in shown):
         return encoder.reply_ids(history, last_turn, step.messages), None
-    from gspo.models.vision import encode_vision_prompts
-
     text = encoder.reply_text(history, last_turn, step.messages)
     try:
         ids, pixels = encode_vision_prompts(processor, [text], [images], special=False)
@@ -111,8 +108,6 @@ def episode_pixels(trajs: list[Trajectory]) -> Any:
     have = [t.pixels for t in trajs if t.pixels is not None]
     if not have:
         return None
-    from gspo.models.vision import PixelInputs
-
     like = have[0]
     empty = PixelInputs(like.values[:, :0], like.mask[:, :0])  # [1, 0, ...]
     return PixelInputs.cat([empty if t.pixels is None else t.pixels for t in trajs])

@@ -1,7 +1,7 @@
 """What an episode driver is asked to run: ``n`` episodes of each example, on one engine.
 
 :func:`gspo.envs.driver.run_episodes` makes one and hands it to the driver of the environment's
-kind (:func:`gspo.envs.one_turn.run_one_turn`, :func:`gspo.envs.agent_driver.run_agent_episodes`),
+kind (:func:`gspo.envs.driver.run_one_turn`, :func:`gspo.envs.agent_driver.run_agent_episodes`),
 so that neither spells the arguments out again.
 """
 

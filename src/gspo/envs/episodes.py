@@ -18,15 +18,13 @@ import torch
 from gspo.config.combinations import multi_turn_combinations
 from gspo.config.names import format_bonus_refusal
 from gspo.envs.tasks.base import Example
-from gspo.rollout.base import GenerationRequest, Rollout, SamplingParams
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import GenerationRequest, Rollout, RolloutBatch, SamplingParams
 
 from .agent import episode_env
 from .agent_driver import chain_advantages
 from .base import Environment, SingleTurnEnv
 from .credit import check_credit, turn_advantages
-from .driver import Limits, episode_metrics, run_episodes
-from .one_turn import answer_round
+from .driver import Limits, answer_round, episode_metrics, run_episodes
 from .rewards import reward_workers
 from .trajectory import Trajectory, make_encoder
 

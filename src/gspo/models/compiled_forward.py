@@ -37,8 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import fast_forward as ff
-from .logprobs import completion_scores
-from .vision import blocked_token_ids
+from .logprobs import completion_scores, model_kind
 
 RECOMPILE_LIMIT = 64
 """Graphs dynamo keeps per compiled function before it falls back to eager: its default (8) is
@@ -78,7 +77,7 @@ class Buckets:
 def applies(model: torch.nn.Module, pixels) -> bool:
     """Whether the compiled forward computes this model's forward: the lean forward's models,
     without image inputs or blocked tokens."""
-    return pixels is None and ff.supports(model) and not blocked_token_ids(model)
+    return pixels is None and ff.supports(model) and not model_kind(model).blocked
 
 
 def token_logprobs(

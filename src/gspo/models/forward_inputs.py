@@ -3,10 +3,11 @@ MoE routing to replay and record, with the load-balancing term that routing adds
 
 The update (:mod:`gspo.backend.update`) runs every micro-batch through
 :meth:`ForwardInputs.forward` the same way, for a dense text model, a vision-language model or
-an MoE model: what differs is this model side's business. Image inputs go on to
+an MoE model: what differs is this model side's business, decided once per batch from the
+model's kind (:func:`gspo.models.logprobs.model_kind`). Image inputs go on to
 :func:`gspo.models.logprobs.token_logprobs`, whose pixel type knows its model's keywords
-(:meth:`gspo.models.vision.PixelInputs.forward_inputs`); MoE routing goes through the router
-hooks of :mod:`gspo.models.moe` (a no-op block for dense models).
+(:meth:`gspo.models.vision.PixelInputs.forward_inputs`); an MoE model's routing goes through the
+router hooks of :mod:`gspo.models.moe`. A dense model's forward runs no MoE code at all.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gspo.models.logprobs import token_logprobs
+from gspo.models.logprobs import model_kind, token_logprobs
 
 from . import compiled_forward, moe
 
@@ -28,7 +29,7 @@ Tokens = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 def independent_rows(model: nn.Module) -> bool:
     """Whether a row's loss and gradient depend on that row alone: not for MoE models, whose
     load-balancing loss and routing records span the whole forward."""
-    return not moe.is_moe(model)
+    return not model_kind(model).moe
 
 
 @dataclass
@@ -57,8 +58,8 @@ class ForwardInputs:
     old_routing: moe.Routing | None  # the pre-update policy's, for moe/routing_change_loss
     aux_coef: float  # router_aux_loss_coef
     temperature: float
-    whole_width: bool
-    """Every forward keeps the batch's full width: MoE routing records are laid out over it."""
+    routed: bool
+    """An MoE model: its forwards replay and record routing and add the load-balancing term."""
     buckets: compiled_forward.Buckets | None = None
     """Set (the ``compile`` option): gradient forwards run compiled, padded to these buckets."""
 
@@ -77,18 +78,27 @@ class ForwardInputs:
     ) -> ForwardInputs:
         """The inputs of ``rollout``'s forwards (its routing records read from its extras);
         ``buckets``: compile the gradient forwards (:mod:`gspo.models.compiled_forward`)."""
+        routed = model_kind(model).moe
         return cls(
             prompt_index=rollout.prompt_index,
             pixels=pixels,
             pixel_index=pixel_index,
-            # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine (R3).
-            replay=moe.replay_source(routing_replay, rollout, model),
-            old_routing=moe.old_routing(rollout),
+            # MoE Routing Replay: the expert choice recorded by the old pass (R2) or the engine
+            # (R3); replay_source refuses a mode the model or the rollout cannot serve.
+            replay=None
+            if routing_replay in (None, "none")
+            else moe.replay_source(routing_replay, rollout, model),
+            old_routing=moe.old_routing(rollout) if routed else None,
             aux_coef=aux_coef,
             temperature=temperature,
-            whole_width=not independent_rows(model),
+            routed=routed,
             buckets=buckets,
         )
+
+    @property
+    def whole_width(self) -> bool:
+        """Every forward keeps the batch's full width: MoE routing records are laid out over it."""
+        return self.routed
 
     def keywords(self, rows: torch.Tensor) -> dict[str, Any]:
         """:func:`token_logprobs` keywords of batch rows ``rows`` [n]."""
@@ -103,27 +113,16 @@ class ForwardInputs:
     ) -> Forward:
         """The training forward of batch rows ``rows`` (under grad when ``grad``); ``share``:
         their part of the minibatch's sequences (weights the MoE aux loss)."""
-        # MoE: replay/capture the routing of this forward (a no-op block for dense models).
+        if not self.routed:  # a dense model: the scores alone
+            with torch.set_grad_enabled(grad):
+                logprobs, entropy = self._scores(model, tokens, rows, grad)
+            return Forward(logprobs, entropy, None, {})
+        # MoE: replay/capture the routing of this forward.
         with (
             torch.set_grad_enabled(grad),
             moe.training_forward(model, self.replay, rows, aux=True) as routes,
         ):
-            if grad and self.buckets is not None:  # set only where it applies
-                logprobs, entropy = compiled_forward.token_logprobs(
-                    model,
-                    self.buckets,
-                    *tokens,
-                    self.prompt_index[rows],
-                    temperature=self.temperature,
-                )  # [n, L'] each
-            else:
-                logprobs, entropy = token_logprobs(
-                    model,
-                    *tokens,
-                    temperature=self.temperature,
-                    with_entropy=True,
-                    **self.keywords(rows),
-                )  # [n, L'] each
+            logprobs, entropy = self._scores(model, tokens, rows, grad)
         prompt_mask, completion_mask = tokens[1], tokens[3]
         aux, metrics = moe.micro_batch_terms(
             model,
@@ -136,6 +135,18 @@ class ForwardInputs:
             weight=share,
         )
         return Forward(logprobs, entropy, aux, metrics)
+
+    def _scores(
+        self, model: nn.Module, tokens: Tokens, rows: torch.Tensor, grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, L'] log-probs and entropy of the rows' completions: compiled where it applies."""
+        if grad and self.buckets is not None:  # set only where it applies
+            return compiled_forward.token_logprobs(
+                model, self.buckets, *tokens, self.prompt_index[rows], temperature=self.temperature
+            )
+        return token_logprobs(
+            model, *tokens, temperature=self.temperature, with_entropy=True, **self.keywords(rows)
+        )
 
     def reference(self, ref_model: nn.Module | None, tokens: Tokens, rows: torch.Tensor):
         """[n, L'] log-probs of the frozen reference model for these rows (None: no KL term)."""

@@ -1,16 +1,54 @@
 """``token_logprobs``, the one forward pass the trainer uses to score completions, and the forward
-helpers the torch engine shares with it (position ids of left-padded rows, the forward's keywords).
+helpers the torch engine shares with it (position ids of left-padded rows, the forward's keywords,
+what kind of model it runs).
+
+:func:`model_kind` probes a model once (MoE routers, a vision-language type, the token ids it
+never samples) and remembers the answer for that model object, so that every later forward of a
+dense text model branches on it and runs no MoE or vision code at all.
 """
 
 from __future__ import annotations
 
 import inspect
+import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from .fast_forward import completion_logits, supports
-from .vision import block_tokens, blocked_token_ids, check_pixels
+from .moe_routing import is_moe
+from .vision import block_tokens, blocked_token_ids, check_pixels, is_vision_model
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What a forward must know of its model beyond its weights."""
+
+    moe: bool
+    """It routes tokens to experts: routing to replay and record, a load-balancing loss, and
+    rows that are not independent (the routing records span the whole forward)."""
+    vision: bool
+    """A vision-language model: image tokens need pixel inputs."""
+    blocked: tuple[int, ...]
+    """Token ids the policy never samples (a VL model's image token): probability 0."""
+
+
+_KINDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_kind(model: torch.nn.Module) -> ModelKind:
+    """``model``'s :class:`ModelKind`, probed once (by ``build_policy``, else on the model's first
+    forward) and remembered for the model object (its routers, type and image token are fixed
+    once it is built)."""
+    try:
+        kind = _KINDS.get(model)
+    except TypeError:  # a stand-in that cannot be weakly referenced: probed every time
+        return ModelKind(is_moe(model), is_vision_model(model), blocked_token_ids(model))
+    if kind is None:
+        kind = ModelKind(is_moe(model), is_vision_model(model), blocked_token_ids(model))
+        _KINDS[model] = kind
+    return kind
 
 
 def forward_kwargs_support(model: torch.nn.Module) -> set[str]:
@@ -78,8 +116,10 @@ def token_logprobs(
     if p == 0:
         raise ValueError("token_logprobs needs at least one prompt token to condition on")
 
-    check_pixels(model, prompt_ids, pixels)
-    check_pixels(model, completion_ids, pixels)  # (image tokens of environment replies)
+    kind = model_kind(model)
+    if kind.vision:
+        check_pixels(model, prompt_ids, pixels)
+        check_pixels(model, completion_ids, pixels)  # (image tokens of environment replies)
     rows = prompt_index if pixel_index is None else pixel_index
     if pixels is not None and rows is None:
         raise ValueError("token_logprobs with pixel inputs needs the rows' prompt_index")
@@ -111,7 +151,7 @@ def token_logprobs(
         # logits_to_keep=L+1 that is every kept position but the last.
         logits = logits[:, -(length + 1) : -1]  # [N, L, V]
     return completion_scores(
-        logits, completion_ids, completion_mask, temperature, with_entropy, blocked_token_ids(model)
+        logits, completion_ids, completion_mask, temperature, with_entropy, kind.blocked
     )
 
 
@@ -126,7 +166,8 @@ def completion_scores(
     """:func:`token_logprobs`'s result from the completion's logits [N, L, V]: log-probs of
     ``completion_ids`` [N, L] and (when ``with_entropy``) the detached entropy, 0 where
     ``completion_mask`` is 0 or the token is ``blocked``."""
-    logits = block_tokens(logits, blocked)  # [N, L, V] (VL: no image token)
+    if blocked:
+        logits = block_tokens(logits, blocked)  # [N, L, V] (VL: no image token)
     t = 1.0 if temperature == 0 else float(temperature)
     scaled = _upcast(logits) if t == 1.0 else _upcast(logits) / t  # [N, L, V]
     logp_all = F.log_softmax(scaled, dim=-1)  # [N, L, V]

@@ -14,6 +14,7 @@ from gspo.config.options import ModelOptions
 
 from .char_tokenizer import build_char_tokenizer
 from .chat import prompt_format
+from .logprobs import model_kind
 from .lora import apply_lora
 from .model_io import load_model, load_tokenizer
 from .moe import fit_experts_kernel
@@ -99,6 +100,7 @@ def build_policy(cfg: ModelOptions, device: torch.device, *, seed: int):
             target_modules=cfg.lora_target_modules,
             seed=seed,
         )
+    model_kind(model)  # probed once, as it is built: every forward branches on the kind it keeps
     return model, tokenizer
 
 

@@ -41,11 +41,11 @@ from __future__ import annotations
 import time
 
 from ..core.seeding import step_generator
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import RolloutBatch
 from .async_buffer import Group
 from .async_rollout import Produced, WeightSync
 from .async_source import Place, StepProducer
-from .state import Parts
+from .steps import Parts
 
 
 class Restart(Exception):

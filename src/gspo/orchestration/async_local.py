@@ -27,7 +27,7 @@ from ..rollout.torch_engine import TorchEngine
 from .async_episodes import EpisodeProducer, Restart, turn_boundary
 from .async_rollout import WeightSync, snapshot
 from .async_source import AsyncSource, GroupProducer
-from .state import Parts
+from .steps import Parts
 
 Start = Callable[[GenerationRequest], PartialGeneration]
 """Starts a partial generation of a request (contexts with images: its pixels too)."""

@@ -47,13 +47,11 @@ from gspo.config.train import TrainConfig
 
 from ..core.seeding import prompt_indices, step_generator
 from ..models.chat import encode_examples
-from ..rollout.base import NO_VERSION, GenerationRequest, Rollout
-from ..rollout.batch import RolloutBatch
+from ..rollout.base import NO_VERSION, GenerationRequest, Rollout, RolloutBatch
 from ..rollout.partial import sample_versions
 from .async_buffer import Group
 from .async_rollout import Produced, RolloutThread, WeightSink, WeightSync
-from .state import Parts, StepState
-from .steps import score_round
+from .steps import Parts, StepState, score_round
 
 
 class Place(Protocol):

@@ -22,8 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from gspo.rollout.base import PIXEL_INDEX, PIXELS, ROW_EXTRAS, Rollout
-from gspo.rollout.batch import RolloutBatch
+from gspo.rollout.base import PIXEL_INDEX, PIXELS, ROW_EXTRAS, Rollout, RolloutBatch
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

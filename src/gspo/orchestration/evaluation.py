@@ -24,9 +24,8 @@ from tqdm.auto import tqdm
 
 from gspo.core.metrics import CORRECT, mean_and_se, pass_at_k
 from gspo.envs.base import Environment, SingleTurnEnv
-from gspo.envs.driver import Limits, episode_metrics, run_episodes
+from gspo.envs.driver import Limits, episode_metrics, run_episodes, run_one_turn
 from gspo.envs.episode_request import EpisodeRequest
-from gspo.envs.one_turn import run_one_turn
 from gspo.envs.rewards import reward_workers
 from gspo.envs.tasks.base import Example, RewardFn
 from gspo.envs.trajectory import PlainEncoder, Trajectory, make_encoder
@@ -112,7 +111,7 @@ def evaluate(
     answer, completions, rewards) is appended to it. ``env``: the task's environment, which
     scores instead of ``reward_fn`` (None: ``reward_fn`` as a one-turn environment); a one-turn
     environment's completions are one-turn episodes through the driver
-    (:mod:`gspo.envs.one_turn`), a multi-turn environment's whole episodes within ``limits``
+    (:mod:`gspo.envs.driver`), a multi-turn environment's whole episodes within ``limits``
     (:func:`_evaluate_episodes`; default: :class:`Limits` with ``max_new_tokens`` per turn).
     """
     if not examples:

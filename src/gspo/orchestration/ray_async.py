@@ -56,7 +56,7 @@ from .async_episodes import EpisodeProducer, Restart, turn_boundary
 from .async_local import driver_engine
 from .async_rollout import WeightSync
 from .async_source import AsyncSource, GroupProducer
-from .state import Parts
+from .steps import Parts
 
 
 class ObjectStoreSink:

@@ -3,27 +3,99 @@
     collect (rollout + score) ─► old_logprobs ─► advantages ─► update ─► sync
         ─► step_metrics ─► evaluate ─► checkpoint
 
-Each takes the run's :class:`Parts` and the step's :class:`~gspo.rollout.batch.RolloutBatch`
+Each takes the run's :class:`Parts` and the step's :class:`~gspo.rollout.base.RolloutBatch`
 (one object from the rollout through the update) and can be opened and tested alone. The
-algorithm enters only through the backend's update (the loss registry).
+algorithm enters only through the backend's update (the loss registry). What they work on is
+here too: the built parts of a run (:class:`Parts`) and the loop's per-step state
+(:class:`StepState`).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..backend.base import CheckpointTarget
-from ..core.advantages import group_advantages
-from ..core.mismatch import correction_weights
-from ..core.seeding import prompt_indices
+from gspo.config.train import TrainConfig
+
+from ..backend.base import CheckpointTarget, TrainingBackend
+from ..backend.options import correction_weights
+from ..config.fields import to_dict
+from ..core.losses import group_advantages
+from ..core.seeding import prompt_indices, step_generator
+from ..envs.episodes import Episodes
 from ..envs.rewards import overlong_penalty
-from ..rollout.batch import RolloutBatch
+from ..envs.tasks.base import Example, Task
+from ..rollout.base import RolloutBatch, SamplingParams
 from .dynamic_sampling import fill_batch, round_generator, round_prompts
 from .evaluation import evaluate
-from .state import Parts, StepState
+
+
+@dataclass
+class StepState:
+    """The loop's own state between steps; a checkpoint saves it whole and a resume restores it.
+
+    The RNG streams need no saved state: every random choice of step k (prompts, samples,
+    minibatches, evaluation) comes from a generator seeded by (seed, k, stream), so a resumed
+    run replays exactly what an unbroken run would do.
+    """
+
+    seed: int
+    step: int = 0
+    """RL steps (rollout + update) done so far."""
+    bad_streak: int = 0
+    """Consecutive steps whose every update was skipped as non-finite."""
+
+    def generator(self, stream: int, device: torch.device) -> torch.Generator:
+        """The step's generator for ``stream`` (0 sampling, 1 minibatches, 3 evaluation)."""
+        return step_generator(self.seed, self.step, stream=stream, device=device)
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        """The checkpoint's ``extra`` (``step`` is saved by the checkpoint itself)."""
+        return {k: v for k, v in asdict(self).items() if k != "step"}
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict[str, Any], seed: int) -> StepState:
+        # bad_streak: older checkpoints have no count; seed: the config's (checked on resume).
+        return cls(seed=seed, step=int(saved["step"]), bad_streak=int(saved.get("bad_streak", 0)))
+
+
+@dataclass
+class Parts:
+    """A run's parts, built from the config by the composition root (``gspo.compose.train``)."""
+
+    cfg: TrainConfig
+    """The run's config, one object per component (``cfg.loss``, ``cfg.rollout``, ...)."""
+    backend: TrainingBackend
+    engine: Any
+    """The rollout engine (``gspo.rollout.base``): torch, vLLM, or a pool of workers."""
+    tokenizer: Any
+    fmt: Any
+    """The prompt format (chat template or raw prompt) and its stop tokens."""
+    task: Task
+    train_reward: Any
+    """The training reward (the task reward, with a format bonus when one is on)."""
+    train_set: list[Example]
+    prompt_cache: list[list[int]]
+    """Token ids of each training prompt (truncated or replaced where too long)."""
+    test_set: list[Example]
+    params: SamplingParams
+    episodes: Episodes
+    """The task's episodes through the environment driver (single-turn tasks: one turn)."""
+    reward_workers: int
+    device: torch.device
+    output_dir: Path
+    data_metrics: dict[str, float] = field(default_factory=dict)
+    """``data/*`` counts logged at step 0."""
+    scorer: Any = None
+    """Rewards on Ray tasks (``orchestration.ray_rewards.RayScorer``; the task's environment
+    scores with its ``each``, :meth:`Episodes.use_scorer`); None: in this process."""
+    source: Any = None
+    """Where each step's scored batch comes from (``orchestration.loop.BatchSource``): the
+    synchronous source, or the async one when max_staleness >= 1; None: synchronous."""
 
 
 def collect(parts: Parts, state: StepState) -> RolloutBatch:
@@ -224,8 +296,6 @@ def checkpoint(parts: Parts, state: StepState, last: int, *, force: bool = False
     cfg = parts.cfg
     due = cfg.run.checkpoint_every > 0 and state.step % cfg.run.checkpoint_every == 0
     if due or state.step == last or force:
-        from ..config.fields import to_dict
-
         config = to_dict(cfg)
         target = CheckpointTarget(
             parts.output_dir, parts.tokenizer, config, cfg.run.keep_checkpoints

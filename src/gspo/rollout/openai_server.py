@@ -286,7 +286,7 @@ class OpenAIEndpoint:
 
     def app(self):
         """The FastAPI application serving this endpoint."""
-        try:
+        try:  # FastAPI is the optional extra ``serve``: loaded only when the endpoint starts
             from .openai_app import build_app
         except ImportError as err:
             raise ImportError(INSTALL_HINT) from err

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .torch_engine import TorchEngine
+
 
 class TopLogprobs:
     """``top(prompt, completion, k, temperature)``: per completion token, its ``k`` most likely
@@ -47,8 +49,6 @@ class TopLogprobs:
 def top_logprobs_for(engine: Any, lock: threading.Lock) -> TopLogprobs | None:
     """The scorer of a torch engine's model, else None (the vLLM engine: the endpoint then
     refuses ``top_logprobs`` with HTTP 400)."""
-    from .torch_engine import TorchEngine
-
     return TopLogprobs(engine.model, lock) if isinstance(engine, TorchEngine) else None
 
 

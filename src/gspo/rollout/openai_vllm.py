@@ -17,6 +17,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from .openai_errors import HTTPError
+
 READ = ("messages", "prompt", "n", "max_tokens", "max_completion_tokens", "temperature",
         "top_p", "stop", "stream", "stream_options", "seed", "logprobs", "top_logprobs")  # fmt: skip
 """The request fields the endpoint honours (the rest are validated by vLLM, then ignored)."""
@@ -68,8 +70,6 @@ class VLLMProtocol:
         """``body`` validated by vLLM's request model of ``kind`` ("chat" or "completion"),
         as the plain fields the endpoint reads (those the client set)."""
         from pydantic import ValidationError
-
-        from .openai_errors import HTTPError
 
         model = self.t["ChatCompletionRequest" if kind == "chat" else "CompletionRequest"]
         body = {"model": "", **body}  # vLLM requires no model here either; gspo accepts any

@@ -14,8 +14,8 @@ import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from gspo.models.fast_forward import FastDecoder, has_forward_hooks
-from gspo.models.logprobs import forward_kwargs_support, positions_from_mask
-from gspo.models.vision import block_tokens, blocked_token_ids, check_pixels
+from gspo.models.logprobs import forward_kwargs_support, model_kind, positions_from_mask
+from gspo.models.vision import block_tokens, check_pixels
 from gspo.models.vision_qwen import decode_positions, mrope_positions
 from gspo.rollout.base import PIXELS, GenerationRequest, Rollout
 from gspo.rollout.stops import encode_stop
@@ -125,7 +125,9 @@ class TorchEngine:
         """Last-position logits [N, V] of one cached forward, in at least float32."""
         out = self.model(**inputs, **kw)
         # A vision-language policy never samples its image placeholder (token_logprobs agrees).
-        return block_tokens(float_logits(out.logits[:, -1]), blocked_token_ids(self.model))
+        logits = float_logits(out.logits[:, -1])  # [N, V]
+        blocked = model_kind(self.model).blocked
+        return block_tokens(logits, blocked) if blocked else logits
 
     def generate(self, request: GenerationRequest) -> Rollout:
         """Sample the request's completions; row ``i * n + j`` is sample j of prompt i.
@@ -184,7 +186,8 @@ class TorchEngine:
         """
         positions = positions_from_mask(base_mask)  # [B, P]
         num = base_ids.shape[0] * n
-        check_pixels(self.model, base_ids, pixels)
+        if model_kind(self.model).vision:
+            check_pixels(self.model, base_ids, pixels)
         vision: dict = {}
         deltas = None  # [N] M-RoPE: how far each row's positions run ahead of its token count
         if pixels is not None:

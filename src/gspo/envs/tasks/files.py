@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gspo.config.names import ANSWER_FORMATS
+from gspo.core.images import IMAGE_PLACEHOLDER, load_image
 from gspo.envs.rewards import extract_boxed, extract_hashes, get_reward, uses_sandbox
 from gspo.envs.tasks.base import Example, Task
 from gspo.envs.tasks.reading import (
@@ -237,8 +238,6 @@ def _row_images(value: Any, field: str, where: str, folder: Path) -> tuple:
     """A row's images: one or a list of paths (relative to the data file's folder, or
     absolute), raw bytes, or ``{"bytes": ..., "path": ...}`` (a Hugging Face ``Image`` column
     in parquet). Each is decoded once here to check it; the example keeps the path or bytes."""
-    from gspo.core.images import load_image
-
     if value is None:
         raise _RowError(f"{where}: field {field!r} is missing or null", "missing_field")
     items = list(value) if isinstance(value, (list, tuple)) else [value]
@@ -271,8 +270,6 @@ def _images_digest(images: tuple) -> str:
 def _place_images(prompt: str, count: int, field: str, where: str) -> str:
     """The prompt with one ``<image>`` per image: as written where it has them, else the
     images first (a prompt without placeholders is about its images)."""
-    from gspo.core.images import IMAGE_PLACEHOLDER
-
     have = prompt.count(IMAGE_PLACEHOLDER)
     if have == 0 and count == 0:
         return prompt
