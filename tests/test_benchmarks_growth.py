@@ -63,7 +63,8 @@ def test_systems_alternate_point_by_point(growth, monkeypatch, tmp_path, capsys)
         calls.append((spec["system"], over["max_new_tokens"]))
         tokens = over["max_new_tokens"]
         step_s = (1e-3 if spec["system"] == "gspo" else 2e-3) * tokens
-        return {"step_s": step_s, "params": 1000}
+        # a rollout of constant cost, so the rest carries all the growth
+        return {"step_s": step_s + 0.5, "rollout_s": 0.5, "params": 1000}
 
     monkeypatch.setattr(growth.vs_trl, "run_in_subprocess", fake_run)
     monkeypatch.setattr(growth, "plot", lambda results, path: None)
@@ -78,6 +79,10 @@ def test_systems_alternate_point_by_point(growth, monkeypatch, tmp_path, capsys)
         ("trl", 256),
     ]
     result = json.loads(out.read_text())["results"]["length"]
-    assert result["exponent"]["gspo"] == pytest.approx(1.0)
-    assert result["exponent"]["trl"] == pytest.approx(1.0)
-    assert "| length | 64 | 0.064 | 0.128 | 2.00x |" in capsys.readouterr().out
+    assert result["exponent_rest"]["gspo"] == pytest.approx(1.0)
+    assert result["exponent_rest"]["trl"] == pytest.approx(1.0)
+    assert result["exponent_rollout"] == {"gspo": 0.0, "trl": 0.0}
+    assert 0 < result["exponent"]["gspo"] < result["exponent"]["trl"] < 1
+    text = capsys.readouterr().out
+    assert "| length | 64 | 0.564 (0.500 / 0.064) | 0.628 (0.500 / 0.128) | 1.11x |" in text
+    assert "| length | **exponent** | 0.21 (0.00 / 1.00) | 0.34 (0.00 / 1.00) | |" in text
