@@ -142,6 +142,15 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
     return sum((a - mx) * (b - my) for a, b in pts) / var if var else None
 
 
+def _relative(path: str) -> str:
+    """``path`` relative to this checkout when it lies inside it, else as it is."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return path
+
+
 def _part(run: dict[str, Any], part: str) -> float:
     """Seconds per step of one part of a run: its rollout, or the rest of the step."""
     rollout = run.get("rollout_s") or 0.0
@@ -284,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
                         flush=True,
                     )
                     r = vs_trl.run_in_subprocess(spec, script)
+                    if r.get("gspo_file"):  # results are committed: no machine paths in them
+                        r["gspo_file"] = _relative(r["gspo_file"])
                     print(f"    {r['step_s']:.3f} s/step", file=sys.stderr, flush=True)
                     by_x = runs.setdefault(sweep, {}).setdefault(system, [[] for _ in xs])
                     by_x[i].append(r)

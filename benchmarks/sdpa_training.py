@@ -10,9 +10,9 @@ heads of 16, the size of one of its minibatches):
 - ``causal``: ``scaled_dot_product_attention(..., is_causal=True)``, gspo's;
 - ``masked``: the same with a bool causal mask (what a padded batch's mask costs);
 - ``math``: softmax(q k^T / sqrt(d) + mask) v in plain ops (the [T, T] scores materialized);
-- ``chunk2`` / ``chunk4``: the queries cut into 2 / 4 blocks, each attending only to the keys
-  up to its last query (the first causal, the others masked), so less of the upper triangle is
-  visited.
+- ``chunk2`` / ``chunk4`` / ``chunk8``: the queries cut into 2 / 4 / 8 blocks, each attending
+  only to the keys up to its last query (the first causal, the others masked), so less of the
+  upper triangle is visited.
 
 Prints the median ms of the forward and of the backward per formulation and its largest
 difference from ``causal`` (float rounding), and writes JSON (a new dated file unless
@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import OUT_HELP, dated_result
 
-NAMES = ("causal", "masked", "math", "chunk2", "chunk4")
+NAMES = ("causal", "masked", "math", "chunk2", "chunk4", "chunk8")
 
 
 def formulations(q, k, v):
@@ -68,6 +68,7 @@ def formulations(q, k, v):
         "math": math,
         "chunk2": chunks(2),
         "chunk4": chunks(4),
+        "chunk8": chunks(8),
     }
 
 

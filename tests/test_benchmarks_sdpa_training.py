@@ -44,4 +44,4 @@ def test_a_tiny_run_writes_its_json(bench, tmp_path, capsys):
     bench.main([*tiny, "--out", str(out)])
     res = json.loads(out.read_text())
     assert set(res["results"]["16"]["median_ms"]) == set(bench.NAMES)
-    assert "| 16 | chunk4 |" in capsys.readouterr().out
+    assert "| 16 | chunk8 |" in capsys.readouterr().out
