@@ -222,12 +222,9 @@ def compiled_phase(args, model, shape, device, peak, res, deadline) -> None:
     each; gspo.models.compiled_forward.RECORD), apart from the warm per-step time, and the
     break-even step is compile_s over the per-step saving against the eager ``trainer`` phase
     (None when that phase did not run or compiled steps are not faster)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
     from gspo.models.compiled_forward import RECORD
 
-    folder = Path(cache_dir())
-    res["compile_cache"] = "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
+    res["compile_cache"] = _inductor_cache_state()
     keys, spent = set(RECORD.keys), RECORD.first_call_s
     backend = build_backend(args, model, device, compile=True)
     trainer_phase(args, backend, shape, device, peak, res, deadline, key="compiled")
@@ -272,6 +269,17 @@ def e2e_phase(args, backend, engine, shape, device, res, deadline) -> None:
         res["e2e_steps_timed"] = len(walls)
         res["e2e_step_s"] = statistics.median(walls)
         res["e2e_share"] = {k: v / sum(walls) for k, v in parts.items()}
+
+
+def _inductor_cache_state() -> str:
+    """Inductor's cache before the compile: "cold" when its folder is empty or absent, else
+    "warm"; "unknown" where this torch does not say where it is (a private module)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:
+        return "unknown"
+    folder = Path(cache_dir())
+    return "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
 
 
 def build_model(shape: dict, device):

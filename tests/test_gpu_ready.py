@@ -128,7 +128,7 @@ def test_a_phase_past_its_hard_time_box_is_interrupted(phases, monkeypatch):
 
 def _compiled_figures(res: dict) -> None:
     assert res["compile_graphs"] == 1  # the phase's one bucket of shapes
-    assert res["compile_s"] > 0 and res["compile_cache"] in ("cold", "warm")
+    assert res["compile_s"] > 0 and res["compile_cache"] in ("cold", "warm", "unknown")
     assert res["compiled_step_s"] > 0 and res["compiled_tokens_per_s"] > 0
     assert res["compiled_first_step_s"] >= res["compile_s"]  # the compile is the first step's
     assert res["compile_speedup"] == pytest.approx(res["trainer_step_s"] / res["compiled_step_s"])
