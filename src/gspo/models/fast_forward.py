@@ -33,8 +33,10 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "BLOCKED_MIN_TOKENS",
     "CAUSAL_MIN_TOKENS",
     "FUSE_MAX_PARAMS",
+    "QUERY_BLOCKS",
     "FastDecoder",
     "completion_logits",
     "distinct_prompts",
