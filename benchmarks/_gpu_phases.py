@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from gspo.rollout.base import GenerationRequest
@@ -161,17 +162,19 @@ def scored(rollout, old_logprobs, advantages, step: int):
     )
 
 
-def trainer_phase(args, backend, shape, device, peak, res, deadline) -> None:
+def trainer_phase(args, backend, shape, device, peak, res, deadline, key="trainer") -> None:
     """gspo's update on synthetic full-length batches; tokens/s and MFU as prime-rl counts.
     The old log-probs are the policy's own (a recompute pass, outside the timed update), so the
-    ratios start at 1 and the loss and clip values mean what they mean in a run."""
+    ratios start at 1 and the loss and clip values mean what they mean in a run. Figures go
+    under ``key`` (``trainer``; ``compiled`` for :func:`compiled_phase`); the first step's
+    seconds (warm-up, not in tokens/s) as ``{key}_first_step_s``, the median of the others as
+    ``{key}_step_s``."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()  # vLLM's memory, allocated in this process, stays in
-    prompt_len = args.train_len // 4
-    comp_len = args.train_len - prompt_len
+    prompt_len, comp_len = train_lengths(args)
     rows = args.train_seqs
     update_s, tokens = [], []  # per step: seconds of the update alone, tokens processed
     for step in range(args.train_steps + 1):  # step 0: warm-up, outside the timed window
@@ -181,24 +184,56 @@ def trainer_phase(args, backend, shape, device, peak, res, deadline) -> None:
         old, _ = backend.old_logprobs(rollout)  # [N, L] the policy's own, before the update
         sync(device)
         t0 = time.perf_counter()  # the recompute pass is not the update's time
-        res["trainer_loss"] = backend.update(scored(rollout, old, adv, step)).get("loss")
+        res[f"{key}_loss"] = backend.update(scored(rollout, old, adv, step)).get("loss")
         sync(device)
         update_s.append(time.perf_counter() - t0)
         tokens.append(rows * args.train_len)
         if time.perf_counter() > deadline and len(update_s) >= 3:
             break
+    res[f"{key}_first_step_s"] = update_s[0]
     if len(update_s) < 2:
         return
     tps = sum(tokens[1:]) / sum(update_s[1:])
-    res["trainer_tokens_per_s"] = tps
-    res["trainer_steps_timed"] = len(update_s) - 1
-    res["trainer_tokens_per_step"] = rows * args.train_len
+    res[f"{key}_tokens_per_s"] = tps
+    res[f"{key}_step_s"] = statistics.median(update_s[1:])
+    res[f"{key}_steps_timed"] = len(update_s) - 1
+    res[f"{key}_tokens_per_step"] = rows * args.train_len
     hd_prime = shape["hidden_size"] // shape["num_attention_heads"]
     if peak:
-        res["mfu"] = 100 * flops_per_token(shape, args.train_len, shape["head_dim"]) * tps / peak
-        res["mfu_primerl"] = 100 * flops_per_token(shape, args.train_len, hd_prime) * tps / peak
+        mfu = flops_per_token(shape, args.train_len, shape["head_dim"]) * tps / peak
+        res["mfu" if key == "trainer" else f"{key}_mfu"] = 100 * mfu
+        mfu = flops_per_token(shape, args.train_len, hd_prime) * tps / peak
+        res["mfu_primerl" if key == "trainer" else f"{key}_mfu_primerl"] = 100 * mfu
     if device.type == "cuda":
-        res["trainer_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        res[f"{key}_peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+
+
+def train_lengths(args) -> tuple[int, int]:
+    """(prompt, completion) tokens of the trainer phases' sequences: a quarter is prompt."""
+    prompt_len = args.train_len // 4
+    return prompt_len, args.train_len - prompt_len
+
+
+def compiled_phase(args, model, shape, device, peak, res, deadline) -> None:
+    """:func:`trainer_phase` with gspo's ``compile`` option (a backend of its own on the same
+    model): the training forward + backward under ``torch.compile``, one graph for the phase's
+    one bucket of shapes. The compile is the first step's: ``compile_s`` is the first calls of
+    the new graphs (trace, compile or inductor-cache load of forward and backward, one run of
+    each; gspo.models.compiled_forward.RECORD), apart from the warm per-step time, and the
+    break-even step is compile_s over the per-step saving against the eager ``trainer`` phase
+    (None when that phase did not run or compiled steps are not faster)."""
+    from gspo.models.compiled_forward import RECORD
+
+    res["compile_cache"] = _inductor_cache_state()
+    keys, spent = set(RECORD.keys), RECORD.first_call_s
+    backend = build_backend(args, model, device, compile=True)
+    trainer_phase(args, backend, shape, device, peak, res, deadline, key="compiled")
+    res["compile_graphs"] = len(RECORD.keys - keys)
+    res["compile_s"] = RECORD.first_call_s - spent
+    if "compiled_step_s" in res and "trainer_step_s" in res:
+        saving = res["trainer_step_s"] - res["compiled_step_s"]
+        res["compile_speedup"] = res["trainer_step_s"] / res["compiled_step_s"]
+        res["compile_break_even_step"] = res["compile_s"] / saving if saving > 0 else None
 
 
 def e2e_phase(args, backend, engine, shape, device, res, deadline) -> None:
@@ -236,6 +271,17 @@ def e2e_phase(args, backend, engine, shape, device, res, deadline) -> None:
         res["e2e_share"] = {k: v / sum(walls) for k, v in parts.items()}
 
 
+def _inductor_cache_state() -> str:
+    """Inductor's cache before the compile: "cold" when its folder is empty or absent, else
+    "warm"; "unknown" where this torch does not say where it is (a private module)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:
+        return "unknown"
+    folder = Path(cache_dir())
+    return "warm" if folder.is_dir() and any(folder.iterdir()) else "cold"
+
+
 def build_model(shape: dict, device):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -248,7 +294,10 @@ def build_model(shape: dict, device):
     return model
 
 
-def build_backend(args, model, device):
+def build_backend(args, model, device, *, compile: bool = False):
+    """gspo's local backend on ``model``; ``compile``: with the compiled update. Its longest
+    completion (max_new_tokens, the compiled forward's cap on completion columns) is the
+    longest either phase feeds it, so the trainer phases' sequences fill one bucket exactly."""
     from gspo.backend.local import LocalBackend
     from gspo.config import TrainConfig, build
 
@@ -261,6 +310,8 @@ def build_backend(args, model, device):
             lr=1e-6,
             group_size=args.group,
             micro_batch_size=args.micro_batch,
+            max_new_tokens=max(args.new_tokens, train_lengths(args)[1]),
+            compile=compile,
         ),
     )
     return LocalBackend(cfg, model, device)

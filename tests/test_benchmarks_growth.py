@@ -63,7 +63,8 @@ def test_systems_alternate_point_by_point(growth, monkeypatch, tmp_path, capsys)
         calls.append((spec["system"], over["max_new_tokens"]))
         tokens = over["max_new_tokens"]
         step_s = (1e-3 if spec["system"] == "gspo" else 2e-3) * tokens
-        return {"step_s": step_s, "params": 1000}
+        # a rollout of constant cost, so the rest carries all the growth
+        return {"step_s": step_s + 0.5, "rollout_s": 0.5, "params": 1000}
 
     monkeypatch.setattr(growth.vs_trl, "run_in_subprocess", fake_run)
     monkeypatch.setattr(growth, "plot", lambda results, path: None)
@@ -78,6 +79,42 @@ def test_systems_alternate_point_by_point(growth, monkeypatch, tmp_path, capsys)
         ("trl", 256),
     ]
     result = json.loads(out.read_text())["results"]["length"]
-    assert result["exponent"]["gspo"] == pytest.approx(1.0)
-    assert result["exponent"]["trl"] == pytest.approx(1.0)
-    assert "| length | 64 | 0.064 | 0.128 | 2.00x |" in capsys.readouterr().out
+    assert result["exponent_rest"]["gspo"] == pytest.approx(1.0)
+    assert result["exponent_rest"]["trl"] == pytest.approx(1.0)
+    assert result["exponent_rollout"] == {"gspo": 0.0, "trl": 0.0}
+    assert 0 < result["exponent"]["gspo"] < result["exponent"]["trl"] < 1
+    text = capsys.readouterr().out
+    assert "| length | 64 | 0.564 (0.500 / 0.064) | 0.628 (0.500 / 0.128) | 1.11x |" in text
+    assert "| length | **exponent** | 0.21 (0.00 / 1.00) | 0.34 (0.00 / 1.00) | |" in text
+
+
+def test_repetitions_are_whole_sweeps_back_and_forth(growth):
+    assert growth.sweep_order(3, 2) == [(0, 0), (0, 1), (0, 2), (1, 2), (1, 1), (1, 0)]
+    assert growth.sweep_order(2, 1) == [(0, 0), (0, 1)]
+
+
+def test_exponent_difference_is_paired_by_repetition(growth, monkeypatch, tmp_path, capsys):
+    """Two sweeps: gspo's step grows as x^1 in both, TRL's as x^1.5 then x^1.3; the difference
+    per repetition is -0.5 and -0.3, mean -0.4, and its interval (t at 1 df) spans 0."""
+    calls = []
+
+    def fake_run(spec, script):
+        tokens, rep = spec["workload_overrides"]["max_new_tokens"], spec["rep"]
+        calls.append((rep, tokens, spec["system"]))
+        k = 1.0 if spec["system"] == "gspo" else (1.5, 1.3)[rep]
+        return {"step_s": 1e-3 * tokens**k, "rollout_s": 0.0, "params": 1000}
+
+    monkeypatch.setattr(growth.vs_trl, "run_in_subprocess", fake_run)
+    monkeypatch.setattr(growth, "plot", lambda results, path: None)
+    out = tmp_path / "g.json"
+    argv = ["--sweeps", "length", "--points", "64,256", "--steps", "2", "--reps", "2"]
+    growth.main([*argv, "--out", str(out)])
+    assert [c[:2] for c in calls[::2]] == [(0, 64), (0, 256), (1, 256), (1, 64)]
+    result = json.loads(out.read_text())["results"]["length"]
+    assert result["exponent_per_rep"]["trl"] == pytest.approx([1.5, 1.3])
+    diff = result["exponent_difference"]
+    assert diff["differences"] == pytest.approx([-0.5, -0.3])
+    assert diff["mean"] == pytest.approx(-0.4)
+    low, high = diff["ci95"]
+    assert low < -0.5 and high > 0 and diff["verdict"] == "cannot tell"
+    assert "gspo − TRL exponent, paired by repetition | -0.40" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import gspo.models.fast_forward as ff
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.fast_forward import completion_logits, supports
 from gspo.models.logprobs import token_logprobs
@@ -198,6 +199,30 @@ def test_causal_layout_equals_masked_attention(name, tok):
     for a, b in zip(
         torch.autograd.grad((causal * weights).sum(), params),
         torch.autograd.grad((masked * weights).sum(), params),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("blocks", [2, 3, 5])
+def test_query_blocks_equal_one_masked_attention(name, blocks, tok, monkeypatch):
+    """The masked layout's attention in blocks of queries (completions of BLOCKED_MIN_TOKENS and
+    more; lowered here) is the one-call attention: equal logits and gradients in float64, with
+    left-padded shared prompts and blocks of unequal sizes (11 queries)."""
+    model = MODELS[name]().double().train()
+    p_ids, p_mask, c_ids, c_mask, index = _batch(tok, length=12, seed=3)
+    assert not p_mask.bool().all()  # some prompts are padded
+    one = completion_logits(model, p_ids, p_mask, c_ids, c_mask, index, causal=False)
+    monkeypatch.setattr(ff, "BLOCKED_MIN_TOKENS", 2)
+    monkeypatch.setattr(ff, "QUERY_BLOCKS", blocks)
+    blocked = completion_logits(model, p_ids, p_mask, c_ids, c_mask, index, causal=False)
+    torch.testing.assert_close(blocked, one, atol=1e-12, rtol=0)
+    params = list(model.parameters())
+    weights = torch.randn(one.shape, dtype=one.dtype)  # [N, L, V]
+    for a, b in zip(
+        torch.autograd.grad((blocked * weights).sum(), params),
+        torch.autograd.grad((one * weights).sum(), params),
         strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)

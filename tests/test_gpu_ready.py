@@ -106,7 +106,7 @@ def test_without_vllm_its_phases_are_lines_and_the_trainer_runs(phases, monkeypa
 
     gpu_ready = importlib.import_module("gpu_ready")
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: False)
-    res = gpu_ready.run(gpu_ready.parse(["--tiny"]))
+    res = gpu_ready.run(gpu_ready.parse(["--tiny", "--phases", "vllm,mismatch,trainer,e2e"]))
     assert res["skipped"]["vllm"].startswith("vLLM is not installed")
     assert res["skipped"]["mismatch"] == "no vLLM samples to re-score"
     assert res["skipped"]["e2e"] == "needs the vLLM engine"
@@ -124,3 +124,46 @@ def test_a_phase_past_its_hard_time_box_is_interrupted(phases, monkeypatch):
     monkeypatch.setattr(gpu_ready, "trainer_phase", hangs)
     res = gpu_ready.run(gpu_ready.parse(["--tiny", "--phases", "trainer"]))
     assert res["skipped"]["trainer"].startswith("failed: PhaseTimeout: over its hard time box")
+
+
+def _compiled_figures(res: dict) -> None:
+    assert res["compile_graphs"] == 1  # the phase's one bucket of shapes
+    assert res["compile_s"] > 0 and res["compile_cache"] in ("cold", "warm", "unknown")
+    assert res["compiled_step_s"] > 0 and res["compiled_tokens_per_s"] > 0
+    assert res["compiled_first_step_s"] >= res["compile_s"]  # the compile is the first step's
+    assert res["compile_speedup"] == pytest.approx(res["trainer_step_s"] / res["compiled_step_s"])
+    be = res["compile_break_even_step"]
+    assert be is None or be == pytest.approx(
+        res["compile_s"] / (res["trainer_step_s"] - res["compiled_step_s"])
+    )
+
+
+def test_compiled_phase_wiring_reports_its_figures(phases, monkeypatch):
+    """The compiled phase through gspo's compile option, with inductor's graph replaced by the
+    same function run eagerly (the real compile is the slow test below): the backend takes the
+    compiled forward's path, and the phase reports its compile seconds apart from its steps."""
+    from gspo.models import compiled_forward as cf
+
+    gpu_ready = importlib.import_module("gpu_ready")
+    monkeypatch.setattr(cf, "_compiled", lambda: cf._scores)
+    monkeypatch.setattr(cf, "RECORD", cf.CompileRecord())
+    res = gpu_ready.run(gpu_ready.parse(["--tiny", "--phases", "trainer,compiled"]))
+    assert set(res["skipped"]) == {"vllm", "mismatch", "e2e", "mfu"}, res["skipped"]
+    _compiled_figures(res)
+    # 4 sequences in 4 minibatches (gspo's default): rows 1, prompts 1, prompt 8 and
+    # completion 24 columns (--train-len 32, a quarter prompt)
+    assert [k[:4] for k in cf.RECORD.keys] == [(1, 1, 8, 24)]
+    text = gpu_ready.table(res)
+    assert "| compiled speed-up over eager |" in text
+    assert "| compile paid for itself at step |" in text
+
+
+@pytest.mark.slow
+def test_compiled_phase_compiles_on_cpu(tmp_path, monkeypatch):
+    """The real thing on CPU: inductor compiles the tiny shape's graph into an empty cache
+    (57 s for the whole call, 50 s of it the compile, on the shared 2-core machine at load 1.6)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    stdout, res = _run(tmp_path, "--phases", "trainer,compiled")
+    assert res["compile_cache"] == "cold"
+    _compiled_figures(res)
+    assert "| compile s (graphs, inductor cache) |" in stdout

@@ -27,12 +27,16 @@ forward. Tests check log-probs and gradients against it (1e-9 in float64).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "BLOCKED_MIN_TOKENS",
     "CAUSAL_MIN_TOKENS",
     "FUSE_MAX_PARAMS",
+    "QUERY_BLOCKS",
     "FastDecoder",
     "completion_logits",
     "distinct_prompts",
@@ -54,6 +58,15 @@ builds no [N, 1, L, P+L] mask, about half of the attention work; below it the la
 gathers and the prompt's dummy queries cost as much as that saves (d64, one alternating
 forward + backward run, ``benchmarks/attention_layout.py``: 1.42x at 1024 tokens, 0.87-1.09x
 at 512, slower at 256 and below)."""
+BLOCKED_MIN_TOKENS = 320
+"""Below :data:`CAUSAL_MIN_TOKENS`, completions at least this long run the masked layout's
+attention in :data:`QUERY_BLOCKS` blocks of queries, each over the keys up to its last query
+only (a later key is masked for all of them): PyTorch's CPU flash kernel takes up to 512 keys
+in one block, so with one call it computes the whole square and masks half of it away. Same
+function, other float rounding (float64 test: tests/test_fast_forward.py). d64, 8 rows,
+forward + backward of the training pass, alternating (``benchmarks/attention_layout.py``,
+``masked`` against ``unblocked``): see docs/performance.md, "The length exponent"."""
+QUERY_BLOCKS = 4
 
 
 def has_forward_hooks(model: torch.nn.Module) -> bool:
@@ -218,14 +231,34 @@ class _Stack:
         """Logits [..., V] of hidden states ``x`` [..., hidden] (final norm, LM head)."""
         return F.linear(_rms(x, self.norm, self.eps), *self.lm_head)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, blocks: int = 1
+    ):
         """SDPA of q [N, H, Tq, D] over k, v [N, KV, Tk, D] with a bool ``mask``
-        [N, 1, Tq, Tk]; returns [N, Tq, H*D]."""
+        [N, 1, Tq, Tk]; returns [N, Tq, H*D]. ``blocks`` > 1: the queries in that many blocks,
+        block [a, b) over keys [0, Tk - Tq + b) only; needs a mask under which no query sees a
+        key of a later query (the last Tq keys are the queries' own, causal)."""
         groups = self.n_heads // self.n_kv
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)  # [N, H, Tk, D]; head h uses kv h // groups
             v = v.repeat_interleave(groups, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+        tq, pre = q.shape[2], k.shape[2] - q.shape[2]
+        edges = [tq * i // blocks for i in range(blocks + 1)]
+        o = torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    q[:, :, a:b],
+                    k[:, :, : pre + b],
+                    v[:, :, : pre + b],
+                    attn_mask=mask[..., a:b, : pre + b],
+                    scale=self.scaling,
+                )
+                for a, b in itertools.pairwise(edges)
+            ]
+            if blocks > 1
+            else [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)],
+            dim=2,
+        )  # [N, H, Tq, D]
         return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
     def prompt_pass(self, ids: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor):
@@ -327,11 +360,12 @@ def shared_prompt_logits(
         mask = torch.cat([valid[:, None, :].expand(n, lc, p), tri.expand(n, lc, lc)], dim=-1)[
             :, None
         ]  # [N, 1, Lc, P+Lc]
+        blocks = QUERY_BLOCKS if lc >= BLOCKED_MIN_TOKENS else 1
         for w, (kp, vp) in zip(stack.layers, kv, strict=True):
             q, k, v = stack.qkv(w, x, rope)
             keys = torch.cat([kp[inv], k], dim=2)  # [N, KV, P+Lc, D]
             values = torch.cat([vp[inv], v], dim=2)
-            x = stack.out_and_mlp(w, x, stack.attend(q, keys, values, mask))
+            x = stack.out_and_mlp(w, x, stack.attend(q, keys, values, mask, blocks))
         out.append(stack.logits(x))  # [N, Lc, V]
     return torch.cat(out, dim=1)  # [N, L, V]
 
