@@ -392,6 +392,52 @@ def test_humaneval_problems_from_the_installed_package() -> None:
         assert rewards == [want] * 3 and errors == 0, kind
 
 
+@linux
+def test_mbpp_benchmark_completions_score_as_its_table_says(tmp_path) -> None:
+    """benchmarks/mbpp.py on three rows in MBPP's own layout (the whole set: run the script
+    with a copy of mbpp.jsonl): references 1, wrong bodies 0, and a row without tests refused
+    with its row number."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import mbpp
+    finally:
+        sys.path.pop(0)
+    tree = {
+        "task_id": 367,
+        "text": "Write a function to find the height of a binary tree.",
+        "code": "class Node:\r\n\tdef __init__(self, v):\r\n\t\tself.v = v\r\n"
+        "\t\tself.left = self.right = None\r\ndef height(n):\r\n"
+        "\treturn 0 if n is None else 1 + max(height(n.left), height(n.right))",
+        "test_setup_code": "root = Node(1)\r\nroot.left = Node(2)",
+        "test_list": ["assert height(root) == 2"],
+        "challenge_test_list": [],
+    }
+    counts = {
+        "task_id": 88,
+        "text": "Write a function to get the frequency of the elements in a list.",
+        "code": "import collections\r\ndef freq_count(xs):\r\n  return collections.Counter(xs)",
+        "test_setup_code": "",
+        "test_list": ["assert freq_count([1, 1, 2]) == {1: 2, 2: 1}"],
+        "challenge_test_list": [],
+    }
+    data = tmp_path / "mbpp.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in (MBPP_ROW, tree, counts)))
+    rows = mbpp.load_rows(data)
+    assert [mbpp.called_functions(r) for r in rows] == [
+        ["similar_elements"],
+        ["height"],
+        ["freq_count"],
+    ]
+    examples = [mbpp.example(r) for r in rows]
+    texts = [mbpp.completions(r) for r in rows]
+    for kind, want in (("reference", 1.0), ("wrong", 0.0)):
+        rewards, errors = score(code_reward, [t[kind] for t in texts], examples)
+        assert rewards == [want] * 3 and errors == 0, kind
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"task_id": 1, "code": "x = 1"}) + "\n")
+    with pytest.raises(SystemExit, match=r"bad\.jsonl row 1: no field test_list"):
+        mbpp.load_rows(tmp_path / "bad.jsonl")
+
+
 def test_a_tasks_own_code_reward_options_win_over_the_runs() -> None:
     from gspo.sandbox import with_code_limits
 
