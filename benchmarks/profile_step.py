@@ -2,6 +2,7 @@
 
     python benchmarks/profile_step.py --workloads d64-add,d128-rev --steps 11 --threads 1
     python benchmarks/profile_step.py --workloads d64-add --torch-profile   # op table too
+    python benchmarks/profile_step.py --workloads d128-rev --compile        # the compiled update
 
 Each phase is timed by wrapping the function that does it (``time.perf_counter`` around the
 call; a few microseconds per step in all), on the same run ``vs_trl.py`` times (its ``gspo``
@@ -15,7 +16,8 @@ steps after the first, which is a warm-up):
 - ``scoring``: the rest of the rollout phase (episodes, decoding to text, rewards, advantages
   of the step's metrics);
 - ``old log-probs``: the old-log-prob step (no pass by default: the engine's own);
-- update: ``fwd`` (``token_logprobs`` with grad and the no-grad metric forwards), ``loss``
+- update: ``fwd`` (``ForwardInputs._scores``: the forwards with grad, compiled or not, and the
+  no-grad metric forwards), ``loss``
   (``policy_loss``), ``bwd`` (``Tensor.backward``), ``clip`` (the grad-norm clip), ``optim``
   (``AdamW.step`` + schedule), ``update other`` (minibatch slicing, metric accumulation);
 - ``overhead``: the step's wall time less all of the above (advantages, weight sync, the
@@ -84,6 +86,7 @@ def profile(spec: dict[str, Any]) -> dict[str, Any]:
 
     import gspo.backend.update as upd
     import gspo.compose.train as trainer_mod
+    import gspo.models.forward_inputs as fi
     import gspo.orchestration.steps as steps_mod
     import gspo.rollout.torch_engine as te
 
@@ -115,7 +118,9 @@ def profile(spec: dict[str, Any]) -> dict[str, Any]:
     steps_mod.collect = _timed(acc, "rollout", steps_mod.collect)
     steps_mod.old_logprobs = _timed(acc, "old log-probs", steps_mod.old_logprobs)
     steps_mod.update = _timed(acc, "update", steps_mod.update)
-    upd.token_logprobs = _timed(acc, "fwd", upd.token_logprobs)
+    # The update's forwards (gradient and no-grad metric ones, compiled or eager) all go
+    # through ForwardInputs._scores.
+    fi.ForwardInputs._scores = _timed(acc, "fwd", fi.ForwardInputs._scores)
     upd.policy_loss = _timed(acc, "loss", upd.policy_loss)
     torch.Tensor.backward = _timed(acc, "bwd", torch.Tensor.backward)
     torch.nn.utils.clip_grad_norm_ = _timed(acc, "clip", torch.nn.utils.clip_grad_norm_)
@@ -153,7 +158,7 @@ def profile(spec: dict[str, Any]) -> dict[str, Any]:
 
     trainer_mod.MetricsLogger = TimedLogger
     with tempfile.TemporaryDirectory(prefix="profile-step-") as tmp:
-        cfg = vs_trl._train_config(spec, tmp)
+        cfg = vs_trl._train_config(spec, tmp, compile=spec.get("compile", False))
         trainer_mod.train(cfg)
     rows = per_step[1:] or per_step
     out: dict[str, Any] = {"steps_timed": len(rows)}
@@ -212,6 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=11, help="RL steps (the first is a warm-up)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--torch-profile", action="store_true", help="also torch.profiler's op table")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="gspo with compile=True (the first step, a warm-up, carries the compile)",
+    )
     ap.add_argument("--cache", default=None, help="folder for the SFT cold starts (vs_trl's)")
     ap.add_argument("--out", default=None, help=OUT_HELP)
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -238,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
             "seed": vs_trl.SEED,
             "rows": w["prompts_per_step"] * w["group_size"],
             "torch_profile": args.torch_profile,
+            "compile": args.compile,
         }
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)]
