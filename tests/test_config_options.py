@@ -13,7 +13,8 @@ from gspo.compose.train import train
 from gspo.config import ConfigError, TrainConfig, build, field_docs, to_dict
 from gspo.config.combinations import combination_problems
 from gspo.config.fields import flat_fields
-from gspo.config.options import ModelOptions, RewardOptions
+from gspo.config.options import ModelOptions
+from gspo.config.options_task import RewardOptions
 from gspo.config.options_train import AsyncOptions, BackendOptions, RolloutOptions
 
 

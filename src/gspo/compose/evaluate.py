@@ -13,7 +13,8 @@ from typing import Any
 
 from gspo.config import SFTConfig
 from gspo.config.eval_config import EvalConfig
-from gspo.config.options import EngineOptions, ModelOptions, TaskOptions
+from gspo.config.options import EngineOptions, ModelOptions
+from gspo.config.options_task import TaskOptions
 from gspo.core.seeding import step_generator
 from gspo.envs.agent import episode_env
 from gspo.envs.base import Environment, env_factory, env_for

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from ..config.combinations import combination_problems
 from ..config.eval_config import EvalConfig
-from ..config.options import ModelOptions, RewardOptions, TaskOptions
+from ..config.options import ModelOptions
+from ..config.options_task import RewardOptions, TaskOptions
 from ..config.train import SFTConfig, TrainConfig
 from ..envs.rewards import combine, format_reward
 from ..envs.tasks import make_task

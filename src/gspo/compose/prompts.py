@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from ..config.eval_config import EvalConfig
-from ..config.options import TaskOptions
+from ..config.options_task import TaskOptions
 from ..config.train import TrainConfig
 from ..envs.tasks.base import Example
 from ..envs.tasks.checks import EmptyHeldOutError

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .fields import _doc
-from .options import EpisodeLimits
+from .options_task import EpisodeLimits
 from .train import EngineFields
 
 

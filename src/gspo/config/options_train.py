@@ -1,5 +1,5 @@
-"""The training side's options: rollout, loss, optimizer, backend and async (the run, model,
-task, reward and engine parts: :mod:`gspo.config.options`)."""
+"""The training side's options: rollout, loss, optimizer, backend and async (the run, model
+and engine parts: :mod:`gspo.config.options`; task and reward: :mod:`gspo.config.options_task`)."""
 
 from __future__ import annotations
 

@@ -15,14 +15,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .fields import _doc, compose, field_group
-from .options import (
-    EngineOptions,
-    EpisodeLimits,
-    ModelOptions,
-    RewardOptions,
-    RunOptions,
-    TaskOptions,
-)
+from .options import EngineOptions, ModelOptions, RunOptions
+from .options_task import EpisodeLimits, RewardOptions, TaskOptions
 from .options_train import AsyncOptions, BackendOptions, LossOptions, OptimOptions, RolloutOptions
 
 

@@ -26,7 +26,8 @@ from .names import (
     rewards,
     tasks,
 )
-from .options import EngineOptions, ModelOptions, TaskOptions, bad_device, device_ok
+from .options import EngineOptions, ModelOptions, bad_device, device_ok
+from .options_task import TaskOptions
 from .plugins import is_ref, load_plugins, ref_problem
 from .train import SFTConfig, TrainConfig
 

@@ -46,7 +46,7 @@ from gspo.core.metrics import CORRECT
 from gspo.envs.rewards import score_each
 
 if TYPE_CHECKING:  # annotations only: the task modules import the rewards, which import this
-    from gspo.config.options import TaskOptions
+    from gspo.config.options_task import TaskOptions
     from gspo.envs.tasks.base import Example, RewardFn, Task
 import threading
 

@@ -27,7 +27,7 @@ from .tool_env import ToolEnv
 from .tools import CALCULATOR
 
 if TYPE_CHECKING:  # the config validates tasks against gspo.envs: only a type here, no cycle
-    from gspo.config.options import TaskOptions
+    from gspo.config.options_task import TaskOptions
 
 
 def final_answer_reward(completion: str, example: Example) -> float:

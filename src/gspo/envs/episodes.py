@@ -29,7 +29,7 @@ from .rewards import reward_workers
 from .trajectory import Trajectory, make_encoder
 
 if TYPE_CHECKING:  # the config validates tasks against gspo.envs: only a type here, no cycle
-    from gspo.config.options import TaskOptions
+    from gspo.config.options_task import TaskOptions
     from gspo.config.train import TrainConfig
 
 

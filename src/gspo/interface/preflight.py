@@ -14,7 +14,7 @@ from typing import Any
 from gspo.compose.resume import requested_values
 from gspo.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, build
 from gspo.config.machine import machine_problems
-from gspo.config.options import TaskOptions
+from gspo.config.options_task import TaskOptions
 from gspo.config.validation import config_error
 from gspo.envs.rewards import get_reward, uses_sandbox
 from gspo.envs.tasks.files import load_examples, options_file_task
