@@ -76,16 +76,16 @@ def main(argv: list[str] | None = None) -> None:
         for cand in cands:
             compile_s = None
             if cand == "unfused":
-                stack_init = ff._Stack.__init__
+                stack_init = ff.LeanStack.__init__
 
                 def other(*a, model=model, init=stack_init):
-                    ff._Stack.__init__ = lambda self, m, max_len, fuse=None: init(
+                    ff.LeanStack.__init__ = lambda self, m, max_len, fuse=None: init(
                         self, m, max_len, False
                     )
                     try:
                         return current(*a, model=model)
                     finally:
-                        ff._Stack.__init__ = init
+                        ff.LeanStack.__init__ = init
 
             elif cand == "bucketed":
                 from gspo.models import compiled_forward as cf

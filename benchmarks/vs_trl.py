@@ -352,7 +352,7 @@ def _ablate(names: list[str]) -> None:
         raise ValueError(f"unknown optimizations {sorted(unknown)}")
     if "fast-decoder" in names:  # the engine decodes through the Hugging Face forward
         te.FastDecoder = type(
-            "NoFastDecoder", (ff.FastDecoder,), {"supports": staticmethod(lambda m: False)}
+            "NoFastDecoder", (te.FastDecoder,), {"supports": staticmethod(lambda m: False)}
         )
     if "shared-prefill" in names:  # every row prefills its own copy of the prompt
         if "fast-decoder" not in names:

@@ -36,8 +36,8 @@ def test_variants_agree(bench):
 def test_reference_is_the_decoders_own_step(bench):
     """FastDecoder.decode's attention output equals ``bmm_attention`` on the same q and cache,
     bit for bit (a padded prompt, so the bias is used)."""
-    from gspo.models.fast_forward import FastDecoder
     from gspo.models.tiny_model import build_tiny_model
+    from gspo.rollout.torch_decode import FastDecoder
 
     model = build_tiny_model(
         40, hidden_size=64, num_layers=1, num_heads=bench.HEADS, num_kv_heads=bench.KV_HEADS

@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
-from gspo.models.fast_forward import FastDecoder
 from gspo.models.logprobs import positions_from_mask, token_logprobs
 from gspo.models.tiny_model import build_tiny_model
 from gspo.rollout import SamplingParams
 from gspo.rollout.base import NO_VERSION, GenerationRequest
 from gspo.rollout.partial import sample_versions
-from gspo.rollout.torch_decode import ResumableGeneration, sample_next
+from gspo.rollout.torch_decode import FastDecoder, ResumableGeneration, sample_next
 from gspo.rollout.torch_engine import TorchEngine
 
 PROMPT_TEXTS = ["12+3=", "7=", "100-99="]

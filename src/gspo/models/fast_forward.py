@@ -12,8 +12,9 @@ module computes the same function with:
 - Qwen3's q- and k-norms as one RMSNorm over all heads, RoPE on q and k in one pass, written
   as ``x * cos + roll(x) * signed_sin`` (bit-identical to ``rotate_half``);
 - RoPE cos/sin from the model's own rotary module, computed once for all positions;
-- for decoding (:class:`FastDecoder`): a preallocated static KV cache written in place, with
-  left-padded prompts every row writes the same column each step;
+- for decoding (:class:`gspo.rollout.torch_decode.FastDecoder`, the torch engine's, built on
+  :class:`LeanStack`): a preallocated static KV cache written in place, with left-padded
+  prompts every row writes the same column each step;
 - for training (:func:`completion_logits`): rows that share a prompt (the G samples of a
   group) run that prompt's forward once; its keys and values are gathered for every sample,
   which then run only their completion tokens. Gradients are those of the full pass up to
@@ -37,7 +38,7 @@ __all__ = [
     "CAUSAL_MIN_TOKENS",
     "FUSE_MAX_PARAMS",
     "QUERY_BLOCKS",
-    "FastDecoder",
+    "LeanStack",
     "completion_logits",
     "distinct_prompts",
     "has_forward_hooks",
@@ -132,7 +133,7 @@ def _cat_linear(mods: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.
     return weight, bias
 
 
-class _Stack:
+class LeanStack:
     """The model's parameters arranged for the lean forward, and its RoPE tables."""
 
     def __init__(self, model: torch.nn.Module, max_len: int, fuse: bool | None = None) -> None:
@@ -341,7 +342,7 @@ def shared_prompt_logits(
     [N]: every shape here is the inputs', so it compiles to one graph per shape."""
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
-    stack = _Stack(model, max_len=p + length)
+    stack = LeanStack(model, max_len=p + length)
     valid = prompt_mask.bool()  # [N, P]
     positions = (torch.cat([prompt_mask, completion_mask], dim=1).long().cumsum(-1) - 1).clamp(
         min=0
@@ -370,7 +371,7 @@ def shared_prompt_logits(
     return torch.cat(out, dim=1)  # [N, L, V]
 
 
-def _causal_completion(stack: _Stack, x, rope, kv, inv, valid) -> torch.Tensor:
+def _causal_completion(stack: LeanStack, x, rope, kv, inv, valid) -> torch.Tensor:
     """The completion tokens' layers with causal attention, no mask: logits [N, Lc, V].
 
     Each row's sequence (shared prompt keys/values, then its completion) is rolled left by its
@@ -406,78 +407,3 @@ def _causal_completion(stack: _Stack, x, rope, kv, inv, valid) -> torch.Tensor:
         o = o.gather(2, back.expand(n, nq, lc, d))  # [N, H, Lc, D]: the completion's queries
         x = stack.out_and_mlp(w, x, o.transpose(1, 2).reshape(n, lc, -1))
     return stack.logits(x)  # [N, Lc, V]
-
-
-class FastDecoder:
-    """Static-cache prefill and one-token decode steps for one rollout batch (inference only).
-
-    Build one per ``generate`` call: ``FastDecoder(model, batch=N, max_len=P + M)``, then
-    ``prefill(ids, mask, positions)`` once and ``decode(tokens, positions)`` per new token; both
-    return last-position logits [N, V].
-    """
-
-    supports = staticmethod(supports)
-
-    def __init__(
-        self, model: torch.nn.Module, *, batch: int, max_len: int, fuse: bool | None = None
-    ) -> None:
-        self.stack = _Stack(model, max_len=max_len, fuse=fuse)
-        st = self.stack
-        shape = (batch, st.n_kv, max_len, st.head_dim)
-        self.keys = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
-        self.values = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
-        self.length = 0  # cache columns filled
-        self.key_bias = torch.zeros((batch, 1, 1, max_len), device=st.device, dtype=st.dtype)
-        self.has_padding = False
-
-    def prefill(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        *,
-        repeats: int = 1,
-    ) -> torch.Tensor:
-        """Run the left-padded prompts [B, P] through the model once and fill the cache for
-        ``repeats`` rows each (row ``i * repeats + j`` is copy j of prompt i; N = B x repeats).
-        Returns the last-position logits [N, V]."""
-        p = input_ids.shape[1]
-        valid = attention_mask.bool()  # [B, P]
-        rows = valid.repeat_interleave(repeats, dim=0)  # [N, P]
-        self.key_bias[:, 0, 0, :p].masked_fill_(~rows, float("-inf"))  # padded columns
-        self.has_padding = bool((~valid).any())
-        last, kv = self.stack.prompt_pass(input_ids, valid, position_ids)
-        b = input_ids.shape[0]
-        for i, (k, v) in enumerate(kv):  # k, v [B, KV, P, D] -> cache rows [N, KV, P, D]
-            shape = (b, repeats, *k.shape[1:])
-            self.keys[i][:, :, :p].view(shape).copy_(k.unsqueeze(1).expand(shape))
-            self.values[i][:, :, :p].view(shape).copy_(v.unsqueeze(1).expand(shape))
-        self.length = p
-        return self.stack.logits(last).repeat_interleave(repeats, dim=0)  # [N, V]
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Feed one token per row (``tokens`` [N]) at RoPE ``positions`` [N]; logits [N, V]."""
-        st = self.stack
-        n = tokens.shape[0]
-        col = self.length
-        if col >= self.keys[0].shape[2]:
-            raise RuntimeError(f"KV cache full ({col} columns)")
-        x = st.embed_ids(tokens[:, None])  # [N, 1, hidden]
-        rope = st.rope(positions[:, None])  # at positions [N, 1]
-        s = col + 1
-        groups = st.n_heads // st.n_kv
-        bias = self.key_bias[..., :s] if self.has_padding else None  # [N, 1, 1, S]
-        for i, w in enumerate(st.layers):
-            q, k, v = st.qkv(w, x, rope)  # q [N, H, 1, D], k and v [N, KV, 1, D]
-            self.keys[i][:, :, col] = k[:, :, 0]
-            self.values[i][:, :, col] = v[:, :, 0]
-            keys = self.keys[i][:, :, :s]  # [N, KV, S, D]
-            values = self.values[i][:, :, :s]  # [N, KV, S, D]
-            qg = q.reshape(n, st.n_kv, groups, st.head_dim)  # [N, KV, G, D]; head = kv*G + g
-            scores = torch.matmul(qg, keys.transpose(-1, -2)) * st.scaling  # [N, KV, G, S]
-            if bias is not None:
-                scores = scores + bias
-            o = torch.matmul(scores.softmax(dim=-1), values)  # [N, KV, G, D]
-            x = st.out_and_mlp(w, x, o.reshape(n, 1, -1))
-        self.length = s
-        return st.logits(x[:, -1])  # [N, V]

@@ -1,5 +1,6 @@
-"""The torch engine's token-by-token decoding: the sampler, the decode buffers, and the
-generation that can stop after any token and continue later, possibly under new weights
+"""The torch engine's token-by-token decoding: the sampler, the decode buffers, the lean
+decoder (:class:`FastDecoder`: a static KV cache over :class:`gspo.models.fast_forward.LeanStack`),
+and the generation that can stop after any token and continue later, possibly under new weights
 (:class:`ResumableGeneration`, what ``TorchEngine.partial`` returns).
 
 Asynchronous RL (``gspo.orchestration.async_rollout``) lets the engine keep sampling while the
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gspo.models.fast_forward import LeanStack, supports
 from gspo.rollout.base import NO_VERSION, PIXELS, GenerationRequest, Rollout
 
 
@@ -270,3 +272,78 @@ class ResumableGeneration:
             # Image prompts: the pixel inputs go with the rollout to the update, as generate's.
             extras={} if self.pixels is None else {PIXELS: self.pixels},
         )
+
+
+class FastDecoder:
+    """Static-cache prefill and one-token decode steps for one rollout batch (inference only).
+
+    Build one per ``generate`` call: ``FastDecoder(model, batch=N, max_len=P + M)``, then
+    ``prefill(ids, mask, positions)`` once and ``decode(tokens, positions)`` per new token; both
+    return last-position logits [N, V].
+    """
+
+    supports = staticmethod(supports)
+
+    def __init__(
+        self, model: torch.nn.Module, *, batch: int, max_len: int, fuse: bool | None = None
+    ) -> None:
+        self.stack = LeanStack(model, max_len=max_len, fuse=fuse)
+        st = self.stack
+        shape = (batch, st.n_kv, max_len, st.head_dim)
+        self.keys = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
+        self.values = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
+        self.length = 0  # cache columns filled
+        self.key_bias = torch.zeros((batch, 1, 1, max_len), device=st.device, dtype=st.dtype)
+        self.has_padding = False
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        repeats: int = 1,
+    ) -> torch.Tensor:
+        """Run the left-padded prompts [B, P] through the model once and fill the cache for
+        ``repeats`` rows each (row ``i * repeats + j`` is copy j of prompt i; N = B x repeats).
+        Returns the last-position logits [N, V]."""
+        p = input_ids.shape[1]
+        valid = attention_mask.bool()  # [B, P]
+        rows = valid.repeat_interleave(repeats, dim=0)  # [N, P]
+        self.key_bias[:, 0, 0, :p].masked_fill_(~rows, float("-inf"))  # padded columns
+        self.has_padding = bool((~valid).any())
+        last, kv = self.stack.prompt_pass(input_ids, valid, position_ids)
+        b = input_ids.shape[0]
+        for i, (k, v) in enumerate(kv):  # k, v [B, KV, P, D] -> cache rows [N, KV, P, D]
+            shape = (b, repeats, *k.shape[1:])
+            self.keys[i][:, :, :p].view(shape).copy_(k.unsqueeze(1).expand(shape))
+            self.values[i][:, :, :p].view(shape).copy_(v.unsqueeze(1).expand(shape))
+        self.length = p
+        return self.stack.logits(last).repeat_interleave(repeats, dim=0)  # [N, V]
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``tokens`` [N]) at RoPE ``positions`` [N]; logits [N, V]."""
+        st = self.stack
+        n = tokens.shape[0]
+        col = self.length
+        if col >= self.keys[0].shape[2]:
+            raise RuntimeError(f"KV cache full ({col} columns)")
+        x = st.embed_ids(tokens[:, None])  # [N, 1, hidden]
+        rope = st.rope(positions[:, None])  # at positions [N, 1]
+        s = col + 1
+        groups = st.n_heads // st.n_kv
+        bias = self.key_bias[..., :s] if self.has_padding else None  # [N, 1, 1, S]
+        for i, w in enumerate(st.layers):
+            q, k, v = st.qkv(w, x, rope)  # q [N, H, 1, D], k and v [N, KV, 1, D]
+            self.keys[i][:, :, col] = k[:, :, 0]
+            self.values[i][:, :, col] = v[:, :, 0]
+            keys = self.keys[i][:, :, :s]  # [N, KV, S, D]
+            values = self.values[i][:, :, :s]  # [N, KV, S, D]
+            qg = q.reshape(n, st.n_kv, groups, st.head_dim)  # [N, KV, G, D]; head = kv*G + g
+            scores = torch.matmul(qg, keys.transpose(-1, -2)) * st.scaling  # [N, KV, G, S]
+            if bias is not None:
+                scores = scores + bias
+            o = torch.matmul(scores.softmax(dim=-1), values)  # [N, KV, G, D]
+            x = st.out_and_mlp(w, x, o.reshape(n, 1, -1))
+        self.length = s
+        return st.logits(x[:, -1])  # [N, V]

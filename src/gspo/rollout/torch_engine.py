@@ -13,7 +13,7 @@ import copy
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
-from gspo.models.fast_forward import FastDecoder, has_forward_hooks
+from gspo.models.fast_forward import has_forward_hooks
 from gspo.models.logprobs import forward_kwargs_support, model_kind, positions_from_mask
 from gspo.models.vision import block_tokens, check_pixels
 from gspo.models.vision_qwen import decode_positions, mrope_positions
@@ -21,6 +21,7 @@ from gspo.rollout.base import PIXELS, GenerationRequest, Rollout
 from gspo.rollout.stops import encode_stop
 from gspo.rollout.torch_decode import (
     DecodeState,
+    FastDecoder,
     ResumableGeneration,
     check_request,
     float_logits,
@@ -66,7 +67,7 @@ class TorchEngine:
     for the char tokenizer; with BPE tokenizers a string produced by a different tokenisation
     would not be matched.
 
-    ``fast=True`` (default) decodes through :class:`gspo.models.fast_forward.FastDecoder`
+    ``fast=True`` (default) decodes through :class:`gspo.rollout.torch_decode.FastDecoder`
     (static KV cache, fused projections, few ops per step) whenever it supports the model
     (dense Llama / Qwen2 / Qwen3 without hooks or adapters); other models, and ``fast=False``,
     use the model's own Hugging Face forward with a ``DynamicCache``. Both give the same
