@@ -20,12 +20,12 @@ from .fields import (
     DTYPES,
     MINIBATCH_GROUPINGS,
     OLD_LOGPROBS,
-    ROLLOUT_ENGINES,
     ConfigError,
     _doc,
     field_docs,
     to_dict,
 )
+from .options import ROLLOUT_ENGINES
 from .presets import PRESETS
 from .train import EngineFields, SFTConfig, SharedFields, TrainConfig
 from .validation import _validate_eval, _validate_model_fields, validate, validate_engine

@@ -17,7 +17,6 @@ from typing import Any
 OLD_LOGPROBS = ("engine", "recompute")
 MINIBATCH_GROUPINGS = ("shuffled", "groups")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-ROLLOUT_ENGINES = ("torch", "vllm")
 CORRECTIONS = ("truncate", "mask")
 
 

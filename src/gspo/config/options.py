@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from .fields import DTYPES, ROLLOUT_ENGINES, _doc, to_dict
+from .fields import DTYPES, _doc, to_dict
 from .names import (
     CHAT_MODES,
     ROUTING_REPLAY,
@@ -206,6 +206,32 @@ class ModelOptions(_Options):
             f"routing_replay={self.routing_replay!r} needs an MoE model (e.g. model='tiny-moe')",
         )
         return problems
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """A rollout engine as configs name it (``rollout_engine``), declared here once, torch-free:
+    the config checks read its name, and ``gspo.rollout.engines`` builds it from its module."""
+
+    name: str
+    module: str
+    """The module that implements it, imported only when a run checks or builds the engine. It
+    defines ``require()`` (fails with an install hint when the engine cannot run here) and
+    ``build(b)``: the engine from a :class:`gspo.rollout.base.EngineBuild`; its own fields are
+    ``EngineOptions``'s (below), read from ``b.engine``."""
+    own_memory: bool = False
+    """Whether the engine holds its own copy of the weights (so it may sleep on shared GPUs)."""
+
+
+ROLLOUT_ENGINES: dict[str, EngineKind] = {
+    kind.name: kind
+    for kind in (
+        EngineKind("torch", "gspo.rollout.torch_engine"),
+        EngineKind("vllm", "gspo.rollout.vllm_engine", own_memory=True),
+    )
+}
+"""The rollout engines by name. A new engine: its module in ``gspo.rollout`` and, here, its
+line above and its fields (with their checks) in :class:`EngineOptions`."""
 
 
 @dataclass(frozen=True)

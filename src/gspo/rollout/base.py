@@ -286,3 +286,21 @@ class ResumableEngine(RolloutEngine, Protocol):
     def partial(self, request: GenerationRequest) -> PartialGeneration:
         """A :class:`PartialGeneration` of the request's completions (rows ``i * n + j``)."""
         ...
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    """What an engine module's ``build`` makes its engine from (``gspo.rollout.engines``
+    calls it; the engines are declared in ``gspo.config.options.ROLLOUT_ENGINES``)."""
+
+    engine: Any
+    """The run's ``gspo.config.options.EngineOptions`` (each engine reads its own fields)."""
+    model: Any
+    tokenizer: Any
+    seed: int
+    logprobs: bool
+    pad_id: int
+    eos_id: int
+    sleep_mode: bool
+    torch_kw: dict[str, Any]
+    """The torch engine's own keywords (``dtype``, ``share_weights``)."""

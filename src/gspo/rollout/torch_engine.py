@@ -17,7 +17,7 @@ from gspo.models.fast_forward import has_forward_hooks
 from gspo.models.logprobs import forward_kwargs_support, model_kind, positions_from_mask
 from gspo.models.vision import block_tokens, check_pixels
 from gspo.models.vision_qwen import decode_positions, mrope_positions
-from gspo.rollout.base import PIXELS, GenerationRequest, Rollout
+from gspo.rollout.base import PIXELS, EngineBuild, GenerationRequest, Rollout
 from gspo.rollout.stops import encode_stop
 from gspo.rollout.torch_decode import (
     DecodeState,
@@ -322,3 +322,14 @@ class TorchEngine:
             "finish_reasons": reasons,
             "prompt_index": prompt_index,
         }
+
+
+def require() -> None:
+    """The torch engine runs wherever gspo does."""
+
+
+def build(b: EngineBuild) -> TorchEngine:
+    """The torch engine of a run (``gspo.config.options.ROLLOUT_ENGINES``'s ``torch``)."""
+    return TorchEngine(
+        b.model, pad_id=b.pad_id, eos_id=b.eos_id, tokenizer=b.tokenizer, **b.torch_kw
+    )

@@ -58,7 +58,7 @@ from safetensors.torch import save
 
 from gspo.models.lora import has_lora, merged_copy
 from gspo.models.vision import is_vision_model
-from gspo.rollout.base import PIXELS, GenerationRequest, Rollout
+from gspo.rollout.base import PIXELS, EngineBuild, GenerationRequest, Rollout
 from gspo.rollout.stops import encode_stop, first_stop
 from gspo.rollout.torch_decode import check_request
 from gspo.rollout.vllm_images import ImagePrompts, check_expanded
@@ -95,11 +95,25 @@ class VLLMOptions:
     max_images: int = 4  # images per prompt a vision-language model's engine accepts
 
 
+def vllm_options(engine: Any, *, sleep_mode: bool = False) -> VLLMOptions:
+    """The options of a run's ``gspo.config.options.EngineOptions`` (its ``vllm_*`` fields)."""
+    return VLLMOptions(
+        dtype=engine.vllm_dtype,
+        max_model_len=engine.vllm_max_model_len,
+        gpu_memory_utilization=engine.vllm_gpu_memory_utilization,
+        enforce_eager=engine.vllm_enforce_eager,
+        tensor_parallel_size=engine.vllm_tensor_parallel_size,
+        cpu_kv_cache_gib=engine.vllm_cpu_kv_cache_gib,
+        multiprocess=engine.vllm_multiprocess,
+        sleep_mode=sleep_mode,
+    )
+
+
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def require_vllm() -> None:
+def require() -> None:
     """Raise ImportError naming the install commands when vLLM is not installed."""
     if not vllm_available():
         raise ImportError(
@@ -135,7 +149,7 @@ class VLLMEngine:
         logprobs: bool = True,
         workdir: str | Path | None = None,
     ) -> None:
-        require_vllm()
+        require()
         self.options = options or VLLMOptions()
         self.pad_id = int(pad_id)
         self.eos_id = int(eos_id)
@@ -396,3 +410,17 @@ class VLLMEngine:
             finish_reasons=[r[2] for r in rows],
             prompt_index=torch.arange(len(prompts)).repeat_interleave(n),  # [N]
         )
+
+
+def build(b: EngineBuild) -> VLLMEngine:
+    """The vLLM engine of a run (``gspo.config.options.ROLLOUT_ENGINES``'s ``vllm``), started
+    from the model's current weights; the vllm package is imported only then."""
+    return VLLMEngine(
+        b.model,
+        pad_id=b.pad_id,
+        eos_id=b.eos_id,
+        options=vllm_options(b.engine, sleep_mode=b.sleep_mode),
+        tokenizer=b.tokenizer,
+        seed=b.seed,
+        logprobs=b.logprobs,
+    )
