@@ -4,10 +4,13 @@ convention (log softmax(logits / T) before top-p), all with the same meaning."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from vllm_support import LOGPROB_TOL, needs_vllm, vllm_engine
 
+from gspo.config.options import ROLLOUT_ENGINES
 from gspo.models.char_tokenizer import EOS_ID, PAD_ID, build_char_tokenizer
 from gspo.models.logprobs import token_logprobs
 from gspo.models.tiny_model import build_tiny_model
@@ -184,3 +187,10 @@ def test_bad_arguments(engines, prompts, name):
         engine.generate(GenerationRequest(prompts, 1, SamplingParams(temperature=-1.0)))
     with pytest.raises(ValueError, match="top_p"):
         engine.generate(GenerationRequest(prompts, 1, SamplingParams(top_p=0.0)))
+
+
+def test_each_declared_engine_module_has_require_and_build():
+    # config/options.py declares each engine by its module; rollout/engines.py calls these two.
+    for kind in ROLLOUT_ENGINES.values():
+        module = importlib.import_module(kind.module)  # vllm_engine imports vllm only on use
+        assert callable(module.require) and callable(module.build), kind
