@@ -15,7 +15,8 @@ def test_algos_lists_every_registered_objective(capsys: pytest.CaptureFixture[st
     assert main(["algos", "--markdown"]) == 0
     table = capsys.readouterr().out
     names = [n for n in LOSSES if not n.startswith("test_")]
-    assert len(names) == 8
+    paper = {"grpo", "gspo", "luspo", "gspo_token", "cispo", "sapo", "sapo_seq", "gmpo"}
+    assert paper <= set(names)  # a new objective adds a row; no count to update
     for name in names:
         row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
         spec = LOSSES[name]

@@ -25,17 +25,6 @@ def test_declared_builds_a_registry_in_the_declared_order():
 @pytest.mark.parametrize(
     "change, module, message",
     [
-        # a declared loss with no term function, a term function with no declared loss
-        (
-            "names.BUILTIN_LOSSES['new_loss'] = names.BUILTIN_LOSSES['gspo']",
-            "gspo.core.losses",
-            "policy losses: declared in gspo.config.names without an implementation: ['new_loss']",
-        ),
-        (
-            "del names.BUILTIN_LOSSES['gmpo']",
-            "gspo.core.losses",
-            "built-in loss 'gmpo' is not declared in gspo.config.names",
-        ),
         ("names.BUILTIN_REWARDS += ('new_reward',)", "gspo.envs.rewards", "['new_reward']"),
         ("names.BUILTIN_TASKS += ('new_task',)", "gspo.envs", "tasks: declared"),
         ("names.ENVIRONMENT_TASKS = ('guess',)", "gspo.envs", "['calculator', 'code_feedback']"),
@@ -45,15 +34,53 @@ def test_declared_builds_a_registry_in_the_declared_order():
 def test_a_registry_that_differs_from_its_declaration_fails_its_import(change, module, message):
     # The names are declared once (gspo.config.names) and each registry is built from them:
     # a name on one side only fails the registry's import, so no test need compare copies.
+    # (The losses and engines have no copy: each is declared once, in its own place.)
     code = (
         "import importlib\n"
-        "from gspo.config import fields, names\n"
+        "from gspo.config import names\n"
         f"{change}\n"
         f"importlib.import_module({module!r})\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode != 0
     assert message in done.stderr, done.stderr[-2000:]
+
+
+def test_builtin_losses_are_read_from_their_decorators_without_torch():
+    code = (
+        "import sys\n"
+        "from gspo.config.names import builtin_losses\n"
+        "info = builtin_losses()['gspo']\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(info.clip_low, info.aggregations, dict(builtin_losses()['grpo'].options))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "0.0003 ('seq_mean_token_mean',) {'dual_clip': None}"
+
+
+def test_a_builtin_loss_declared_with_a_non_literal_fails_by_name(tmp_path, monkeypatch):
+    from gspo.config import names
+
+    (tmp_path / "h50_losses.py").write_text(
+        "EPS = 0.2\n\n\n"
+        "@register_loss('fine', clip_low=0.2, clip_high=0.2, aggregations=('token_mean',),\n"
+        "               token_advantages=True)\n"
+        "def fine_terms(): ...\n\n\n"
+        "@register_loss('computed', clip_low=EPS, clip_high=EPS, aggregations=('token_mean',),\n"
+        "               token_advantages=True)\n"
+        "def computed_terms(): ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(names, "LOSS_MODULES", ("h50_losses",))
+    names.builtin_losses.cache_clear()
+    try:
+        with pytest.raises(
+            RuntimeError, match="h50_losses, line 9: a built-in loss's register_loss"
+        ):
+            names.builtin_losses()
+    finally:
+        names.builtin_losses.cache_clear()
 
 
 def test_turn_credit_message_matches_the_runtime_check():

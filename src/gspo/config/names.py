@@ -5,7 +5,10 @@ The registries live in modules that import torch (``gspo.core.losses``, ``gspo.m
 ...), about 2 to 6 s on a small machine; a config mistake must be reported well before that. So
 the built-in entries are declared here as plain data and each registry reads them from here:
 a tuple of names is imported as is, and a registry of implementations is built with
-:func:`declared`, which fails at import when an implementation is missing or not declared.
+:func:`declared`, which fails at import when an implementation is missing or not declared. The
+built-in losses are the exception: each is declared next to its term function, by its
+``register_loss`` decorator's literal arguments, which :func:`builtin_losses` reads from the
+source (as :mod:`gspo.config.plugins` reads a plugin's names), so a loss is one place in one file.
 Losses, tasks and rewards can also be registered at run time (``register_loss``, ...):
 :func:`losses`, :func:`tasks` and :func:`rewards` then read the real registry, loaded by then.
 
@@ -14,11 +17,14 @@ Plain data: this module imports nothing else of gspo.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import functools
 import importlib.util
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -45,15 +51,15 @@ VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 @dataclass(frozen=True)
 class LossInfo:
     """The fields of ``gspo.core.losses.LossSpec`` that config checks and ``gspo algos`` read
-    (everything but the term function and its docstring)."""
+    (everything but the term function and its docstring): a built-in loss's declaration."""
 
     name: str
     clip_low: float
     clip_high: float
     aggregations: tuple[str, ...]
     token_advantages: bool
-    formula: str
-    source: str
+    formula: str = ""
+    source: str = ""
     clip_meaning: str = "ratio"
     options: tuple[tuple[str, float | None], ...] = ()
     sequence_advantages: bool = False
@@ -79,103 +85,47 @@ def declared(names: Iterable[str], implemented: Mapping[str, T], what: str) -> d
     return {name: implemented[name] for name in names}
 
 
-BUILTIN_LOSSES: dict[str, LossInfo] = {
-    info.name: info
-    for info in (
-        LossInfo(
-            "grpo",
-            0.2,
-            0.28,
-            AGGREGATIONS,
-            True,
-            "min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
-            "DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
-            "c: Ye et al. arXiv 1912.09729)",
-            options=(("dual_clip", None),),
-            token_clip=True,
-        ),
-        LossInfo(
-            "gspo",
-            3e-4,
-            4e-4,
-            ("seq_mean_token_mean",),
-            False,
-            "(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
-            "GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
-            sequence_advantages=True,
-        ),
-        LossInfo(
-            "luspo",
-            2e-3,
-            2.5e-3,
-            ("seq_mean_token_sum",),
-            False,
-            "(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
-            "LUSPO arXiv 2602.05261",
-            sequence_advantages=True,
-        ),
-        LossInfo(
-            "gspo_token",
-            3e-4,
-            4e-4,
-            ("seq_mean_token_mean",),
-            True,
-            "(1/G) Σ_i (1/|y_i|) Σ_t min(s_it A_it, clip(s_it) A_it), s_it = sg[s_i] π/sg[π]",
-            "GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 13-17)",
-        ),
-        LossInfo(
-            "cispo",
-            1.0,
-            4.0,
-            ("token_mean", "seq_mean_token_mean"),
-            True,
-            "sg(clip(r, 1-ε_l, 1+ε_h)) A log π per token, token mean; IS-weight cap 1+ε_h = 5",
-            "MiniMax-M1, arXiv 2506.13585 (Eq. 4); ε_l=1, ε_h=4 as SkyRL/AReaL (TRL cap 5.0)",
-            clip_meaning="weight",
-            token_clip=True,
-        ),
-        LossInfo(
-            "sapo",
-            0.0,
-            0.0,
-            ("seq_mean_token_mean", "token_mean"),
-            True,
-            "σ(τ(r-1))·(4/τ)·A per token, τ = τ+ (A>0) or τ- (A<=0), no clip",
-            "SAPO (Qwen), arXiv 2511.20347; τ+=1.0, τ-=1.05",
-            clip_meaning="unused",
-            options=(("tau_pos", 1.0), ("tau_neg", 1.05)),
-        ),
-        LossInfo(
-            "sapo_seq",
-            0.0,
-            0.0,
-            ("seq_mean_token_mean",),
-            False,
-            "(1/G) Σ_i σ(τ(s_i-1))·(4/τ)·A_i, s_i = GSPO's sequence ratio, no clip",
-            "SAPO (Qwen), arXiv 2511.20347, sequence-ratio variant (TRL "
-            "importance_sampling_level='sequence'); τ+=1.0, τ-=1.05",
-            clip_meaning="unused",
-            options=(("tau_pos", 1.0), ("tau_neg", 1.05)),
-        ),
-        LossInfo(
-            "gmpo",
-            0.4,
-            0.4,
-            ("seq_mean_token_mean",),
-            False,
-            "(1/G) Σ_i A_i exp(mean_t signclip(log r_t)), log r clipped to [-ε_l, ε_h] = ±0.4",
-            "GMPO, Zhao et al. arXiv 2507.20673 (ε = 0.4 in log space)",
-            clip_meaning="log-ratio",
-            token_clip=True,
-        ),
-    )
-}
+LOSS_MODULES = ("gspo.core.objectives", "gspo.core.losses_family")
+"""The modules that define the built-in losses, in registry order (``gspo.core.losses`` loads
+them). Each loss is declared there once, next to its term function, by the arguments of its
+``@register_loss(...)`` decorator; :func:`builtin_losses` reads those from the source."""
+
+
+@functools.cache
+def builtin_losses() -> dict[str, LossInfo]:
+    """The built-in losses' declarations, read from the source of :data:`LOSS_MODULES` without
+    importing them (they import torch): the literal arguments of each top-level function's
+    ``@register_loss(name, ...)`` decorator, the same arguments the registry is built from."""
+    found: dict[str, LossInfo] = {}
+    for module in LOSS_MODULES:
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        for node in tree.body:
+            for call in getattr(node, "decorator_list", ()):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "register_loss":
+                    info = _loss_info(call, module)
+                    found[info.name] = info
+    return found
+
+
+def _loss_info(call: ast.Call, module: str) -> LossInfo:
+    try:
+        name = ast.literal_eval(call.args[0])
+        given = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+    except (IndexError, ValueError) as exc:
+        raise RuntimeError(
+            f"{module}, line {call.lineno}: a built-in loss's register_loss takes literal "
+            f"arguments (the config reads them without importing torch): {exc}"
+        ) from None
+    return LossInfo(name, **{**given, "options": tuple((given.get("options") or {}).items())})
 
 
 def losses() -> Mapping[str, Any]:
     """The loss registry: ``gspo.core.losses.LOSSES`` once that module is loaded (it then also
     holds losses registered at run time, and registering one needs that module), else the
-    built-in table above. Either way each entry has the :class:`LossInfo` fields."""
+    built-in declarations (:func:`builtin_losses`). Either way each entry has the
+    :class:`LossInfo` fields."""
     module = sys.modules.get("gspo.core.losses")
     registry = getattr(module, "LOSSES", None)
     if registry:
@@ -183,7 +133,7 @@ def losses() -> Mapping[str, Any]:
     # A plugin that registered a loss loaded only the registry's module (gspo.core.objectives),
     # which holds the built-ins once gspo.core.losses is imported: both, until then.
     registered = getattr(sys.modules.get("gspo.core.objectives"), "LOSSES", None) or {}
-    return {**BUILTIN_LOSSES, **registered} if registered else BUILTIN_LOSSES
+    return {**builtin_losses(), **registered}
 
 
 # The task, reward and environment registries (gspo.envs) are torch-free but import the config

@@ -44,7 +44,7 @@ from gspo.core import losses_family as _losses_family  # noqa: F401
 
 # isort: on
 from gspo.config.names import ADVANTAGE_SCALES as SCALES
-from gspo.config.names import BUILTIN_LOSSES, declared
+from gspo.config.names import LOSS_MODULES, builtin_losses, declared
 from gspo.core.kl import KL_ESTIMATORS, kl_estimate
 from gspo.core.objectives import (
     AGGREGATIONS,
@@ -55,9 +55,10 @@ from gspo.core.objectives import (
     masked_log_ratio,
 )
 
-# Each loss gspo.config.names declares has registered its term function by now (builtin_loss
-# refuses one it does not declare), so the torch-free table and this registry cannot differ.
-declared(BUILTIN_LOSSES, {n: s for n, s in LOSSES.items() if n in BUILTIN_LOSSES}, "policy losses")
+# The losses the built-in modules registered are the ones gspo.config.names reads from their
+# decorators' source (one registered another way there fails here); a plugin's are not built-in.
+_builtin = {n: s for n, s in LOSSES.items() if s.terms.__module__ in LOSS_MODULES}
+declared(builtin_losses(), _builtin, "policy losses")
 
 
 def get_loss(name: str) -> LossSpec:

@@ -14,8 +14,8 @@ import torch
 from gspo.core.objectives import (
     LOG_RATIO_CLAMP,
     LossTerms,
-    builtin_loss,
     masked_log_ratio,
+    register_loss,
     sequence_log_ratio,
 )
 
@@ -34,7 +34,17 @@ def _per_sequence(advantages: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-@builtin_loss("cispo")
+@register_loss(
+    "cispo",
+    clip_low=1.0,
+    clip_high=4.0,
+    aggregations=("token_mean", "seq_mean_token_mean"),
+    token_advantages=True,
+    token_clip=True,
+    clip_meaning="weight",
+    formula="sg(clip(r, 1-ε_l, 1+ε_h)) A log π per token, token mean; IS-weight cap 1+ε_h = 5",
+    source="MiniMax-M1, arXiv 2506.13585 (Eq. 4); ε_l=1, ε_h=4 as SkyRL/AReaL (TRL cap 5.0)",
+)
 def cispo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -100,7 +110,17 @@ def _no_clip(mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(mask)  # [B, T] bool
 
 
-@builtin_loss("sapo")
+@register_loss(
+    "sapo",
+    clip_low=0.0,
+    clip_high=0.0,
+    aggregations=("seq_mean_token_mean", "token_mean"),
+    token_advantages=True,
+    clip_meaning="unused",
+    options={"tau_pos": 1.0, "tau_neg": 1.05},
+    formula="σ(τ(r-1))·(4/τ)·A per token, τ = τ+ (A>0) or τ- (A<=0), no clip",
+    source="SAPO (Qwen), arXiv 2511.20347; τ+=1.0, τ-=1.05",
+)
 def sapo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -130,7 +150,18 @@ def sapo_terms(
     )
 
 
-@builtin_loss("sapo_seq")
+@register_loss(
+    "sapo_seq",
+    clip_low=0.0,
+    clip_high=0.0,
+    aggregations=("seq_mean_token_mean",),
+    token_advantages=False,
+    clip_meaning="unused",
+    options={"tau_pos": 1.0, "tau_neg": 1.05},
+    formula="(1/G) Σ_i σ(τ(s_i-1))·(4/τ)·A_i, s_i = GSPO's sequence ratio, no clip",
+    source="SAPO (Qwen), arXiv 2511.20347, sequence-ratio variant (TRL "
+    "importance_sampling_level='sequence'); τ+=1.0, τ-=1.05",
+)
 def sapo_seq_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -163,7 +194,17 @@ def sapo_seq_terms(
 # --------------------------------------------------------------------------------------------
 
 
-@builtin_loss("gmpo")
+@register_loss(
+    "gmpo",
+    clip_low=0.4,
+    clip_high=0.4,
+    aggregations=("seq_mean_token_mean",),
+    token_advantages=False,
+    token_clip=True,
+    clip_meaning="log-ratio",
+    formula="(1/G) Σ_i A_i exp(mean_t signclip(log r_t)), log r clipped to [-ε_l, ε_h] = ±0.4",
+    source="GMPO, Zhao et al. arXiv 2507.20673 (ε = 0.4 in log space)",
+)
 def gmpo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -2,23 +2,24 @@
 share, and the built-in GRPO, GSPO, LUSPO and GSPO-token term functions.
 
 Each term function turns log-probs, old log-probs and advantages into a per-token objective
-matrix [B, T] plus its clip decisions; ``gspo.core.losses.policy_loss`` aggregates it. They
-register with the defaults ``gspo.config.names.BUILTIN_LOSSES`` declares for each
-(:func:`builtin_loss`), these four in this order, then the rest of the family
-(``gspo.core.losses_family``: CISPO, SAPO, GMPO). Read the registry through
+matrix [B, T] plus its clip decisions; ``gspo.core.losses.policy_loss`` aggregates it. A loss is
+declared once, by the arguments of its ``@register_loss(...)`` decorator (its clip defaults,
+aggregations, formula, paper). For a built-in loss (this module's four, in this order, then the
+rest of the family in ``gspo.core.losses_family``: CISPO, SAPO, GMPO) they are literals, which
+``gspo.config.names.builtin_losses`` reads from the source, so that config checks and
+``gspo algos`` know the losses without importing torch. Read the registry through
 ``gspo.core.losses`` (``get_loss``, ``LOSSES``): that module is the one that loads both term
 modules, kept apart from it so that the term modules and the loss need not import each other.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from gspo.config.names import AGGREGATIONS, BUILTIN_LOSSES
+from gspo.config.names import AGGREGATIONS
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exp, so a ratio is at most
@@ -117,17 +118,6 @@ def register_loss(
     return decorator
 
 
-def builtin_loss(name: str) -> Callable[[TermFn], TermFn]:
-    """Register a built-in term function with its entry in ``gspo.config.names.BUILTIN_LOSSES``
-    (clip defaults, aggregations, formula, paper), declared there once for the torch-free
-    config checks and ``gspo algos``."""
-    if name not in BUILTIN_LOSSES:
-        raise RuntimeError(f"built-in loss {name!r} is not declared in gspo.config.names")
-    info = dataclasses.asdict(BUILTIN_LOSSES[name])
-    del info["name"]
-    return register_loss(name, **{**info, "options": dict(info["options"])})
-
-
 # --------------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------------
@@ -170,7 +160,18 @@ def clipped_surrogate(
     return term, low, high
 
 
-@builtin_loss("grpo")
+@register_loss(
+    "grpo",
+    clip_low=0.2,
+    clip_high=0.28,
+    aggregations=("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
+    token_advantages=True,
+    token_clip=True,
+    options={"dual_clip": None},
+    formula="min(w A, clip(w, 1-ε_l, 1+ε_h) A) per token, w = π/π_old [; max(·, c A) for A<0]",
+    source="DeepSeekMath arXiv 2402.03300 (clip-higher 0.28: DAPO arXiv 2503.14476; dual clip "
+    "c: Ye et al. arXiv 1912.09729)",
+)
 def grpo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -228,7 +229,16 @@ def _gspo_sequence_terms(
     )
 
 
-@builtin_loss("gspo")
+@register_loss(
+    "gspo",
+    clip_low=3e-4,
+    clip_high=4e-4,
+    aggregations=("seq_mean_token_mean",),
+    token_advantages=False,
+    sequence_advantages=True,
+    formula="(1/G) Σ_i min(s_i A_i, clip(s_i) A_i), s_i = exp(mean_t log(π/π_old))",
+    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 5-7)",
+)
 def gspo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -245,7 +255,16 @@ def gspo_terms(
     return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 
 
-@builtin_loss("luspo")
+@register_loss(
+    "luspo",
+    clip_low=2e-3,
+    clip_high=2.5e-3,
+    aggregations=("seq_mean_token_sum",),
+    token_advantages=False,
+    sequence_advantages=True,
+    formula="(1/G) Σ_i |y_i| min(s_i A_i, clip(s_i) A_i), s_i as GSPO",
+    source="LUSPO arXiv 2602.05261",
+)
 def luspo_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -262,7 +281,15 @@ def luspo_terms(
     return _gspo_sequence_terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
 
 
-@builtin_loss("gspo_token")
+@register_loss(
+    "gspo_token",
+    clip_low=3e-4,
+    clip_high=4e-4,
+    aggregations=("seq_mean_token_mean",),
+    token_advantages=True,
+    formula="(1/G) Σ_i (1/|y_i|) Σ_t min(s_it A_it, clip(s_it) A_it), s_it = sg[s_i] π/sg[π]",
+    source="GSPO, Zheng et al. arXiv 2507.18071 (Eqs. 13-17)",
+)
 def gspo_token_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
