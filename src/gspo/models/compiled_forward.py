@@ -1,11 +1,11 @@
-"""The training forward under ``torch.compile`` (the ``compile`` option): one graph per
-column bucket, whatever a micro-batch's rows and distinct prompts.
+"""The update's forwards under ``torch.compile`` (the ``compile`` option): one graph per grad
+mode and column bucket, whatever a micro-batch's rows and distinct prompts.
 
 A micro-batch's shapes vary from step to step: its rows (the rows of a minibatch that carry a
 gradient), its distinct prompts, its prompt width and its completion width.
 
-- Rows and distinct prompts are dynamic dimensions of the graph (``mark_dynamic``): any count
-  runs the same graph at its own size. Padding them to a bucket (the first version: powers of
+- Rows and distinct prompts are dynamic dimensions of the graph (``maybe_mark_dynamic``): any
+  count runs the same graph at its own size. Padding them to a bucket (the first version: powers of
   two) made the gradient pass compute every padded row, and the pass took the idle rows
   (zero advantage) too, to fill its bucket: on d128-rev (56% idle rows) the compiled backward
   did 2.3x the rows of eager's and took twice its time. Both are padded only up to 2 (dynamo
@@ -29,7 +29,7 @@ else a folder in the system's temp dir) let a later run of the same shapes skip 
 cold compile. The no-grad pass (the metrics of zero-advantage rows, see
 :func:`gspo.backend.update.micro_batches`) is a graph of its own (dynamo guards on grad
 mode), forward only: 10.3 against 14.0 ms eager for 13-18 such rows at d128-rev's shapes, ~40 s
-cold. Only where the lean forward applies (:func:`gspo.models.fast_forward.supports`, text
+cold (a scratch trial, docs/performance.md). Only where the lean forward applies (:func:`gspo.models.fast_forward.supports`, text
 models).
 """
 
