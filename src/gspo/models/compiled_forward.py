@@ -29,8 +29,8 @@ else a folder in the system's temp dir) let a later run of the same shapes skip 
 cold compile. The no-grad pass (the metrics of zero-advantage rows, see
 :func:`gspo.backend.update.micro_batches`) is a graph of its own (dynamo guards on grad
 mode), forward only: 10.3 against 14.0 ms eager for 13-18 such rows at d128-rev's shapes, ~40 s
-cold (a scratch trial, docs/performance.md). Only where the lean forward applies (:func:`gspo.models.fast_forward.supports`, text
-models).
+cold (a scratch trial, docs/performance.md). Only where the lean forward applies
+(:func:`gspo.models.fast_forward.supports`, text models).
 """
 
 from __future__ import annotations
