@@ -70,7 +70,7 @@ def test_padding_with_shared_prompts_float32(tok):
 def test_compiled_equals_eager_float32(tok):
     """One graph per column bucket: log-probs to 2e-5 and gradients to 1e-4 relative of eager's;
     micro-batches of other row and prompt counts run the same graph (dynamic dimensions), with
-    no recompile. (~2 min: inductor.)"""
+    no recompile; under no_grad, one more (forward-only) graph. (~2.5 min: inductor.)"""
     model = MODELS["qwen3"]().train()
     params = list(model.parameters())
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -87,6 +87,17 @@ def test_compiled_equals_eager_float32(tok):
             torch.testing.assert_close(a, b, atol=1e-4 * float(b.abs().max()) + 1e-7, rtol=1e-4)
     assert len([k for k in cf.RECORD.keys if k[:2] == (8, 8)]) == 1
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
+    # The no-grad pass (zero-advantage rows' metrics): a forward-only graph of its own, shared
+    # by its row counts too; log-probs and entropy as eager's.
+    for seed, keep in ((10, 12), (11, 7)):
+        batch = tuple(x[:keep] for x in _batch(tok, n_rep=3, length=6, seed=seed))
+        with torch.no_grad():
+            (lp, ent), (lp_c, ent_c) = _both(model, batch)
+        assert not lp_c.requires_grad
+        torch.testing.assert_close(lp_c, lp, atol=2e-5, rtol=0)
+        torch.testing.assert_close(ent_c, ent, atol=2e-5, rtol=0)
+    assert len([k for k in cf.RECORD.keys if k[:2] == (8, 8)]) == 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 2
 
 
 def test_idle_rows_leave_the_gradient_pass_compiled_or_not():
