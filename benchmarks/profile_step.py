@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {e['op']:<40} {e['count']:>7} {e['self_cpu_ms']:>9.1f} ms")
     path = Path(args.out) if args.out else dated_result("profile_step")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps({"command": " ".join(["python", *sys.argv]), "results": results}, indent=1)
-    )
+    # No machine path in a results file: the cache folder (a temp dir or --cache) as <cache>.
+    command = " ".join(["python", *sys.argv]).replace(str(cache), "<cache>")
+    path.write_text(json.dumps({"command": command, "results": results}, indent=1))
     print(f"\nwrote {path}")
 
 

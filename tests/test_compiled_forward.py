@@ -1,6 +1,7 @@
-"""The compiled training forward (gspo.models.compiled_forward): bucketing pads rows, prompts and
-columns without changing a real value (eager, float64: to 1e-12), and the compiled graph gives
-the eager log-probs and gradients (float32, slow: it compiles)."""
+"""The compiled training forward (gspo.models.compiled_forward): bucketing pads columns (and rows
+and prompts up to 2) without changing a real value (eager, float64: to 1e-12), and the compiled
+graph gives the eager log-probs and gradients at any count of rows (float32, slow: it
+compiles)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,16 @@ from test_fast_forward import MODELS, _batch
 from gspo.models import compiled_forward as cf
 from gspo.models.logprobs import token_logprobs
 
-# Caps above every micro-batch below: rows 12 -> 16, prompts 4 -> 6, prompt width 7 -> 8.
-BUCKETS = cf.Buckets(rows=16, prompts=6, length=16)
+# Prompt width 7 -> 8, completions 6 -> 8 (cap 16); rows and prompts as they come.
+BUCKETS = cf.Buckets(length=16)
 
 
 def test_bucket_shapes():
-    b = cf.Buckets(rows=24, prompts=5, length=6)
-    assert b.shape(12, 4, 7, 5) == (16, 5, 8, 6)  # rows and width up to 2^k, length capped
-    assert b.shape(17, 5, 8, 6) == (24, 5, 8, 6)  # the cap itself is a bucket
-    assert b.shape(3, 3, 1, 1) == (6, 5, 1, 1)  # rows: at least a quarter of the cap
-    assert cf.Buckets(rows=8, prompts=5, length=6).shape(2, 2, 1, 1)[:2] == (
-        2,
-        2,
-    )  # prompts <= rows
-    assert b.shape(30, 5, 9, 7) == (32, 5, 16, 8)  # beyond a cap: powers of two again
+    b = cf.Buckets(length=6)
+    assert b.shape(12, 4, 7, 5) == (12, 4, 8, 6)  # rows, prompts as they are; width up to 2^k
+    assert b.shape(17, 5, 8, 6) == (17, 5, 8, 6)  # the length cap itself is a bucket
+    assert b.shape(1, 1, 1, 1) == (2, 2, 1, 1)  # dynamic sizes: at least 2 (no 0/1 graph)
+    assert b.shape(30, 5, 9, 7) == (30, 5, 16, 8)  # beyond the length cap: powers of two again
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +68,14 @@ def test_padding_with_shared_prompts_float32(tok):
 
 @pytest.mark.slow
 def test_compiled_equals_eager_float32(tok):
-    """One graph per bucket: log-probs to 2e-5 and gradients to 1e-4 relative of eager's; a second
-    micro-batch of another shape in the same bucket compiles nothing new. (~1 min: inductor.)"""
+    """One graph per column bucket: log-probs to 2e-5 and gradients to 1e-4 relative of eager's;
+    micro-batches of other row and prompt counts run the same graph (dynamic dimensions), with
+    no recompile; under no_grad, one more (forward-only) graph. (~2.5 min: inductor.)"""
     model = MODELS["qwen3"]().train()
     params = list(model.parameters())
-    for seed, n_rep in ((6, 3), (7, 4)):  # 12 and 16 rows: one bucket
-        batch = _batch(tok, n_rep=n_rep, length=6, seed=seed)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for seed, n_rep, keep in ((6, 3, 12), (7, 4, 16), (8, 3, 5), (9, 4, 1)):
+        batch = tuple(x[:keep] for x in _batch(tok, n_rep=n_rep, length=6, seed=seed))
         (lp, _), (lp_c, _) = _both(model, batch)
         torch.testing.assert_close(lp_c, lp, atol=2e-5, rtol=0)
         weights = torch.randn(lp.shape, generator=torch.Generator().manual_seed(seed))
@@ -86,12 +85,25 @@ def test_compiled_equals_eager_float32(tok):
             strict=True,
         ):
             torch.testing.assert_close(a, b, atol=1e-4 * float(b.abs().max()) + 1e-7, rtol=1e-4)
-    assert len([k for k in cf.RECORD.keys if k[:4] == (16, 6, 8, 8)]) == 1
+    assert len([k for k in cf.RECORD.keys if k[:2] == (8, 8)]) == 1
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
+    # The no-grad pass (zero-advantage rows' metrics): a forward-only graph of its own, shared
+    # by its row counts too; log-probs and entropy as eager's.
+    for seed, keep in ((10, 12), (11, 7)):
+        batch = tuple(x[:keep] for x in _batch(tok, n_rep=3, length=6, seed=seed))
+        with torch.no_grad():
+            (lp, ent), (lp_c, ent_c) = _both(model, batch)
+        assert not lp_c.requires_grad
+        torch.testing.assert_close(lp_c, lp, atol=2e-5, rtol=0)
+        torch.testing.assert_close(ent_c, ent, atol=2e-5, rtol=0)
+    assert len([k for k in cf.RECORD.keys if k[:2] == (8, 8)]) == 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 2
 
 
-def test_compiled_update_keeps_idle_rows_in_the_gradient_pass():
-    """Compiled: zero-advantage rows fill the bucket of the gradient pass, no second eager pass;
-    without their metrics (zero_advantage_metrics off) they still leave it."""
+def test_idle_rows_leave_the_gradient_pass_compiled_or_not():
+    """Zero-advantage rows leave the gradient pass for a no-grad one (over zero_advantage_split)
+    with compile on as off (the compiled pass no longer pads rows, so they would cost their
+    backward); without their metrics (zero_advantage_metrics off) they get no pass."""
     from types import SimpleNamespace
 
     from gspo.backend.update import micro_batches
@@ -106,12 +118,12 @@ def test_compiled_update_keeps_idle_rows_in_the_gradient_pass():
     idle = torch.tensor([True, True, True, True, False, False, False, False])  # half idle
     minibatch = torch.arange(8)
     for metrics, compiled, want in (
-        (True, False, [(4, True), (4, False)]),  # eager: half is over zero_advantage_split
-        (True, True, [(8, True)]),
+        (True, False, [(4, True), (4, False)]),  # half is over zero_advantage_split
+        (True, True, [(4, True), (4, False)]),
         (False, True, [(4, True)]),
     ):
-        cfg = TrainConfig.of(zero_advantage_metrics=metrics)
-        micros = micro_batches(cfg, batch, minibatch, idle, False, None, compiled=compiled)
+        cfg = TrainConfig.of(zero_advantage_metrics=metrics, compile=compiled)
+        micros = micro_batches(cfg, batch, minibatch, idle, False, None)
         assert [(len(m.rows), m.grad) for m in micros] == want
 
 

@@ -92,11 +92,8 @@ def update_policy(
     acc.add_scalar(
         "advantage/zero_fraction", float(_zero_advantage(batch.advantages).float().mean())
     )
-    compiled = inputs.buckets is not None
     for k, minibatch in enumerate(minibatches(cfg, batch)):
-        micros = micro_batches(
-            cfg, batch, minibatch, idle, inputs.whole_width, shard, compiled=compiled
-        )
+        micros = micro_batches(cfg, batch, minibatch, idle, inputs.whole_width, shard)
         if not any(micro.grad for micro in micros):
             _zero_grads(model)  # the update a zero gradient gives: Adam's moments still move
         counts = _Counts.of(batch.rollout, minibatch)
@@ -129,13 +126,7 @@ def forward_inputs(
     buckets = None
     pixels = rollout.extras.get(PIXELS)
     if cfg.optim.compile and compile_local and compiled_forward.applies(model, pixels):
-        # Caps: a minibatch's rows (randperm(N).chunk(k) sizes), the batch's distinct prompts.
-        rows = math.ceil(rollout.num_samples / cfg.optim.num_minibatches)
-        buckets = compiled_forward.Buckets(
-            rows=min(cfg.optim.micro_batch_size or rows, rows),
-            prompts=int(rollout.prompt_index.unique().numel()),
-            length=cfg.rollout.max_new_tokens,
-        )
+        buckets = compiled_forward.Buckets(length=cfg.rollout.max_new_tokens)
     return ForwardInputs.of(
         model,
         rollout,
@@ -155,16 +146,14 @@ def micro_batches(
     idle: torch.Tensor,
     whole_width: bool,
     shard: tuple[int, int] | None,
-    *,
-    compiled: bool = False,
 ) -> list[MicroBatch]:
     """The forwards of one minibatch, in order.
 
     Locally: rows with a gradient first; the idle ones run a no-grad forward for their metrics
     (or nothing, with zero_advantage_metrics off: they add 0 to the loss either way). A few
-    idle rows stay in the gradient pass: a second forward costs more than they do. ``compiled``
-    (the compile option): all of them stay, when their metrics are wanted, since a compiled
-    pass pads its rows to a bucket anyway and they fill it in place of a second, eager pass.
+    idle rows stay in the gradient pass: a second forward costs more than they do. The same
+    with the compile option: its gradient pass runs any count of rows at that count
+    (:mod:`gspo.models.compiled_forward`), so idle rows there cost their backward too.
 
     A data-parallel rank (``shard=(rank, world)``) must run as many forwards and backwards as
     every other (each is a collective): it takes its rows ``minibatch[rank::world]``, all in
@@ -179,9 +168,7 @@ def micro_batches(
         passes = rank_parts(own, shard, size, pad=minibatch[:1])
     else:
         live, rest = minibatch[~idle[minibatch]], minibatch[idle[minibatch]]
-        if idle_metrics and (
-            compiled or len(rest) < cfg.optim.zero_advantage_split * len(minibatch)
-        ):
+        if idle_metrics and len(rest) < cfg.optim.zero_advantage_split * len(minibatch):
             live, rest = minibatch, minibatch[:0]
         passes = [(rows, True) for rows in live.split(size) if len(rows)]
         if idle_metrics:  # (an empty split is [[]])

@@ -252,12 +252,13 @@ class OptimOptions(_Options):
         0,
     )
     compile: bool = _doc(
-        "True: the training forward + backward runs under torch.compile (inductor; needs a C++ "
-        "compiler on CPU), each micro-batch padded to a bucket of shapes (rows, prompts, widths "
-        "up to powers of two) so a run compiles a handful of graphs; the first steps pay the "
-        "compile (minutes on a small CPU), a later run of the same shapes reuses inductor's "
-        "cache (TORCHINDUCTOR_CACHE_DIR). Text models of the lean forward on the local "
-        "backend; elsewhere, and for no-grad passes, eager. Same loss up to float rounding "
+        "True: the update's forwards (the gradient pass with its backward, and the no-grad pass "
+        "of zero-advantage rows) run under torch.compile (inductor; needs a C++ compiler on "
+        "CPU): one graph per grad mode and column bucket (prompt and completion widths up to "
+        "powers of two), rows and distinct prompts dynamic, so a run compiles a handful of "
+        "graphs; the first steps pay the compile (minutes on a small CPU), a later run of the "
+        "same shapes reuses inductor's cache (TORCHINDUCTOR_CACHE_DIR). Text models of the lean "
+        "forward on the local backend; elsewhere eager. Same loss up to float rounding "
         "(docs/performance.md, 'Compiled update').",
         False,
     )

@@ -1,19 +1,21 @@
-"""The training forward under ``torch.compile`` (the ``compile`` option), with its shapes
-bucketed so that a run compiles a handful of graphs, not one per micro-batch shape.
+"""The update's forwards under ``torch.compile`` (the ``compile`` option): one graph per grad
+mode and column bucket, whatever a micro-batch's rows and distinct prompts.
 
-A micro-batch's shapes vary from step to step: its rows (the live rows of a minibatch), its
-distinct prompts, its prompt width and its completion width. Each is padded up to a bucket
-before the compiled call, and the result cut back:
+A micro-batch's shapes vary from step to step: its rows (the rows of a minibatch that carry a
+gradient), its distinct prompts, its prompt width and its completion width.
 
-- rows to the next power of two, at most the largest micro-batch (``Buckets.rows``) and at
-  least a quarter of it; padded rows hold no completion token (mask 0) and reuse the first
-  prompt;
-- distinct prompts to as many as the batch holds (``Buckets.prompts``), at most the padded rows:
-  the extra ones repeat the first prompt and no row reads them;
-- prompt columns to the next power of two, by left padding (mask 0: positions are taken from
-  the mask, so real tokens keep theirs and no real query sees a pad);
-- completion columns to the next power of two, at most ``Buckets.length`` (max_new_tokens), by
-  right padding (causal: no real token sees a later one, and the pads' log-probs are cut off).
+- Rows and distinct prompts are dynamic dimensions of the graph (``maybe_mark_dynamic``): any
+  count runs the same graph at its own size. Padding them to a bucket (the first version: powers of
+  two) made the gradient pass compute every padded row, and the pass took the idle rows
+  (zero advantage) too, to fill its bucket: on d128-rev (56% idle rows) the compiled backward
+  did 2.3x the rows of eager's and took twice its time. Both are padded only up to 2 (dynamo
+  specializes sizes 0 and 1): a pad row holds no completion token (mask 0) and reuses the
+  first prompt; a pad prompt repeats the first one and no row reads it.
+- Prompt columns are padded to the next power of two, by left padding (mask 0: positions are
+  taken from the mask, so real tokens keep theirs and no real query sees a pad); completion
+  columns to the next power of two, at most ``Buckets.length`` (max_new_tokens), by right
+  padding (causal: no real token sees a later one, and the pads' log-probs are cut off). These
+  stay static: a column count enters the attention layout's choice and the kernels' loops.
 
 So the padding changes no real value, only float rounding (a kernel may reduce or block
 differently at another width): tests/test_compiled_forward.py checks eager bucketed against
@@ -21,11 +23,14 @@ eager unbucketed in float64, and the compiled path against eager within float32 
 ``torch.unique`` (a value-dependent shape) runs eagerly before the graph
 (:func:`gspo.models.fast_forward.distinct_prompts`).
 
-Graphs are compiled with ``dynamic=False``, one per bucket key, and inductor's FX graph and
-AOTAutograd caches (on by default, under ``TORCHINDUCTOR_CACHE_DIR``, else a folder in the
-system's temp dir) let a later run of the same shapes skip most of the cold compile. Only
-gradient passes are compiled (a no-grad pass would be one more graph per shape) and only where
-the lean forward applies (:func:`gspo.models.fast_forward.supports`, text models).
+Graphs are compiled with ``dynamic=False`` but for those two dimensions, one per column key,
+and inductor's FX graph and AOTAutograd caches (on by default, under ``TORCHINDUCTOR_CACHE_DIR``,
+else a folder in the system's temp dir) let a later run of the same shapes skip most of the
+cold compile. The no-grad pass (the metrics of zero-advantage rows, see
+:func:`gspo.backend.update.micro_batches`) is a graph of its own (dynamo guards on grad
+mode), forward only: 10.3 against 14.0 ms eager for 13-18 such rows at d128-rev's shapes, ~40 s
+cold (a scratch trial, docs/performance.md). Only where the lean forward applies
+(:func:`gspo.models.fast_forward.supports`, text models).
 """
 
 from __future__ import annotations
@@ -59,19 +64,23 @@ RECORD = CompileRecord()
 
 @dataclass(frozen=True)
 class Buckets:
-    """The caps of one batch's buckets: its largest micro-batch's rows, its distinct prompts
-    and its longest completion (max_new_tokens)."""
+    """The cap of one batch's completion bucket: its longest completion (max_new_tokens)."""
 
-    rows: int
-    prompts: int
     length: int
 
     def shape(self, n: int, u: int, p: int, length: int) -> tuple[int, int, int, int]:
         """(rows, prompts, prompt columns, completion columns) a micro-batch is padded to."""
-        # At least a quarter of the cap: each graph costs ~1 min cold, a padded row far less.
-        rows = max(_bucket(n, self.rows), -(-self.rows // 4))
-        prompts = min(rows, max(self.prompts, u))
-        return rows, prompts, _bucket(p, None), _bucket(length, self.length)
+        return (
+            max(n, MIN_DYNAMIC),
+            max(u, MIN_DYNAMIC),
+            _bucket(p, None),
+            _bucket(length, self.length),
+        )
+
+
+MIN_DYNAMIC = 2
+"""Dynamic dimensions (rows, distinct prompts) are padded up to this: dynamo specializes a
+size of 0 or 1, so a micro-batch of one row would compile a graph of its own."""
 
 
 def applies(model: torch.nn.Module, pixels) -> bool:
@@ -111,7 +120,14 @@ def token_logprobs(
     )
     first = torch.cat([first, first[:1].expand(prompts - len(first))])  # [prompts]
     inv = torch.cat([inv, inv.new_zeros(pad_rows)])  # [rows]
-    key = (rows, prompts, width, cols, next(model.parameters()).dtype, float(temperature))
+    if not eager:
+        # Fresh tensors (cat, _pad): marking them marks no caller's tensor. "maybe": the graph
+        # may carry range guards (e.g. 15 * rows <= 4096 on d128-rev's shapes); past one, dynamo
+        # compiles another graph rather than fail.
+        for x in (*tokens, inv):  # [rows, ...]: any count of rows runs the same graph
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        torch._dynamo.maybe_mark_dynamic(first, 0)  # [prompts]
+    key = (width, cols, next(model.parameters()).dtype, float(temperature), torch.is_grad_enabled())
     run = _scores if eager else _compiled()
     if not eager and key not in RECORD.keys:
         start = time.perf_counter()
@@ -144,6 +160,10 @@ def _compiled():
     # One compiled function per process: dynamo keeps its graphs (one per bucket key) on it.
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+    # Without duck shaping, rows and prompts get symbols of their own even when a first call
+    # has as many of each (float64: every row its own prompt): no guard rows == prompts, so no
+    # second graph when a later micro-batch shares prompts.
+    torch.fx.experimental._config.use_duck_shape = False
     return torch.compile(_scores, dynamic=False)
 
 

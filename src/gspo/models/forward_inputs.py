@@ -61,7 +61,7 @@ class ForwardInputs:
     routed: bool
     """An MoE model: its forwards replay and record routing and add the load-balancing term."""
     buckets: compiled_forward.Buckets | None = None
-    """Set (the ``compile`` option): gradient forwards run compiled, padded to these buckets."""
+    """Set (the ``compile`` option): the forwards run compiled, padded to these buckets."""
 
     @classmethod
     def of(
@@ -77,7 +77,7 @@ class ForwardInputs:
         buckets: compiled_forward.Buckets | None = None,
     ) -> ForwardInputs:
         """The inputs of ``rollout``'s forwards (its routing records read from its extras);
-        ``buckets``: compile the gradient forwards (:mod:`gspo.models.compiled_forward`)."""
+        ``buckets``: compile the forwards (:mod:`gspo.models.compiled_forward`)."""
         routed = model_kind(model).moe
         return cls(
             prompt_index=rollout.prompt_index,
@@ -140,7 +140,7 @@ class ForwardInputs:
         self, model: nn.Module, tokens: Tokens, rows: torch.Tensor, grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[n, L'] log-probs and entropy of the rows' completions: compiled where it applies."""
-        if grad and self.buckets is not None:  # set only where it applies
+        if self.buckets is not None:  # set only where it applies; no-grad: a graph of its own
             return compiled_forward.token_logprobs(
                 model, self.buckets, *tokens, self.prompt_index[rows], temperature=self.temperature
             )
