@@ -9,8 +9,9 @@ token log-probs, on one minibatch of 32 rows (4 prompts x 8 samples).
 ``unfused``: q/k/v and gate/up as separate matmuls (the training pass fuses them below
 ``FUSE_MAX_PARAMS``, as decoding does). ``compile``: ``torch.compile`` (inductor, needs a C++
 compiler) of the whole pass at one fixed shape; its compile time (first call) is reported apart.
-``bucketed``: the ``compile`` option's pass (gspo.models.compiled_forward: the shape padded to
-its bucket, log-probs and entropy, compiled); its compile time is that module's record.
+``bucketed``: the ``compile`` option's pass (gspo.models.compiled_forward: log-probs and
+entropy, compiled with every dimension dynamic; the name is from when it padded shapes to
+buckets); its compile time is that module's record.
 Models: d64 (2 layers, 10 completion tokens) and d128 (4 layers, 24 tokens), random init.
 Prints a table (median ms of each, ratio current / candidate: above 1 the candidate is faster)
 and writes JSON (a new dated file unless ``--out``).
@@ -90,12 +91,8 @@ def main(argv: list[str] | None = None) -> None:
             elif cand == "bucketed":
                 from gspo.models import compiled_forward as cf
 
-                buckets = cf.Buckets(rows=n, prompts=4, length=length)
-
-                def other(pid, pm, cid, cm, pi, model=model, buckets=buckets):
-                    return cf.token_logprobs(model, buckets, pid, pm, cid, cm, pi, temperature=1.0)[
-                        0
-                    ]
+                def other(pid, pm, cid, cm, pi, model=model):
+                    return cf.token_logprobs(model, pid, pm, cid, cm, pi, temperature=1.0)[0]
 
             else:
                 other = torch.compile(current, dynamic=False)

@@ -121,12 +121,10 @@ def forward_inputs(
     cfg: TrainConfig, model, rollout: Rollout, *, compile_local: bool = False
 ) -> ForwardInputs:
     """What the batch's forwards take beyond its tokens: image inputs, MoE routing, and with
-    the ``compile`` option on the local backend (``compile_local``) the compiled forward's
-    shape buckets, where it applies (text models of the lean forward; FSDP2 ranks: eager)."""
-    buckets = None
+    the ``compile`` option on the local backend (``compile_local``) the compiled forward,
+    where it applies (text models of the lean forward; FSDP2 ranks: eager)."""
     pixels = rollout.extras.get(PIXELS)
-    if cfg.optim.compile and compile_local and compiled_forward.applies(model, pixels):
-        buckets = compiled_forward.Buckets(length=cfg.rollout.max_new_tokens)
+    compiled = cfg.optim.compile and compile_local and compiled_forward.applies(model, pixels)
     return ForwardInputs.of(
         model,
         rollout,
@@ -135,7 +133,7 @@ def forward_inputs(
         routing_replay=cfg.model.routing_replay,
         aux_coef=cfg.model.router_aux_loss_coef,
         temperature=cfg.rollout.temperature,
-        buckets=buckets,
+        compiled=compiled,
     )
 
 

@@ -253,13 +253,13 @@ class OptimOptions(_Options):
     )
     compile: bool = _doc(
         "True: the update's forwards (the gradient pass with its backward, and the no-grad pass "
-        "of zero-advantage rows) run under torch.compile (inductor; needs a C++ compiler on "
-        "CPU): one graph per grad mode and column bucket (prompt and completion widths up to "
-        "powers of two), rows and distinct prompts dynamic, so a run compiles a handful of "
-        "graphs; the first steps pay the compile (minutes on a small CPU), a later run of the "
-        "same shapes reuses inductor's cache (TORCHINDUCTOR_CACHE_DIR). Text models of the lean "
-        "forward on the local backend; elsewhere eager. Same loss up to float rounding "
-        "(docs/performance.md, 'Compiled update').",
+        "of zero-advantage rows) and the torch engine's decode step run under torch.compile "
+        "(inductor; needs a C++ compiler on CPU): one update graph per grad mode (rows, prompts "
+        "and both widths dynamic) and one decode graph per KV-cache width (a multiple of 16), "
+        "so a run compiles a handful of graphs; the first steps pay the compile (minutes on a "
+        "small CPU), a later run reuses inductor's cache (TORCHINDUCTOR_CACHE_DIR). Text models "
+        "of the lean forward, the update on the local backend; elsewhere eager. Same loss and "
+        "log-probs up to float rounding (docs/performance.md, 'Compiled update').",
         False,
     )
     lr: float = _doc("AdamW learning rate.", 5e-5)

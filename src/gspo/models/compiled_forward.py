@@ -1,35 +1,36 @@
 """The update's forwards under ``torch.compile`` (the ``compile`` option): one graph per grad
-mode and column bucket, whatever a micro-batch's rows and distinct prompts.
+mode, whatever a micro-batch's rows, distinct prompts, prompt width and completion width.
 
 A micro-batch's shapes vary from step to step: its rows (the rows of a minibatch that carry a
-gradient), its distinct prompts, its prompt width and its completion width.
+gradient), its distinct prompts, its prompt width and its completion width. All four are dynamic
+dimensions of the graph (``maybe_mark_dynamic``), so any micro-batch runs the same graph at its
+own size, computing no padding:
 
-- Rows and distinct prompts are dynamic dimensions of the graph (``maybe_mark_dynamic``): any
-  count runs the same graph at its own size. Padding them to a bucket (the first version: powers of
-  two) made the gradient pass compute every padded row, and the pass took the idle rows
-  (zero advantage) too, to fill its bucket: on d128-rev (56% idle rows) the compiled backward
-  did 2.3x the rows of eager's and took twice its time. Both are padded only up to 2 (dynamo
-  specializes sizes 0 and 1): a pad row holds no completion token (mask 0) and reuses the
-  first prompt; a pad prompt repeats the first one and no row reads it.
-- Prompt columns are padded to the next power of two, by left padding (mask 0: positions are
-  taken from the mask, so real tokens keep theirs and no real query sees a pad); completion
-  columns to the next power of two, at most ``Buckets.length`` (max_new_tokens), by right
-  padding (causal: no real token sees a later one, and the pads' log-probs are cut off). These
-  stay static: a column count enters the attention layout's choice and the kernels' loops.
+- Rows and prompts: padding them to a bucket (the first version: powers of two) made the
+  gradient pass compute every padded row, and the pass took the idle rows (zero advantage) too,
+  to fill its bucket: on d128-rev (56% idle rows) the compiled backward did 2.3x the rows of
+  eager's and took twice its time.
+- Columns: padding prompts and completions to powers of two (the second version) made
+  d128-rev's 11-token completions 16 wide, so the compiled pass computed 45% more completion
+  tokens than eager's (which cuts each micro-batch to its own widths). The attention layout's
+  choice (masked, blocked, causal) depends on the completion width: dynamo guards on its range,
+  and a micro-batch past a threshold gets the graph of that layout.
 
-So the padding changes no real value, only float rounding (a kernel may reduce or block
-differently at another width): tests/test_compiled_forward.py checks eager bucketed against
-eager unbucketed in float64, and the compiled path against eager within float32 tolerance.
-``torch.unique`` (a value-dependent shape) runs eagerly before the graph
+Each dimension is padded only up to :data:`MIN_DYNAMIC` (dynamo specializes sizes 0 and 1): a
+pad row holds no completion token (mask 0) and reuses the first prompt; a pad prompt repeats the
+first one and no row reads it; a pad prompt column is left padding (mask 0: positions come from
+the mask, so real tokens keep theirs and no real query sees a pad); a pad completion column is
+right padding (causal: no real token sees it, and its log-prob is cut off). So padding changes
+no real value; tests/test_compiled_forward.py checks eager padded against eager unpadded in
+float64, and the compiled path against eager within float32 tolerance. ``torch.unique`` (a
+value-dependent shape) runs eagerly before the graph
 (:func:`gspo.models.fast_forward.distinct_prompts`).
 
-Graphs are compiled with ``dynamic=False`` but for those two dimensions, one per column key,
-and inductor's FX graph and AOTAutograd caches (on by default, under ``TORCHINDUCTOR_CACHE_DIR``,
-else a folder in the system's temp dir) let a later run of the same shapes skip most of the
-cold compile. The no-grad pass (the metrics of zero-advantage rows, see
-:func:`gspo.backend.update.micro_batches`) is a graph of its own (dynamo guards on grad
-mode), forward only: 10.3 against 14.0 ms eager for 13-18 such rows at d128-rev's shapes, ~40 s
-cold (a scratch trial, docs/performance.md). Only where the lean forward applies
+Graphs are compiled with ``dynamic=False`` but for those dimensions, and inductor's FX graph and
+AOTAutograd caches (on by default, under ``TORCHINDUCTOR_CACHE_DIR``, else a folder in the
+system's temp dir) let a later run of the same graphs skip most of the cold compile. The no-grad
+pass (the metrics of zero-advantage rows, see :func:`gspo.backend.update.micro_batches`) is a
+graph of its own (dynamo guards on grad mode), forward only. Only where the lean forward applies
 (:func:`gspo.models.fast_forward.supports`, text models).
 """
 
@@ -46,14 +47,15 @@ from .logprobs import completion_scores, model_kind
 
 RECOMPILE_LIMIT = 64
 """Graphs dynamo keeps per compiled function before it falls back to eager: its default (8) is
-below what bucketing gives across the shapes of a run and the models of one process (tests)."""
+below what the models, dtypes and grad modes of one process (tests) can need."""
 
 
 @dataclass
 class CompileRecord:
-    """What the compiled forward did in this process (read by benchmarks): the bucket keys it
-    compiled and the seconds of their first calls (trace, compile or cache load of the forward
-    and backward graphs, and one run of each)."""
+    """What the compiled forward and decode step did in this process (read by benchmarks): the
+    keys of the graphs they compiled (grad mode and dtype; the decode step's cache width) and
+    the seconds of their first calls (trace, compile or cache load of the forward and backward
+    graphs, and one run of each)."""
 
     keys: set[tuple] = field(default_factory=set)
     first_call_s: float = 0.0
@@ -62,25 +64,15 @@ class CompileRecord:
 RECORD = CompileRecord()
 
 
-@dataclass(frozen=True)
-class Buckets:
-    """The cap of one batch's completion bucket: its longest completion (max_new_tokens)."""
-
-    length: int
-
-    def shape(self, n: int, u: int, p: int, length: int) -> tuple[int, int, int, int]:
-        """(rows, prompts, prompt columns, completion columns) a micro-batch is padded to."""
-        return (
-            max(n, MIN_DYNAMIC),
-            max(u, MIN_DYNAMIC),
-            _bucket(p, None),
-            _bucket(length, self.length),
-        )
-
-
 MIN_DYNAMIC = 2
-"""Dynamic dimensions (rows, distinct prompts) are padded up to this: dynamo specializes a
-size of 0 or 1, so a micro-batch of one row would compile a graph of its own."""
+"""Dynamic dimensions are padded up to this: dynamo specializes a size of 0 or 1, so a
+micro-batch of one row (or a one-token completion) would compile a graph of its own."""
+
+
+def padded_shape(n: int, u: int, p: int, length: int) -> tuple[int, int, int, int]:
+    """(rows, prompts, prompt columns, completion columns) a micro-batch of ``n`` rows, ``u``
+    distinct prompts, prompts ``p`` and completions ``length`` wide runs at."""
+    return (max(n, MIN_DYNAMIC), max(u, MIN_DYNAMIC), max(p, MIN_DYNAMIC), max(length, MIN_DYNAMIC))
 
 
 def applies(model: torch.nn.Module, pixels) -> bool:
@@ -91,7 +83,6 @@ def applies(model: torch.nn.Module, pixels) -> bool:
 
 def token_logprobs(
     model: torch.nn.Module,
-    buckets: Buckets,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
@@ -101,13 +92,13 @@ def token_logprobs(
     temperature: float,
     eager: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gspo.models.logprobs.token_logprobs` (with entropy) of a micro-batch, computed
-    at its bucket's shape by the compiled graph of that shape: (log-probs, entropy) [n, L].
-    ``eager``: the same padded computation, not compiled (what the padding alone changes)."""
+    """:func:`gspo.models.logprobs.token_logprobs` (with entropy) of a micro-batch, computed by
+    the compiled graph of its grad mode: (log-probs, entropy) [n, L]. ``eager``: the same padded
+    computation, not compiled (what the padding alone changes)."""
     n, p = prompt_ids.shape
     length = completion_ids.shape[1]
     first, inv = ff.distinct_prompts(model, prompt_index)  # [U], [n]
-    rows, prompts, width, cols = buckets.shape(n, len(first), p, length)
+    rows, prompts, width, cols = padded_shape(n, len(first), p, length)
     pad_rows = rows - n
     src = torch.cat(
         [torch.arange(n, device=first.device), first[:1].expand(pad_rows)]
@@ -122,12 +113,15 @@ def token_logprobs(
     inv = torch.cat([inv, inv.new_zeros(pad_rows)])  # [rows]
     if not eager:
         # Fresh tensors (cat, _pad): marking them marks no caller's tensor. "maybe": the graph
-        # may carry range guards (e.g. 15 * rows <= 4096 on d128-rev's shapes); past one, dynamo
-        # compiles another graph rather than fail.
+        # may carry range guards (e.g. 15 * rows <= 4096 on d128-rev's shapes, or a completion
+        # width under an attention layout's threshold); past one, dynamo compiles another graph
+        # rather than fail.
         for x in (*tokens, inv):  # [rows, ...]: any count of rows runs the same graph
             torch._dynamo.maybe_mark_dynamic(x, 0)
+        for x in tokens:  # [rows, columns]: any prompt and completion width too
+            torch._dynamo.maybe_mark_dynamic(x, 1)
         torch._dynamo.maybe_mark_dynamic(first, 0)  # [prompts]
-    key = (width, cols, next(model.parameters()).dtype, float(temperature), torch.is_grad_enabled())
+    key = ("update", next(model.parameters()).dtype, float(temperature), torch.is_grad_enabled())
     run = _scores if eager else _compiled()
     if not eager and key not in RECORD.keys:
         start = time.perf_counter()
@@ -157,7 +151,7 @@ def _scores(model, prompt_ids, prompt_mask, completion_ids, completion_mask, fir
 
 @functools.cache
 def _compiled():
-    # One compiled function per process: dynamo keeps its graphs (one per bucket key) on it.
+    # One compiled function per process: dynamo keeps its graphs (one per grad mode) on it.
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
     # Without duck shaping, rows and prompts get symbols of their own even when a first call
@@ -165,12 +159,6 @@ def _compiled():
     # second graph when a later micro-batch shares prompts.
     torch.fx.experimental._config.use_duck_shape = False
     return torch.compile(_scores, dynamic=False)
-
-
-def _bucket(x: int, cap: int | None) -> int:
-    """The next power of two from ``x``, but at most ``cap`` (when ``x`` fits under it)."""
-    up = 1 << max(x - 1, 0).bit_length()
-    return min(up, cap) if cap is not None and x <= cap else up
 
 
 def _pad(x: torch.Tensor, *, left: int = 0, right: int = 0, rows: int = 0) -> torch.Tensor:

@@ -60,8 +60,8 @@ class ForwardInputs:
     temperature: float
     routed: bool
     """An MoE model: its forwards replay and record routing and add the load-balancing term."""
-    buckets: compiled_forward.Buckets | None = None
-    """Set (the ``compile`` option): the forwards run compiled, padded to these buckets."""
+    compiled: bool = False
+    """The ``compile`` option, where it applies: the forwards run compiled."""
 
     @classmethod
     def of(
@@ -74,10 +74,10 @@ class ForwardInputs:
         routing_replay: str | None,
         aux_coef: float,
         temperature: float,
-        buckets: compiled_forward.Buckets | None = None,
+        compiled: bool = False,
     ) -> ForwardInputs:
         """The inputs of ``rollout``'s forwards (its routing records read from its extras);
-        ``buckets``: compile the forwards (:mod:`gspo.models.compiled_forward`)."""
+        ``compiled``: compile the forwards (:mod:`gspo.models.compiled_forward`)."""
         routed = model_kind(model).moe
         return cls(
             prompt_index=rollout.prompt_index,
@@ -92,7 +92,7 @@ class ForwardInputs:
             aux_coef=aux_coef,
             temperature=temperature,
             routed=routed,
-            buckets=buckets,
+            compiled=compiled,
         )
 
     @property
@@ -140,9 +140,9 @@ class ForwardInputs:
         self, model: nn.Module, tokens: Tokens, rows: torch.Tensor, grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[n, L'] log-probs and entropy of the rows' completions: compiled where it applies."""
-        if self.buckets is not None:  # set only where it applies; no-grad: a graph of its own
+        if self.compiled:  # set only where it applies; no-grad: a graph of its own
             return compiled_forward.token_logprobs(
-                model, self.buckets, *tokens, self.prompt_index[rows], temperature=self.temperature
+                model, *tokens, self.prompt_index[rows], temperature=self.temperature
             )
         return token_logprobs(
             model, *tokens, temperature=self.temperature, with_entropy=True, **self.keywords(rows)

@@ -138,6 +138,7 @@ def local_source(parts: Parts, model: torch.nn.Module) -> AsyncSource:
             share_weights=False,
             tokenizer=engine.tokenizer,
             fast=engine.fast,
+            compiled=engine.compiled,
         )
         place, sink = InProcess(own, chunk, parts.tokenizer), SharedMemorySink(own)
     else:  # vLLM: the thread takes the run's engine; the loop gets a torch one

@@ -93,6 +93,7 @@ def policy_engine(cfg: TrainConfig, model: Any, tokenizer: Any, rollout_engine: 
         sleep_mode=engine is cfg.engine and colocated_sleep(cfg),
         dtype=DTYPES[dtype] if dtype else None,
         share_weights=dtype is None,
+        compiled=cfg.optim.compile,
     )
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from gspo.models.fast_forward import LeanStack, supports
+from gspo.rollout import compiled_decode
 from gspo.rollout.base import NO_VERSION, PIXELS, GenerationRequest, Rollout
 
 
@@ -285,13 +286,25 @@ class FastDecoder:
     supports = staticmethod(supports)
 
     def __init__(
-        self, model: torch.nn.Module, *, batch: int, max_len: int, fuse: bool | None = None
+        self,
+        model: torch.nn.Module,
+        *,
+        batch: int,
+        max_len: int,
+        fuse: bool | None = None,
+        compiled: bool = False,
     ) -> None:
+        # compiled: decode steps through one torch.compile graph per cache width
+        # (gspo.rollout.compiled_decode), over a cache of zeros a little wider than needed.
+        self.compiled = compiled
+        if compiled:
+            max_len = compiled_decode.cache_width(max_len)
         self.stack = LeanStack(model, max_len=max_len, fuse=fuse)
         st = self.stack
         shape = (batch, st.n_kv, max_len, st.head_dim)
-        self.keys = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
-        self.values = [torch.empty(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
+        new = torch.zeros if compiled else torch.empty
+        self.keys = [new(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
+        self.values = [new(shape, device=st.device, dtype=st.dtype) for _ in st.layers]
         self.length = 0  # cache columns filled
         self.key_bias = torch.zeros((batch, 1, 1, max_len), device=st.device, dtype=st.dtype)
         self.has_padding = False
@@ -328,6 +341,11 @@ class FastDecoder:
         col = self.length
         if col >= self.keys[0].shape[2]:
             raise RuntimeError(f"KV cache full ({col} columns)")
+        if self.compiled:
+            self.length = col + 1
+            return compiled_decode.run_step(
+                st, self.keys, self.values, self.key_bias, tokens, positions, col
+            )
         x = st.embed_ids(tokens[:, None])  # [N, 1, hidden]
         rope = st.rope(positions[:, None])  # at positions [N, 1]
         s = col + 1

@@ -71,7 +71,9 @@ class TorchEngine:
     (static KV cache, fused projections, few ops per step) whenever it supports the model
     (dense Llama / Qwen2 / Qwen3 without hooks or adapters); other models, and ``fast=False``,
     use the model's own Hugging Face forward with a ``DynamicCache``. Both give the same
-    log-probs up to float rounding.
+    log-probs up to float rounding. ``compiled=True`` (the ``compile`` option) runs the fast
+    path's decode step under ``torch.compile`` (:mod:`gspo.rollout.compiled_decode`), also equal
+    up to float rounding.
 
     Output tensors live on the engine's device; log-probs are float32 (float64 for a float64
     model).
@@ -88,8 +90,10 @@ class TorchEngine:
         share_weights: bool = True,
         tokenizer: PreTrainedTokenizerBase | None = None,
         fast: bool = True,
+        compiled: bool = False,
     ) -> None:
         self.fast = fast
+        self.compiled = compiled
         self.pad_id = int(pad_id)
         self.eos_id = int(eos_id)
         self.tokenizer = tokenizer
@@ -201,7 +205,9 @@ class TorchEngine:
             if mrope is not None:
                 positions, deltas = mrope[0], mrope[1].repeat_interleave(n)  # [3, B, P], [N]
         if self.fast and not vision and FastDecoder.supports(self.model):
-            dec = FastDecoder(self.model, batch=num, max_len=base_ids.shape[1] + max_new)
+            dec = FastDecoder(
+                self.model, batch=num, max_len=base_ids.shape[1] + max_new, compiled=self.compiled
+            )
             logits = float_logits(dec.prefill(base_ids, base_mask, positions, repeats=n))
 
             def advance_fast(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
