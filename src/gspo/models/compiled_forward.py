@@ -60,8 +60,21 @@ class CompileRecord:
     keys: set[tuple] = field(default_factory=set)
     first_call_s: float = 0.0
 
+    def first_call(self, key: tuple, start: float) -> None:
+        """Count graph ``key``'s first call, begun at ``time.perf_counter()`` = ``start``."""
+        self.keys.add(key)
+        self.first_call_s += time.perf_counter() - start
+
 
 RECORD = CompileRecord()
+
+
+def compile_graphs(fn):
+    """``torch.compile(fn, dynamic=False)`` with dynamo's recompile limit raised to
+    :data:`RECOMPILE_LIMIT` (the compiled update and decode step both keep several graphs)."""
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=False)
 
 
 MIN_DYNAMIC = 2
@@ -126,8 +139,7 @@ def token_logprobs(
     if not eager and key not in RECORD.keys:
         start = time.perf_counter()
         _compile_backward(model, run(model, *tokens, first, inv, temperature)[0])
-        RECORD.keys.add(key)
-        RECORD.first_call_s += time.perf_counter() - start
+        RECORD.first_call(key, start)
     logp, entropy = run(model, *tokens, first, inv, temperature)  # [rows, cols] each
     return logp[:n, :length], entropy[:n, :length]
 
@@ -152,13 +164,11 @@ def _scores(model, prompt_ids, prompt_mask, completion_ids, completion_mask, fir
 @functools.cache
 def _compiled():
     # One compiled function per process: dynamo keeps its graphs (one per grad mode) on it.
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
     # Without duck shaping, rows and prompts get symbols of their own even when a first call
     # has as many of each (float64: every row its own prompt): no guard rows == prompts, so no
     # second graph when a later micro-batch shares prompts.
     torch.fx.experimental._config.use_duck_shape = False
-    return torch.compile(_scores, dynamic=False)
+    return compile_graphs(_scores)
 
 
 def _pad(x: torch.Tensor, *, left: int = 0, right: int = 0, rows: int = 0) -> torch.Tensor:

@@ -91,16 +91,12 @@ def run_step(
     key = ("decode", keys[0].shape[2], stack.dtype)
     start = time.perf_counter()
     logits = _compiled()(stack, keys, values, key_bias, tokens, positions, torch.tensor(col))
-    record = compiled_forward.RECORD
-    if key not in record.keys:
-        record.keys.add(key)
-        record.first_call_s += time.perf_counter() - start
+    if key not in compiled_forward.RECORD.keys:
+        compiled_forward.RECORD.first_call(key, start)
     return logits
 
 
 @functools.cache
 def _compiled():
     # One compiled function per process: dynamo keeps its graphs (one per cache width) on it.
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, compiled_forward.RECOMPILE_LIMIT)
-    return torch.compile(decode_step, dynamic=False)
+    return compiled_forward.compile_graphs(decode_step)
