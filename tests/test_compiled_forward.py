@@ -154,3 +154,57 @@ def test_sync_metrics_fixture_run_compiled_is_close(tmp_path, monkeypatch):
                 assert math.isclose(g[k], v, rel_tol=1e-6, abs_tol=1e-8), (k, g[k], v)
             elif not isinstance(v, float):
                 assert g[k] == v, k
+
+
+def _loss_inputs(seed: int, rows: int, width: int):
+    """A micro-batch's loss inputs, float32: log-probs (with grad), old log-probs, per-sequence
+    advantages, a ragged response mask (one empty row), correction weights, reference log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    logprobs = (-torch.rand(rows, width, generator=g) * 3).requires_grad_()
+    old = logprobs.detach() + 0.05 * torch.randn(rows, width, generator=g)
+    advantages = torch.randn(rows, generator=g)
+    lengths = torch.randint(1, width + 1, (rows,), generator=g)
+    lengths[0] = 0
+    mask = torch.arange(width)[None, :] < lengths[:, None]  # [rows, width]
+    weights = torch.rand(rows, generator=g) + 0.5
+    ref = logprobs.detach() + 0.1 * torch.randn(rows, width, generator=g)
+    return logprobs, old, advantages, mask, weights, ref
+
+
+@pytest.mark.slow
+def test_compiled_loss_equals_eager_float32():
+    """The compile option's loss graph (:func:`gspo.models.compiled_forward.loss_core`): loss,
+    its gradient and every metric as the eager core's, for GSPO and GRPO (token ratios, dual
+    clip) with correction weights and a KL penalty; micro-batches of other row counts and widths
+    run the same graph (one per loss and grad mode: a loss without a gradient, the idle rows'
+    metrics, is one more)."""
+    from gspo.core.losses import policy_loss
+
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for algo, options in (("gspo", None), ("grpo", {"dual_clip": 3.0})):
+        for seed, rows, width in ((0, 6, 5), (1, 9, 12), (2, 4, 3)):
+            logprobs, old, adv, mask, weights, ref = _loss_inputs(seed, rows, width)
+            kw = dict(
+                num_sequences=7, num_tokens=30, ref_logprobs=ref, kl_coef=0.1, weights=weights,
+                options=options,
+            )  # fmt: skip
+            loss, metrics = policy_loss(algo, logprobs, old, adv, mask, **kw)
+            loss_c, metrics_c = policy_loss(algo, logprobs, old, adv, mask, core=cf.loss_core, **kw)
+            torch.testing.assert_close(loss_c, loss, atol=1e-6, rtol=1e-6)
+            (grad,) = torch.autograd.grad(loss, logprobs)
+            (grad_c,) = torch.autograd.grad(loss_c, logprobs)
+            torch.testing.assert_close(grad_c, grad, atol=1e-7, rtol=1e-5)
+            assert metrics_c.keys() == metrics.keys()
+            for k, v in metrics.items():
+                assert metrics_c[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 2
+    logprobs, old, adv, mask, _, _ = _loss_inputs(3, 5, 4)
+    _, metrics = policy_loss("gspo", logprobs.detach(), old, adv, mask)
+    _, metrics_c = policy_loss("gspo", logprobs.detach(), old, adv, mask, core=cf.loss_core)
+    assert metrics_c == pytest.approx(metrics, rel=1e-5, abs=1e-7)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 3
+    assert {k for k in cf.RECORD.keys if k[0] == "loss"} >= {
+        ("loss", "gspo_terms", torch.float32, True),
+        ("loss", "grpo_terms", torch.float32, True),
+        ("loss", "gspo_terms", torch.float32, False),
+    }

@@ -127,7 +127,7 @@ def test_a_phase_past_its_hard_time_box_is_interrupted(phases, monkeypatch):
 
 
 def _compiled_figures(res: dict) -> None:
-    assert res["compile_graphs"] == 1  # the phase's one bucket of shapes
+    assert res["compile_graphs"] == 2  # the forward's graph and the loss's
     assert res["compile_s"] > 0 and res["compile_cache"] in ("cold", "warm", "unknown")
     assert res["compiled_step_s"] > 0 and res["compiled_tokens_per_s"] > 0
     assert res["compiled_first_step_s"] >= res["compile_s"]  # the compile is the first step's
@@ -142,16 +142,18 @@ def test_compiled_phase_wiring_reports_its_figures(phases, monkeypatch):
     """The compiled phase through gspo's compile option, with inductor's graph replaced by the
     same function run eagerly (the real compile is the slow test below): the backend takes the
     compiled forward's path, and the phase reports its compile seconds apart from its steps."""
+    from gspo.core import losses
     from gspo.models import compiled_forward as cf
 
     gpu_ready = importlib.import_module("gpu_ready")
     monkeypatch.setattr(cf, "_compiled", lambda: cf._scores)
+    monkeypatch.setattr(cf, "_compiled_loss", lambda: losses.loss_core)
     monkeypatch.setattr(cf, "RECORD", cf.CompileRecord())
     res = gpu_ready.run(gpu_ready.parse(["--tiny", "--phases", "trainer,compiled"]))
     assert set(res["skipped"]) == {"vllm", "mismatch", "e2e", "mfu"}, res["skipped"]
     _compiled_figures(res)
-    # One graph: the gradient pass (every dimension is dynamic; no idle rows here)
-    assert [k[0] for k in cf.RECORD.keys] == ["update"]
+    # Two graphs: the gradient pass and its loss (every dimension is dynamic; no idle rows)
+    assert sorted(k[0] for k in cf.RECORD.keys) == ["loss", "update"]
     text = gpu_ready.table(res)
     assert "| compiled speed-up over eager |" in text
     assert "| compile paid for itself at step |" in text

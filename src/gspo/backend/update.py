@@ -196,7 +196,8 @@ def micro_batch_step(
     share = len(micro.rows) / counts.rows
     forward = inputs.forward(model, micro.tokens, micro.rows, grad=micro.grad, share=share)
     ref = inputs.reference(ref_model, micro.tokens, micro.rows)
-    loss, metrics = micro_batch_loss(cfg, batch, micro, forward.logprobs, ref, counts)
+    core = compiled_forward.loss_core if inputs.compiled else None
+    loss, metrics = micro_batch_loss(cfg, batch, micro, forward.logprobs, ref, counts, core)
     loss = forward.loss(loss)  # MoE: plus the load-balancing loss (router_aux_loss_coef > 0)
     metrics.update(forward.metrics)
     if micro.padding:
@@ -212,10 +213,17 @@ def micro_batch_step(
 
 
 def micro_batch_loss(
-    cfg: TrainConfig, batch: RolloutBatch, micro: MicroBatch, logprobs, ref, counts: _Counts
+    cfg: TrainConfig,
+    batch: RolloutBatch,
+    micro: MicroBatch,
+    logprobs,
+    ref,
+    counts: _Counts,
+    core=None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of one micro-batch (the registry's objective) and its metrics, with the
-    minibatch's denominators."""
+    minibatch's denominators; ``core``: :func:`gspo.core.losses.policy_loss`'s (the compiled
+    one with the ``compile`` option)."""
     cols = micro.columns
     advantages = batch.advantages[micro.rows]  # [n] or [n, L]
     # Off-policy sequence mask against the engine's log-probs (None unless enabled).
@@ -239,6 +247,7 @@ def micro_batch_loss(
         kl_estimator=cfg.loss.kl_estimator,
         weights=_product(keep, _row_weights(batch.weights, micro.rows, cols)),
         options=loss_options(cfg),
+        core=core,
     )
     metrics.update(opsm)
     return loss, metrics

@@ -34,6 +34,8 @@ scored against the other responses to its prompt.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 # The built-in term functions register on import, in this order (the registry's order): GRPO,
@@ -52,6 +54,7 @@ from gspo.core.objectives import (
     LOSSES,
     LossSpec,
     LossTerms,
+    TermFn,
     masked_log_ratio,
 )
 
@@ -95,6 +98,18 @@ def aggregate(
     N_seq defaults to this batch's non-empty rows and N_tok to its response tokens; pass the
     global counts when the batch is one micro-batch of a larger one. Empty rows contribute 0.
     """
+    denominator = _denominator(mask, mode, num_sequences, num_tokens, constant)
+    return _reduce(per_token, mask, mode, denominator)
+
+
+def _denominator(
+    mask: torch.Tensor,
+    mode: str,
+    num_sequences: float | None,
+    num_tokens: float | None,
+    constant: float | None,
+) -> float:
+    """What :func:`aggregate` divides the masked sum by in ``mode`` (its checks included)."""
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
     lengths = mask.sum(dim=1)  # [B]
@@ -104,18 +119,24 @@ def aggregate(
         raise ValueError(
             f"denominators must be positive, got num_sequences={n_seq}, num_tokens={n_tok}"
         )
-    if mode == "seq_mean_token_mean":
-        per_seq = per_token.sum(dim=1) / lengths.clamp(min=1).to(per_token.dtype)  # [B]
-        return per_seq.sum() / n_seq
     if mode == "token_mean":
-        return per_token.sum() / n_tok
-    if mode == "seq_mean_token_sum":
-        return per_token.sum() / n_seq
+        return n_tok
+    if mode != "constant":
+        return n_seq
     if constant is None or constant <= 0:
         raise ValueError(
             "aggregation 'constant' needs a positive `constant` (e.g. max response length)"
         )
-    return per_token.sum() / (n_seq * float(constant))
+    return n_seq * float(constant)
+
+
+def _reduce(per_token: torch.Tensor, mask: torch.Tensor, mode: str, denominator) -> torch.Tensor:
+    """The sum of ``per_token`` [B, T] over ``mode``'s units, divided by ``denominator`` (a float
+    or a 0-d tensor of ``per_token``'s dtype: the same rounding)."""
+    if mode == "seq_mean_token_mean":
+        lengths = mask.sum(dim=1).clamp(min=1).to(per_token.dtype)  # [B]
+        return (per_token.sum(dim=1) / lengths).sum() / denominator
+    return per_token.sum() / denominator
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,6 +201,7 @@ def policy_loss(
     kl_estimator: str = "k3",
     weights: torch.Tensor | None = None,
     options: dict[str, float | None] | None = None,
+    core: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Compute a registered policy loss, -J, and its metrics.
 
@@ -202,6 +224,8 @@ def policy_loss(
             ``gspo.core.offpolicy``), multiplying the per-token policy term.
         options: the loss's extra options (``LossSpec.options``, e.g. GRPO's ``dual_clip``,
             SAPO's ``tau_pos``/``tau_neg``); missing ones take the registered defaults.
+        core: what computes the tensors once the inputs are checked: :func:`loss_core`
+            (None), or the ``compile`` option's graph of it.
 
     Returns:
         (loss, metrics): loss is a scalar tensor; metrics holds Python floats, including
@@ -234,20 +258,11 @@ def policy_loss(
         )
     known.update({k: v for k, v in (options or {}).items() if v is not None})
     mask, advantages = _validate(logprobs, old_logprobs, advantages, mask, spec)
-    old_logprobs = old_logprobs.detach()
-
-    terms = spec.terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **known)
-    objective = terms.objective  # [B, T]
     if weights is not None:
-        w = weights.detach().to(objective.dtype)
-        w = w[:, None] if w.dim() == 1 else w  # [B, 1] or [B, T]
-        if w.shape[0] != objective.shape[0] or w.shape[1] not in (1, objective.shape[1]):
+        weights = weights.detach().to(logprobs.dtype)
+        weights = weights[:, None] if weights.dim() == 1 else weights  # [B, 1] or [B, T]
+        if weights.shape[0] != logprobs.shape[0] or weights.shape[1] not in (1, logprobs.shape[1]):
             raise ValueError(f"weights must be [B] or [B, T], got {tuple(weights.shape)}")
-        objective = objective * w
-    denominators = {"num_sequences": num_sequences, "num_tokens": num_tokens, "constant": constant}
-    loss = -aggregate(objective, mask, aggregation, **denominators)
-
-    kl_ref = None
     if kl_estimator not in KL_ESTIMATORS:
         raise ValueError(
             f"unknown kl_estimator {kl_estimator!r}; valid: {', '.join(KL_ESTIMATORS)}"
@@ -255,13 +270,61 @@ def policy_loss(
     if kl_coef != 0.0:
         if ref_logprobs is None or tuple(ref_logprobs.shape) != tuple(logprobs.shape):
             raise ValueError("kl_coef != 0 needs ref_logprobs of the shape of logprobs")
-        kl_ref = kl_estimate(logprobs, ref_logprobs.detach(), mask, kl_estimator)  # [B, T]
-        loss = loss + kl_coef * aggregate(kl_ref, mask, aggregation, **denominators)
+        ref_logprobs = ref_logprobs.detach()
+    else:
+        ref_logprobs = None
+    # A 0-d tensor, not a float: the compiled core then takes any count without a new graph.
+    denominator = torch.tensor(
+        _denominator(mask, aggregation, num_sequences, num_tokens, constant), dtype=logprobs.dtype
+    )
+    loss, stats = (core or loss_core)(
+        spec.terms,
+        logprobs,
+        old_logprobs.detach(),
+        advantages,
+        mask,
+        weights,
+        ref_logprobs,
+        denominator,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        aggregation=aggregation,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        options=tuple(known.items()),
+    )
+    return loss, _metrics(stats.tolist(), kl=ref_logprobs is not None)
 
-    metrics = _metrics(terms, logprobs, old_logprobs, mask)
-    if kl_ref is not None:
-        metrics["kl/ref"] = float(kl_ref.detach().sum()) / max(int(mask.sum()), 1)
-    return loss, metrics
+
+def loss_core(
+    terms: TermFn,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    denominator: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    aggregation: str,
+    kl_coef: float,
+    kl_estimator: str,
+    options: tuple[tuple[str, float | None], ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor part of :func:`policy_loss`, its inputs checked: (-J, the metrics' sums
+    [len(STATS)] float64). No Python number is read from a tensor here, so the ``compile``
+    option runs it as one graph (:func:`gspo.models.compiled_forward.loss_core`); ``weights``
+    [B, 1] or [B, T] and ``ref_logprobs`` (None: no KL term) are detached."""
+    t = terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **dict(options))
+    objective = t.objective if weights is None else t.objective * weights  # [B, T]
+    loss = -_reduce(objective, mask, aggregation, denominator)
+    kl_ref = None
+    if ref_logprobs is not None:
+        kl_ref = kl_estimate(logprobs, ref_logprobs, mask, kl_estimator)  # [B, T]
+        loss = loss + kl_coef * _reduce(kl_ref, mask, aggregation, denominator)
+    return loss, _stats(t, logprobs, old_logprobs, mask, kl_ref)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -272,31 +335,81 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor
     return kl_estimate(logprobs, ref_logprobs, mask, "k3")  # [B, T]
 
 
-def _metrics(
-    terms: LossTerms, logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
-) -> dict[str, float]:
-    """Clip shares and ratio statistics as Python floats (counts divided in double precision)."""
+STATS = (
+    "tokens",
+    "sequences",
+    "clipped",
+    "clipped_low",
+    "clipped_high",
+    "clipped_sequences",
+    "ratio_sum",
+    "ratio_min",
+    "ratio_max",
+    "ratio_count",
+    "kl_old_new_sum",
+    "kl_ref_sum",
+)
+"""The sums :func:`loss_core` returns, in order: counts over the response mask, the clip
+decisions, the ratios (sequence ratios for the GSPO family, token ratios for GRPO), the k3
+estimate of KL(π_old || π_θ) and the KL penalty's estimate (0 without one)."""
+
+
+def _stats(
+    terms: LossTerms,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_ref: torch.Tensor | None,
+) -> torch.Tensor:
+    """:data:`STATS` of one loss call: [len(STATS)] float64 (counts are exact up to 2^53)."""
     with torch.no_grad():
-        n_tok = max(int(mask.sum()), 1)
         nonempty = mask.any(dim=1)  # [B]
-        n_seq = max(int(nonempty.sum()), 1)
         clipped = terms.clipped_low | terms.clipped_high  # [B, T]
-        ratios = terms.ratio[terms.ratio_mask]
+        real = terms.ratio_mask  # [B] or [B, T]
+        ratio = terms.ratio.detach()
+        inf = torch.full((), float("inf"), dtype=ratio.dtype, device=ratio.device)
         # k3 estimate of KL(π_old || π_θ) with samples from π_old: e^(l-o) - (l-o) - 1.
-        d = masked_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        kl = (torch.exp(d) - d - 1.0) * mask
-        has = ratios.numel() > 0
-        return {
-            "clip/fraction": int(clipped.sum()) / n_tok,
-            "clip/low_fraction": int(terms.clipped_low.sum()) / n_tok,
-            "clip/high_fraction": int(terms.clipped_high.sum()) / n_tok,
-            "clip/seq_fraction": int((clipped.any(dim=1) & nonempty).sum()) / n_seq,
-            "ratio/mean": float(ratios.mean()) if has else 1.0,
-            "ratio/min": float(ratios.min()) if has else 1.0,
-            "ratio/max": float(ratios.max()) if has else 1.0,
-            "ratio/count": float(ratios.numel()),  # what ratio/mean averages over, for pooling
-            "kl/old_new": float(kl.sum()) / n_tok,
-        }
+        d = masked_log_ratio(logprobs.detach(), old_logprobs, mask)
+        d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
+        kl = (torch.exp(d) - d - 1.0) * mask  # [B, T]
+        sums = (
+            mask.sum(),
+            nonempty.sum(),
+            clipped.sum(),
+            terms.clipped_low.sum(),
+            terms.clipped_high.sum(),
+            (clipped.any(dim=1) & nonempty).sum(),
+            torch.where(real, ratio, 0.0).sum(),
+            torch.where(real, ratio, inf).amin() if ratio.numel() else inf,
+            torch.where(real, ratio, -inf).amax() if ratio.numel() else -inf,
+            real.sum(),
+            kl.sum(),
+            kl_ref.detach().sum() if kl_ref is not None else torch.zeros_like(inf),
+        )
+        return torch.stack([x.to(torch.float64) for x in sums])  # [len(STATS)]
+
+
+def _metrics(stats: list[float], *, kl: bool) -> dict[str, float]:
+    """Clip shares and ratio statistics as Python floats, from :func:`_stats`'s sums (counts
+    divided in double precision); ``kl/ref`` only with a KL penalty."""
+    s = dict(zip(STATS, stats, strict=True))
+    n_tok = max(s["tokens"], 1.0)
+    n_seq = max(s["sequences"], 1.0)
+    has = s["ratio_count"] > 0
+    metrics = {
+        "clip/fraction": s["clipped"] / n_tok,
+        "clip/low_fraction": s["clipped_low"] / n_tok,
+        "clip/high_fraction": s["clipped_high"] / n_tok,
+        "clip/seq_fraction": s["clipped_sequences"] / n_seq,
+        "ratio/mean": s["ratio_sum"] / s["ratio_count"] if has else 1.0,
+        "ratio/min": s["ratio_min"] if has else 1.0,
+        "ratio/max": s["ratio_max"] if has else 1.0,
+        "ratio/count": s["ratio_count"],  # what ratio/mean averages over, for pooling
+        "kl/old_new": s["kl_old_new_sum"] / n_tok,
+    }
+    if kl:
+        metrics["kl/ref"] = s["kl_ref_sum"] / n_tok
+    return metrics
 
 
 def group_advantages(

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gspo.core import losses
+
 from . import fast_forward as ff
 from .logprobs import completion_scores, model_kind
 
@@ -159,6 +161,37 @@ def _scores(model, prompt_ids, prompt_mask, completion_ids, completion_mask, fir
         model, prompt_ids, prompt_mask, completion_ids, completion_mask, first, inv
     )  # [N, L, V]
     return completion_scores(logits, completion_ids, completion_mask, t, True, ())
+
+
+def loss_core(terms, logprobs, old_logprobs, advantages, mask, weights, ref, denominator, **kw):
+    """:func:`gspo.core.losses.loss_core` as one compiled graph per grad mode (the loss's
+    options are constants of a run): the ~80 eager ops of a loss and its metrics, and their
+    backward, in a few fused kernels. Every dimension of its tensors is dynamic, as in the
+    forward; a size of 1 (one row, a [B, 1] advantage) is a dimension of its own."""
+    # Contiguous: a micro-batch's columns are a slice of the batch's, and a graph compiled for
+    # one stride would guard on it (a full-width micro-batch's stride equals its width).
+    tensors = [
+        None if x is None else x.contiguous()
+        for x in (logprobs, old_logprobs, advantages, mask, weights, ref)
+    ]
+    for x in tensors:
+        for dim in range(0 if x is None else x.dim()):
+            torch._dynamo.maybe_mark_dynamic(x, dim)
+    run = functools.partial(_compiled_loss(), terms, *tensors, denominator)
+    # The idle rows' loss (metrics only) runs with grad on but log-probs without a gradient.
+    key = ("loss", terms.__name__, logprobs.dtype, logprobs.requires_grad)
+    if key not in RECORD.keys:
+        start = time.perf_counter()
+        loss = run(**kw)[0]
+        if loss.requires_grad:  # the backward graph compiles (and is timed) with the forward's
+            torch.autograd.grad(loss, tensors[0])  # the loss's part only; the forward's is kept
+        RECORD.first_call(key, start)
+    return run(**kw)
+
+
+@functools.cache
+def _compiled_loss():
+    return compile_graphs(losses.loss_core)
 
 
 @functools.cache

@@ -1,5 +1,6 @@
 """The torch engine's decode step under ``torch.compile`` (the ``compile`` option): one graph
-for every step of every generation whose KV cache has the same width.
+for every step of every generation whose KV cache has the same width; and its prefill, one graph
+for every prompt count and width (:func:`prefill_logits`).
 
 The eager step (:meth:`gspo.rollout.torch_decode.FastDecoder.decode`) attends over the cache's
 filled columns only, a width that grows by one token per step: compiled as it is, that would be a
@@ -96,7 +97,37 @@ def run_step(
     return logits
 
 
+def prefill_logits(
+    stack: LeanStack, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """:meth:`LeanStack.prompt_pass` of the distinct prompts ``ids`` [U, P] and their last
+    position's logits [U, V], through one compiled graph: prompts, prompt width and the RoPE
+    tables' length are dynamic dimensions, so every step's prefill runs it (~300 eager ops on the
+    tiny models)."""
+    for x in (ids, valid, positions):  # [U, P]
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+        torch._dynamo.maybe_mark_dynamic(x, 1)
+    for x in (stack.cos, stack.sin):  # [T, D] RoPE tables: T is the decoder's cache width
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+    key = ("prefill", stack.dtype)
+    start = time.perf_counter()
+    logits, kv = _compiled_prefill()(stack, ids, valid, positions)
+    if key not in compiled_forward.RECORD.keys:
+        compiled_forward.RECORD.first_call(key, start)
+    return logits, kv
+
+
+def _prefill(stack: LeanStack, ids, valid, positions):
+    last, kv = stack.prompt_pass(ids, valid, positions)  # [U, hidden], [U, KV, P, D] per layer
+    return stack.logits(last), kv  # [U, V]
+
+
 @functools.cache
 def _compiled():
     # One compiled function per process: dynamo keeps its graphs (one per cache width) on it.
     return compiled_forward.compile_graphs(decode_step)
+
+
+@functools.cache
+def _compiled_prefill():
+    return compiled_forward.compile_graphs(_prefill)

@@ -295,7 +295,8 @@ class FastDecoder:
         compiled: bool = False,
     ) -> None:
         # compiled: decode steps through one torch.compile graph per cache width
-        # (gspo.rollout.compiled_decode), over a cache of zeros a little wider than needed.
+        # (gspo.rollout.compiled_decode), over a cache of zeros a little wider than needed, and
+        # the prefill through one graph.
         self.compiled = compiled
         if compiled:
             max_len = compiled_decode.cache_width(max_len)
@@ -325,14 +326,18 @@ class FastDecoder:
         rows = valid.repeat_interleave(repeats, dim=0)  # [N, P]
         self.key_bias[:, 0, 0, :p].masked_fill_(~rows, float("-inf"))  # padded columns
         self.has_padding = bool((~valid).any())
-        last, kv = self.stack.prompt_pass(input_ids, valid, position_ids)
+        if self.compiled:
+            logits, kv = compiled_decode.prefill_logits(self.stack, input_ids, valid, position_ids)
+        else:
+            last, kv = self.stack.prompt_pass(input_ids, valid, position_ids)
+            logits = self.stack.logits(last)  # [B, V]
         b = input_ids.shape[0]
         for i, (k, v) in enumerate(kv):  # k, v [B, KV, P, D] -> cache rows [N, KV, P, D]
             shape = (b, repeats, *k.shape[1:])
             self.keys[i][:, :, :p].view(shape).copy_(k.unsqueeze(1).expand(shape))
             self.values[i][:, :, :p].view(shape).copy_(v.unsqueeze(1).expand(shape))
         self.length = p
-        return self.stack.logits(last).repeat_interleave(repeats, dim=0)  # [N, V]
+        return logits.repeat_interleave(repeats, dim=0)  # [N, V]
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``tokens`` [N]) at RoPE ``positions`` [N]; logits [N, V]."""
