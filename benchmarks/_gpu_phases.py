@@ -216,8 +216,8 @@ def train_lengths(args) -> tuple[int, int]:
 
 def compiled_phase(args, model, shape, device, peak, res, deadline) -> None:
     """:func:`trainer_phase` with gspo's ``compile`` option (a backend of its own on the same
-    model): the training forward + backward under ``torch.compile``, one graph for the phase's
-    one bucket of shapes. The compile is the first step's: ``compile_s`` is the first calls of
+    model): the training forward + backward and the loss under ``torch.compile``, a graph
+    each. The compile is the first step's: ``compile_s`` is the first calls of
     the new graphs (trace, compile or inductor-cache load of forward and backward, one run of
     each; gspo.models.compiled_forward.RECORD), apart from the warm per-step time, and the
     break-even step is compile_s over the per-step saving against the eager ``trainer`` phase

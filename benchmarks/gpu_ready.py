@@ -22,8 +22,8 @@ Phases, in order (each gets a budget; a phase whose budget no longer fits in wha
 4. ``e2e``: whole RL steps: generate with vLLM, update, sync the weights into vLLM; tokens
    (prompt + completion, every sample) per second of step wall time.
 5. ``compiled``: the ``trainer`` phase again with gspo's ``compile`` option (``--compile true``:
-   the training forward + backward under ``torch.compile``, one graph for the phase's one shape
-   bucket), on a backend of its own. The compile is the first step's: its seconds (``compile
+   the training forward + backward and the loss under ``torch.compile``, a graph each: every
+   dimension is dynamic), on a backend of its own. The compile is the first step's: its seconds (``compile
    s``, and whether inductor's cache was cold) apart from the warm per-step time, the speed-up
    over the eager ``trainer`` phase and the step at which the compile has paid for itself
    (compile seconds / per-step saving). Last, so a slow cold compile costs no other figure;
