@@ -129,9 +129,12 @@ def gspo_loss(logprobs, old, adv, mask, n_seq: int, s: Settings, stats: Means) -
         r = ratio.detach()
         clipped = ((r > 1.0 + s.clip_high) & (adv > 0)) | ((r < 1.0 - s.clip_low) & (adv < 0))
         stats.add("clip/fraction", int((clipped[:, None] & m).sum()) / n_tok, tokens)
-        ratios = r[m.any(dim=1)]  # [n'] non-empty sequences
+        nonempty = m.any(dim=1)  # [n]
+        ratios = r[nonempty]  # [n'] non-empty sequences
         if ratios.numel():
-            stats.add("ratio/mean", float(ratios.mean()), float(ratios.numel()))
+            # A sum over a count, as the library's loss_core returns it (its one host read).
+            mean = float(torch.where(nonempty, r, 0.0).sum()) / ratios.numel()
+            stats.add("ratio/mean", mean, float(ratios.numel()))
             stats.extreme("ratio/min", float(ratios.min()), min)
             stats.extreme("ratio/max", float(ratios.max()), max)
         d = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [n, L]
