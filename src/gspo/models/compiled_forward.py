@@ -1,5 +1,6 @@
 """The update's forwards under ``torch.compile`` (the ``compile`` option): one graph per grad
-mode, whatever a micro-batch's rows, distinct prompts, prompt width and completion width.
+mode, whatever a micro-batch's rows, distinct prompts, prompt width and completion width; and the
+policy loss with its metrics (:func:`loss_core`), one graph per loss and grad mode.
 
 A micro-batch's shapes vary from step to step: its rows (the rows of a minibatch that carry a
 gradient), its distinct prompts, its prompt width and its completion width. All four are dynamic

@@ -102,8 +102,7 @@ def prefill_logits(
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """:meth:`LeanStack.prompt_pass` of the distinct prompts ``ids`` [U, P] and their last
     position's logits [U, V], through one compiled graph: prompts, prompt width and the RoPE
-    tables' length are dynamic dimensions, so every step's prefill runs it (~300 eager ops on the
-    tiny models)."""
+    tables' length are dynamic dimensions, so every step's prefill runs it."""
     for x in (ids, valid, positions):  # [U, P]
         torch._dynamo.maybe_mark_dynamic(x, 0)
         torch._dynamo.maybe_mark_dynamic(x, 1)
