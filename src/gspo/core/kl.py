@@ -26,7 +26,7 @@ import torch
 from gspo.config.names import KL_ESTIMATORS
 
 CLAMP = 20.0
-"""Log-ratios are clamped to ±CLAMP before exp (as ``gspo.core.losses.LOG_RATIO_CLAMP``)."""
+"""Log-ratios are clamped to ±CLAMP before exp (as ``gspo.core.objectives.LOG_RATIO_CLAMP``)."""
 
 
 def kl_estimate(

@@ -47,15 +47,13 @@ from gspo.core import losses_family as _losses_family  # noqa: F401
 # isort: on
 from gspo.config.names import ADVANTAGE_SCALES as SCALES
 from gspo.config.names import LOSS_MODULES, builtin_losses, declared
+from gspo.core import loss_metrics
 from gspo.core.kl import KL_ESTIMATORS, kl_estimate
 from gspo.core.objectives import (
     AGGREGATIONS,
-    LOG_RATIO_CLAMP,
     LOSSES,
     LossSpec,
-    LossTerms,
     TermFn,
-    masked_log_ratio,
 )
 
 # The losses the built-in modules registered are the ones gspo.config.names reads from their
@@ -293,7 +291,7 @@ def policy_loss(
         kl_estimator=kl_estimator,
         options=tuple(known.items()),
     )
-    return loss, _metrics(stats.tolist(), kl=ref_logprobs is not None)
+    return loss, loss_metrics.metrics(stats.tolist(), kl=ref_logprobs is not None)
 
 
 def loss_core(
@@ -314,7 +312,7 @@ def loss_core(
     options: tuple[tuple[str, float | None], ...],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The tensor part of :func:`policy_loss`, its inputs checked: (-J, the metrics' sums
-    [len(STATS)] float64). No Python number is read from a tensor here, so the ``compile``
+    [len(loss_metrics.STATS)] float64). No Python number is read from a tensor here, so the ``compile``
     option runs it as one graph (:func:`gspo.models.compiled_forward.loss_core`); ``weights``
     [B, 1] or [B, T] and ``ref_logprobs`` (None: no KL term) are detached."""
     t = terms(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **dict(options))
@@ -324,7 +322,7 @@ def loss_core(
     if ref_logprobs is not None:
         kl_ref = kl_estimate(logprobs, ref_logprobs, mask, kl_estimator)  # [B, T]
         loss = loss + kl_coef * _reduce(kl_ref, mask, aggregation, denominator)
-    return loss, _stats(t, logprobs, old_logprobs, mask, kl_ref)
+    return loss, loss_metrics.stats(t, logprobs, old_logprobs, mask, kl_ref)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -333,83 +331,6 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor
     Non-negative, unbiased, lower variance than log-ratio; 0 off the mask. See ``gspo.core.kl``.
     """
     return kl_estimate(logprobs, ref_logprobs, mask, "k3")  # [B, T]
-
-
-STATS = (
-    "tokens",
-    "sequences",
-    "clipped",
-    "clipped_low",
-    "clipped_high",
-    "clipped_sequences",
-    "ratio_sum",
-    "ratio_min",
-    "ratio_max",
-    "ratio_count",
-    "kl_old_new_sum",
-    "kl_ref_sum",
-)
-"""The sums :func:`loss_core` returns, in order: counts over the response mask, the clip
-decisions, the ratios (sequence ratios for the GSPO family, token ratios for GRPO), the k3
-estimate of KL(π_old || π_θ) and the KL penalty's estimate (0 without one)."""
-
-
-def _stats(
-    terms: LossTerms,
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    kl_ref: torch.Tensor | None,
-) -> torch.Tensor:
-    """:data:`STATS` of one loss call: [len(STATS)] float64 (counts are exact up to 2^53)."""
-    with torch.no_grad():
-        nonempty = mask.any(dim=1)  # [B]
-        clipped = terms.clipped_low | terms.clipped_high  # [B, T]
-        real = terms.ratio_mask  # [B] or [B, T]
-        ratio = terms.ratio.detach()
-        inf = torch.full((), float("inf"), dtype=ratio.dtype, device=ratio.device)
-        # k3 estimate of KL(π_old || π_θ) with samples from π_old: e^(l-o) - (l-o) - 1.
-        d = masked_log_ratio(logprobs.detach(), old_logprobs, mask)
-        d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
-        kl = (torch.exp(d) - d - 1.0) * mask  # [B, T]
-        sums = (
-            mask.sum(),
-            nonempty.sum(),
-            clipped.sum(),
-            terms.clipped_low.sum(),
-            terms.clipped_high.sum(),
-            (clipped.any(dim=1) & nonempty).sum(),
-            torch.where(real, ratio, 0.0).sum(),
-            torch.where(real, ratio, inf).amin() if ratio.numel() else inf,
-            torch.where(real, ratio, -inf).amax() if ratio.numel() else -inf,
-            real.sum(),
-            kl.sum(),
-            kl_ref.detach().sum() if kl_ref is not None else torch.zeros_like(inf),
-        )
-        return torch.stack([x.to(torch.float64) for x in sums])  # [len(STATS)]
-
-
-def _metrics(stats: list[float], *, kl: bool) -> dict[str, float]:
-    """Clip shares and ratio statistics as Python floats, from :func:`_stats`'s sums (counts
-    divided in double precision); ``kl/ref`` only with a KL penalty."""
-    s = dict(zip(STATS, stats, strict=True))
-    n_tok = max(s["tokens"], 1.0)
-    n_seq = max(s["sequences"], 1.0)
-    has = s["ratio_count"] > 0
-    metrics = {
-        "clip/fraction": s["clipped"] / n_tok,
-        "clip/low_fraction": s["clipped_low"] / n_tok,
-        "clip/high_fraction": s["clipped_high"] / n_tok,
-        "clip/seq_fraction": s["clipped_sequences"] / n_seq,
-        "ratio/mean": s["ratio_sum"] / s["ratio_count"] if has else 1.0,
-        "ratio/min": s["ratio_min"] if has else 1.0,
-        "ratio/max": s["ratio_max"] if has else 1.0,
-        "ratio/count": s["ratio_count"],  # what ratio/mean averages over, for pooling
-        "kl/old_new": s["kl_old_new_sum"] / n_tok,
-    }
-    if kl:
-        metrics["kl/ref"] = s["kl_ref_sum"] / n_tok
-    return metrics
 
 
 def group_advantages(
