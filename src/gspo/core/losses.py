@@ -110,7 +110,8 @@ def _denominator(
     """What :func:`aggregate` divides the masked sum by in ``mode`` (its checks included)."""
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
-    lengths = mask.sum(dim=1)  # [B]
+    # The update passes both counts: the mask is summed only for a default.
+    lengths = None if None not in (num_sequences, num_tokens) else mask.sum(dim=1)  # [B]
     n_seq = float(num_sequences) if num_sequences is not None else max(int((lengths > 0).sum()), 1)
     n_tok = float(num_tokens) if num_tokens is not None else max(int(lengths.sum()), 1)
     if n_seq <= 0 or n_tok <= 0:
